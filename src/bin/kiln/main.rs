@@ -1,0 +1,23 @@
+//! The `kiln` command line. Each subcommand lives in its own file (`cmd_*.rs`) with a clap
+//! `Args` struct and a `run` function; this file only dispatches.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "kiln: devices, targets, tensor IR and LLVM codegen on the tvm-ffi ABI")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {};
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
