@@ -4,18 +4,34 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "kiln: devices, targets, tensor IR and LLVM codegen on the tvm-ffi ABI")]
+#[command(
+    name = "kiln",
+    version,
+    about = "kiln: devices, targets, tensor IR and LLVM codegen on the tvm-ffi ABI"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// List the global packed functions registered in this process.
+    Functions,
+}
+
+type CmdResult = Result<(), Box<dyn std::error::Error>>;
 
 fn main() {
     let cli = Cli::parse();
-    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {};
+    let result: CmdResult = match cli.command {
+        Command::Functions => {
+            for name in kiln::packed_func::registry::list() {
+                println!("{name}");
+            }
+            Ok(())
+        }
+    };
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -1,0 +1,204 @@
+//! Loading shared libraries of packed functions: [`LibraryModule`].
+//!
+//! A library exports one `__tvm_ffi_<name>` symbol per function (tvm-ffi's module ABI). It needs
+//! no `libtvm_ffi`: the runtime services it calls (raising errors, and whatever kiln's code
+//! generator adds, such as the parallel launcher) are reached through *context slots*, exported
+//! zero-initialized `void*` variables named `__<CFunctionName>` that the loader fills right after
+//! `dlopen`. kiln fills every slot registered with [`register_context_symbol`]; tvm_ffi and TVM fill
+//! theirs the same way, so one library works in all of them.
+//!
+//! A function taken from a library keeps the library loaded ([`PackedFunc`] holds an `Arc`).
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use super::error::PackedFuncError;
+use super::ffi::{self, TVMFFISafeCallType};
+use super::function::PackedFunc;
+use super::module::Module;
+
+/// The prefix of exported packed functions.
+pub const SYMBOL_PREFIX: &str = "__tvm_ffi_";
+
+/// Errors of loading a library.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LibraryError {
+    /// The file could not be read or is not an ELF shared object.
+    #[error("cannot read `{path}` as a shared library: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// `dlopen` refused the file.
+    #[error("cannot load `{path}`: {reason}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The loader's message.
+        reason: String,
+    },
+}
+
+fn slots() -> &'static RwLock<BTreeMap<String, usize>> {
+    static SLOTS: OnceLock<RwLock<BTreeMap<String, usize>>> = OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let mut m = BTreeMap::new();
+        let set: ffi::SetRaisedFromCStrFn = ffi::kiln_error_set_raised_from_cstr;
+        let parts: ffi::SetRaisedFromCStrPartsFn = ffi::kiln_error_set_raised_from_cstr_parts;
+        m.insert("__TVMFFIErrorSetRaisedFromCStr".to_owned(), set as usize);
+        m.insert(
+            "__TVMFFIErrorSetRaisedFromCStrParts".to_owned(),
+            parts as usize,
+        );
+        RwLock::new(m)
+    })
+}
+
+/// Registers a runtime service for the context slot `slot` (e.g. `__TVMBackendParallelLaunch`):
+/// every library loaded afterwards that exports the slot gets `addr` written into it.
+pub fn register_context_symbol(slot: &str, addr: usize) {
+    slots()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(slot.to_owned(), addr);
+}
+
+/// The registered context slots and their values.
+pub fn context_symbols() -> Vec<(String, usize)> {
+    slots()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
+/// A loaded shared library of packed functions.
+pub struct LibraryModule {
+    path: PathBuf,
+    lib: Arc<libloading::Library>,
+    names: Vec<String>,
+}
+
+impl std::fmt::Debug for LibraryModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LibraryModule")
+            .field("path", &self.path)
+            .field("functions", &self.names)
+            .finish()
+    }
+}
+
+/// The names of the `__tvm_ffi_<name>` functions a shared object defines, from its dynamic
+/// symbol table (metadata and doc getters, `__tvm_ffi__*`, are not functions).
+pub fn exported_functions(data: &[u8]) -> Result<Vec<String>, String> {
+    use object::{Object, ObjectSymbol};
+    let file = object::File::parse(data).map_err(|e| e.to_string())?;
+    let mut names: Vec<String> = file
+        .dynamic_symbols()
+        .filter(|s| s.is_definition())
+        .filter_map(|s| {
+            s.name()
+                .ok()
+                .and_then(|n| n.strip_prefix(SYMBOL_PREFIX))
+                .map(str::to_owned)
+        })
+        .filter(|n| !n.starts_with('_') && !n.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+impl LibraryModule {
+    /// Loads `path` (`RTLD_LAZY | RTLD_LOCAL`, as tvm_ffi does) and fills its context slots.
+    ///
+    /// # Errors
+    /// [`LibraryError`] when the file is not a readable shared object or `dlopen` fails.
+    ///
+    /// # Safety
+    /// Loading runs the library's initializers, and calling its functions runs its code: the
+    /// library must be a well-behaved tvm-ffi module (as any `dlopen` user must trust). kiln checks
+    /// what it can (that it is an ELF shared object) before opening it.
+    pub unsafe fn load(path: impl AsRef<Path>) -> Result<Self, LibraryError> {
+        let path = path.as_ref().to_path_buf();
+        let data = std::fs::read(&path).map_err(|e| LibraryError::Read {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let names = exported_functions(&data).map_err(|reason| LibraryError::Read {
+            path: path.clone(),
+            reason,
+        })?;
+        // SAFETY: the caller vouches for the library's initializers (see `# Safety`).
+        let lib = unsafe {
+            libloading::os::unix::Library::open(
+                Some(&path),
+                libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL,
+            )
+        }
+        .map_err(|e| LibraryError::Open {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let lib: libloading::Library = lib.into();
+        for (slot, addr) in context_symbols() {
+            let name = format!("{slot}\0");
+            // SAFETY: a context slot is an exported `void*` variable; we only take its address.
+            if let Ok(sym) = unsafe { lib.get::<*mut *mut c_void>(name.as_bytes()) } {
+                let p: *mut *mut c_void = *sym;
+                if !p.is_null() {
+                    // SAFETY: the slot is a writable, aligned `void*` in the library's data
+                    // segment (the context-slot convention); nothing else runs in it yet.
+                    unsafe { p.write(addr as *mut c_void) };
+                }
+            }
+        }
+        Ok(Self {
+            path,
+            lib: Arc::new(lib),
+            names,
+        })
+    }
+
+    /// The file this module was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Module for LibraryModule {
+    fn type_key(&self) -> &str {
+        "library"
+    }
+
+    fn get_function(&self, name: &str) -> Option<PackedFunc> {
+        let sym = format!("{SYMBOL_PREFIX}{name}\0");
+        // SAFETY: `__tvm_ffi_<name>` symbols are safe-call functions by the module ABI, which the
+        // loader's caller vouched for in `load`.
+        let f: TVMFFISafeCallType =
+            unsafe { *self.lib.get::<TVMFFISafeCallType>(sym.as_bytes()).ok()? };
+        let keep: Arc<dyn std::any::Any + Send + Sync> = self.lib.clone();
+        // SAFETY: the function stays valid while the library lives, which `keep` ensures; DSO
+        // functions take a NULL `self`.
+        Some(unsafe { PackedFunc::from_safe_call(name, f, std::ptr::null_mut(), Some(keep)) })
+    }
+
+    fn function_names(&self) -> Vec<String> {
+        self.names.clone()
+    }
+}
+
+impl From<LibraryError> for PackedFuncError {
+    fn from(e: LibraryError) -> Self {
+        PackedFuncError::Raised {
+            kind: "RuntimeError".into(),
+            message: e.to_string(),
+        }
+    }
+}
