@@ -95,9 +95,9 @@ fn scalar(type_index: TypeIndex, value: TVMFFIAnyValue) -> TVMFFIAny {
 fn value_of(raw: &TVMFFIAny) -> Value<'_> {
     let ti = raw.type_index;
     let v = raw.value;
-    // SAFETY (for every union read below): each field is read only under the type index that
-    // says it is the active one, and all of them are plain old data. Pointer dereferences rely on
-    // the module invariant: pointers of these type indices are live for `'a`.
+    // SAFETY: each union field is read only under the type index that says it is the active
+    // one, and all of them are plain old data. Pointer dereferences rely on the module
+    // invariant: pointers of these type indices are live while `raw` is borrowed.
     unsafe {
         if ti.is_object() && v.v_obj.is_null() {
             return Value::None;
@@ -126,6 +126,15 @@ fn value_of(raw: &TVMFFIAny) -> Value<'_> {
                     str_or_bytes(bytes)
                 } else {
                     Value::Bytes(bytes)
+                }
+            }
+            TypeIndex::BYTE_ARRAY_PTR if v.v_ptr.is_null() => Value::None,
+            TypeIndex::BYTE_ARRAY_PTR => {
+                let a = &*v.v_ptr.cast::<ffi::TVMFFIByteArray>();
+                if a.size == 0 || a.data.is_null() {
+                    Value::Bytes(&[])
+                } else {
+                    Value::Bytes(std::slice::from_raw_parts(a.data, a.size))
                 }
             }
             TypeIndex::STR => str_or_bytes(ffi::bytes_object_slice(v.v_obj)),
@@ -307,8 +316,8 @@ impl Any {
     pub unsafe fn from_raw(raw: TVMFFIAny) -> Self {
         match raw.type_index {
             // Never keep a borrowed string inside an owned value: copy it.
-            // SAFETY: the caller guarantees validity for the duration of this call.
             TypeIndex::RAW_STR | TypeIndex::BYTE_ARRAY_PTR => {
+                // SAFETY: the caller guarantees validity for the duration of this call.
                 unsafe { AnyView::from_raw(raw) }.to_owned()
             }
             _ => Self { raw },

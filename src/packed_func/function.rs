@@ -196,12 +196,8 @@ impl PackedFunc {
     ///
     /// # Errors
     /// As [`PackedFunc::call`], plus [`PackedFuncError::Conversion`] when the result is not an `R`.
-    pub fn call_typed<'a, A: IntoArgs<'a>, R: for<'r> FromAny<'r>>(
-        &self,
-        args: A,
-    ) -> PackedFuncResult<R> {
-        let args = args.into_args();
-        let ret = self.call(args.as_ref())?;
+    pub fn call_typed<A: IntoArgs, R: for<'r> FromAny<'r>>(&self, args: A) -> PackedFuncResult<R> {
+        let ret = args.with_views(|views| self.call(views))?;
         Ok(R::from_any(ret.view())?)
     }
 
@@ -261,12 +257,61 @@ unsafe extern "C" fn rust_trampoline(
     }
 }
 
-/// A tuple of arguments for [`PackedFunc::call_typed`].
-pub trait IntoArgs<'a> {
-    /// The array of views.
-    type Array: AsRef<[AnyView<'a>]>;
-    /// Converts.
-    fn into_args(self) -> Self::Array;
+/// One argument of [`PackedFunc::call_typed`]: a value that is viewed (scalars, tensors, `&Any`)
+/// or converted into an owned [`Any`] for the duration of the call (strings).
+pub enum Arg<'a> {
+    /// Passed as is.
+    View(AnyView<'a>),
+    /// Owned by the call.
+    Owned(Any),
+}
+
+impl Arg<'_> {
+    fn view(&self) -> AnyView<'_> {
+        match self {
+            Arg::View(v) => *v,
+            Arg::Owned(a) => a.view(),
+        }
+    }
+}
+
+macro_rules! arg_view {
+    ($($t:ty),*) => {$(
+        impl<'a> From<$t> for Arg<'a> {
+            fn from(v: $t) -> Self { Arg::View(AnyView::from(v)) }
+        }
+    )*};
+}
+arg_view!(i64, i32, u32, bool, f64, f32, DLDataType, DLDevice, &'a Any, &'a ffi::DLTensor);
+
+impl<'a> From<AnyView<'a>> for Arg<'a> {
+    fn from(v: AnyView<'a>) -> Self {
+        Arg::View(v)
+    }
+}
+
+impl From<&str> for Arg<'_> {
+    fn from(v: &str) -> Self {
+        Arg::Owned(Any::from(v))
+    }
+}
+
+impl From<String> for Arg<'_> {
+    fn from(v: String) -> Self {
+        Arg::Owned(Any::from(v))
+    }
+}
+
+impl From<Any> for Arg<'_> {
+    fn from(v: Any) -> Self {
+        Arg::Owned(v)
+    }
+}
+
+/// A tuple of arguments for [`PackedFunc::call_typed`] (up to 6 elements, each `Into<Arg>`).
+pub trait IntoArgs {
+    /// Converts the tuple and runs `f` on the argument views.
+    fn with_views<R>(self, f: impl FnOnce(&[AnyView<'_>]) -> R) -> R;
 }
 
 /// A closure usable with [`PackedFunc::from_typed`]: `Fn(A, B, ...) -> R` for up to 6 arguments
@@ -317,11 +362,12 @@ impl<T: IntoReturn, E: Into<PackedFuncError>> IntoReturn for Result<T, E> {
 
 macro_rules! arity {
     ($($A:ident $i:tt),*) => {
-        impl<'a, $($A: Into<AnyView<'a>>,)*> IntoArgs<'a> for ($($A,)*) {
-            type Array = [AnyView<'a>; arity!(@count $($A)*)];
-            #[allow(non_snake_case, clippy::unused_unit)]
-            fn into_args(self) -> Self::Array {
-                [$(self.$i.into(),)*]
+        impl<'a, $($A: Into<Arg<'a>>,)*> IntoArgs for ($($A,)*) {
+            #[allow(non_snake_case, clippy::unused_unit, unused_variables)]
+            fn with_views<R>(self, f: impl FnOnce(&[AnyView<'_>]) -> R) -> R {
+                let args: [Arg<'a>; arity!(@count $($A)*)] = [$(self.$i.into(),)*];
+                let views: [AnyView<'_>; arity!(@count $($A)*)] = [$(args[$i].view(),)*];
+                f(&views)
             }
         }
 

@@ -45,6 +45,6 @@ pub mod registry;
 pub use any::{Any, AnyView, FromAny, Value};
 pub use error::{ConversionError, PackedFuncError, PackedFuncResult};
 pub use ffi::{DLDataType, DLDevice, DLDeviceType, DLTensor, TVMFFIAny, TypeIndex};
-pub use function::{IntoArgs, PackedFunc, TypedFn};
+pub use function::{Arg, IntoArgs, PackedFunc, TypedFn};
 pub use library::{LibraryError, LibraryModule};
 pub use module::Module;

@@ -1,0 +1,50 @@
+//! A small measuring helper shared by kiln's benchmarks: every figure is the median of several
+//! timed batches, printed with its spread, so that ratios taken in one run are meaningful on a
+//! noisy machine.
+#![allow(dead_code)]
+
+use std::time::Instant;
+
+/// Per-iteration times of one measured thing, in nanoseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    /// Median over batches.
+    pub median: f64,
+    /// Fastest batch.
+    pub min: f64,
+    /// Slowest batch.
+    pub max: f64,
+}
+
+/// Times `f` in `batches` batches of `iters` calls and returns ns per call.
+pub fn measure(batches: usize, iters: u64, mut f: impl FnMut()) -> Stats {
+    for _ in 0..iters.min(1000) {
+        f();
+    }
+    let mut per: Vec<f64> = (0..batches)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / iters as f64
+        })
+        .collect();
+    per.sort_by(f64::total_cmp);
+    Stats {
+        median: per[per.len() / 2],
+        min: per[0],
+        max: per[per.len() - 1],
+    }
+}
+
+/// Prints one row: name, median, spread, and the ratio to a baseline median (if any).
+pub fn report(name: &str, s: Stats, baseline: Option<Stats>) {
+    let ratio = baseline
+        .map(|b| format!("{:6.2}x baseline", s.median / b.median))
+        .unwrap_or_default();
+    println!(
+        "{name:<48} median {:>10.2} ns   [min {:>9.2}, max {:>9.2}]  {ratio}",
+        s.median, s.min, s.max
+    );
+}
