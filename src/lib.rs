@@ -1,7 +1,6 @@
 //! kiln: a TVM-style backend stack in Rust.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "llvm")]
 pub mod codegen;
 pub mod device_api;
 pub mod error;

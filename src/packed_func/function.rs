@@ -282,7 +282,18 @@ macro_rules! arg_view {
         }
     )*};
 }
-arg_view!(i64, i32, u32, bool, f64, f32, DLDataType, DLDevice, &'a Any, &'a ffi::DLTensor);
+arg_view!(
+    i64,
+    i32,
+    u32,
+    bool,
+    f64,
+    f32,
+    DLDataType,
+    DLDevice,
+    &'a Any,
+    &'a ffi::DLTensor
+);
 
 impl<'a> From<AnyView<'a>> for Arg<'a> {
     fn from(v: AnyView<'a>) -> Self {
