@@ -364,11 +364,13 @@ pub fn host_cpu() -> Option<&'static (String, Vec<String>)> {
             use inkwell::targets::TargetMachine;
             let name = TargetMachine::get_host_cpu_name().to_string();
             let features = TargetMachine::get_host_cpu_features().to_string();
-            let features = features
+            let mut features: Vec<String> = features
                 .split(',')
                 .filter(|f| !f.is_empty())
                 .map(str::to_string)
                 .collect();
+            // LLVM lists them in hash order; sort by feature name for a stable export.
+            features.sort_by(|a, b| a.get(1..).cmp(&b.get(1..)));
             Some((name, features))
         }
         #[cfg(not(feature = "llvm"))]

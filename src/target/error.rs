@@ -62,7 +62,7 @@ pub enum TargetError {
         name: String,
         /// Every registered kind.
         known: Vec<String>,
-        /// Empty, or a suggestion starting with `; `.
+        /// Empty, or a parenthesized suggestion starting with a space.
         hint: String,
     },
     /// `tag` (without `kind`) is not a string.
@@ -72,11 +72,11 @@ pub enum TargetError {
         found: String,
     },
     /// No tag of that name is registered.
-    #[error("unknown target tag {name:?}{hint} (`kiln tags` lists all {count} tags)")]
+    #[error("unknown target tag {name:?}{hint}; `kiln tags` lists all {count} tags")]
     UnknownTag {
         /// The name asked for.
         name: String,
-        /// Empty, or a suggestion starting with `; `.
+        /// Empty, or a parenthesized suggestion starting with a space.
         hint: String,
         /// How many tags are registered.
         count: usize,
@@ -93,7 +93,7 @@ pub enum TargetError {
         option: String,
         /// Every option of the kind, in declaration order.
         known: Vec<String>,
-        /// Empty, or a suggestion starting with `; `.
+        /// Empty, or a parenthesized suggestion starting with a space.
         hint: String,
     },
     /// An option value of the wrong type.
@@ -227,7 +227,7 @@ impl TargetError {
     }
 }
 
-/// `"; did you mean `x`?"` for the closest of `candidates` to `name`, or an empty string.
+/// `" (did you mean `x`?)"` for the closest of `candidates` to `name`, or an empty string.
 pub(crate) fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
     let lower = name.to_ascii_lowercase();
     let mut best: Option<(usize, &str)> = None;
@@ -239,23 +239,32 @@ pub(crate) fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a s
         }
     }
     match best {
-        Some((_, c)) => format!("; did you mean `{c}`?"),
+        Some((_, c)) => format!(" (did you mean `{c}`?)"),
         None => String::new(),
     }
 }
 
-/// Levenshtein distance over chars (inputs are short names).
+/// Edit distance counting a swap of neighbours as one edit (optimal string alignment).
 fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.chars().enumerate() {
-        cur[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
+    let w = b.len() + 1;
+    let mut d = vec![0usize; (a.len() + 1) * w];
+    for (j, cell) in d.iter_mut().enumerate().take(w) {
+        *cell = j;
     }
-    prev[b.len()]
+    for i in 1..=a.len() {
+        d[i * w] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut v = (d[(i - 1) * w + j - 1] + cost)
+                .min(d[(i - 1) * w + j] + 1)
+                .min(d[i * w + j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                v = v.min(d[(i - 2) * w + j - 2] + 1);
+            }
+            d[i * w + j] = v;
+        }
+    }
+    d[a.len() * w + b.len()]
 }

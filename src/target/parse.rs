@@ -89,12 +89,12 @@ pub(crate) fn unknown_kind(name: &str) -> TargetError {
     let hint = if trimmed != name
         && (known.iter().any(|k| k == trimmed) || tags::lookup(trimmed).is_some())
     {
-        format!("; remove the whitespace around `{trimmed}`")
+        format!(" (remove the whitespace around `{trimmed}`)")
     } else if name.contains('/') {
         let tag_names = tags::names();
         let s = suggest(name, tag_names.iter().map(String::as_str));
         if s.is_empty() {
-            "; it is not a tag either (`kiln tags` lists them)".to_string()
+            " (not a tag either: `kiln tags` lists them)".to_string()
         } else {
             s.replace("did you mean", "did you mean the tag")
         }
@@ -267,7 +267,7 @@ fn unknown_option(kind: &TargetKind, key: &str) -> TargetError {
     let known: Vec<String> = kind.options().iter().map(|o| o.name.clone()).collect();
     let mut hint = suggest(key, known.iter().map(String::as_str));
     if hint.is_empty() && key.starts_with("feature") && !is_feature(key) {
-        hint = "; feature attributes are named `feature.<name>`".to_string();
+        hint = " (feature attributes are named `feature.<name>`)".to_string();
     }
     TargetError::UnknownOption {
         kind: kind.name().to_string(),

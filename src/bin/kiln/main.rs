@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod cmd_target;
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: devices, targets, tensor IR and LLVM codegen on the tvm-ffi ABI")]
 struct Cli {
@@ -11,11 +13,22 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Parse a target and print its canonical export as one line of JSON.
+    Target(cmd_target::TargetArgs),
+    /// List target kinds and their options.
+    Kinds(cmd_target::KindsArgs),
+    /// List target tags.
+    Tags(cmd_target::TagsArgs),
+}
 
 fn main() {
     let cli = Cli::parse();
-    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {};
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Target(args) => cmd_target::run_target(&args),
+        Command::Kinds(args) => cmd_target::run_kinds(&args),
+        Command::Tags(args) => cmd_target::run_tags(&args),
+    };
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
