@@ -20,8 +20,10 @@ fn bench(c: &mut Criterion) {
     });
     c.bench_function("parse+display llvm legacy", |b| {
         b.iter(|| {
-            let t = Target::parse(black_box("llvm -mcpu=znver3 -mattr=+avx2,+fma -num-cores=8"))
-                .expect("valid");
+            let t = Target::parse(black_box(
+                "llvm -mcpu=znver3 -mattr=+avx2,+fma -num-cores=8",
+            ))
+            .expect("valid");
             black_box(t.to_string())
         })
     });

@@ -30,13 +30,22 @@ fn legacy_strings_mean_the_same_target_as_their_json() {
             json!({"kind": "llvm", "mcpu": "znver3", "mattr": ["+avx2", "+fma"], "num-cores": 4}),
         ),
         ("cuda -arch=sm_80", json!({"kind": "cuda", "arch": "sm_80"})),
-        ("cuda --arch sm_80", json!({"kind": "cuda", "arch": "sm_80"})),
+        (
+            "cuda --arch sm_80",
+            json!({"kind": "cuda", "arch": "sm_80"}),
+        ),
         (
             "llvm -mtriple=aarch64-linux-gnu -mattr=+neon",
             json!({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}),
         ),
-        ("llvm -fast-math", json!({"kind": "llvm", "fast-math": true})),
-        ("llvm -fast-math=0 -mcpu=x", json!({"kind": "llvm", "fast-math": false, "mcpu": "x"})),
+        (
+            "llvm -fast-math",
+            json!({"kind": "llvm", "fast-math": true}),
+        ),
+        (
+            "llvm -fast-math=0 -mcpu=x",
+            json!({"kind": "llvm", "fast-math": false, "mcpu": "x"}),
+        ),
         (
             "llvm -keys=cpu,x86 -device=arm_cpu -libs=cblas",
             json!({"kind": "llvm", "keys": ["cpu", "x86"], "device": "arm_cpu", "libs": ["cblas"]}),
@@ -49,7 +58,10 @@ fn legacy_strings_mean_the_same_target_as_their_json() {
             r#"vulkan -device_name="GPU with spaces" -supports_float16=1"#,
             json!({"kind": "vulkan", "device_name": "GPU with spaces", "supports_float16": true}),
         ),
-        ("llvm -system-lib -mcpu=x", json!({"kind": "llvm", "mcpu": "x"})),
+        (
+            "llvm -system-lib -mcpu=x",
+            json!({"kind": "llvm", "mcpu": "x"}),
+        ),
         ("llvm ", json!({"kind": "llvm"})),
         (" llvm  cuda", json!({"kind": "llvm"})),
     ];
@@ -108,7 +120,10 @@ fn errors_carry_tvm_facts() {
         "malformed target JSON: Expecting ',' delimiter: line 1 column 15 (char 14)"
     );
     let e = parse_err(r#"{"kind":"cuda","host":{"kind":"llvm","host":{"kind":"llvm","mcpu":5}}}"#);
-    assert!(e.to_string().starts_with("in `host.host`: target `llvm`"), "{e}");
+    assert!(
+        e.to_string().starts_with("in `host.host`: target `llvm`"),
+        "{e}"
+    );
     let e = parse_err(r#"{"kind":"cuda","arch":"80"}"#);
     assert_eq!(e.category(), "cuda_arch");
     assert!(e.to_string().contains("\"80\""), "{e}");
@@ -139,10 +154,25 @@ fn export_order_is_kind_tag_keys_host_then_declaration_order() {
     let t = parse(
         r#"{"vector-width":256,"mcpu":"skylake","feature.z":1,"kind":"llvm","host":"c","feature.a":true,"mattr":["+avx2"],"device":"d"}"#,
     );
-    let keys: Vec<String> = t.export().as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    let keys: Vec<String> = t
+        .export()
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
     assert_eq!(
         keys,
-        ["kind", "tag", "keys", "host", "device", "mattr", "mcpu", "vector-width", "feature.a", "feature.z"]
+        [
+            "kind",
+            "tag",
+            "keys",
+            "host",
+            "device",
+            "mattr",
+            "mcpu",
+            "vector-width",
+            "feature.a",
+            "feature.z"
+        ]
     );
     assert_eq!(t.keys(), ["d", "cpu"]);
     assert_eq!(t.host().map(Target::kind_name), Some("c"));
@@ -210,7 +240,10 @@ fn kinds_can_be_registered_from_outside() {
     assert_eq!(t.get_bool("fp16"), Some(true));
     assert_eq!(t.keys(), ["npu"]);
     assert_eq!(t.device_type(), 12);
-    assert_eq!(parse_err(r#"{"kind":"api_test_npu","num-cores":100}"#).category(), "canonicalizer");
+    assert_eq!(
+        parse_err(r#"{"kind":"api_test_npu","num-cores":100}"#).category(),
+        "canonicalizer"
+    );
 
     let dup = TargetKind::builder("api_test_npu", 1).register();
     assert!(matches!(dup, Err(TargetError::DuplicateKind(n)) if n == "api_test_npu"));
@@ -219,7 +252,9 @@ fn kinds_can_be_registered_from_outside() {
         .option::<bool>("x", None)
         .register();
     assert!(matches!(dup_opt, Err(TargetError::DuplicateOption { .. })));
-    let dup_base = TargetKind::builder("api_test_other", 1).option::<String>("device", None).build();
+    let dup_base = TargetKind::builder("api_test_other", 1)
+        .option::<String>("device", None)
+        .build();
     assert!(matches!(dup_base, Err(TargetError::DuplicateOption { .. })));
     assert!(lookup_kind("api_test_other").is_none());
 }
@@ -252,8 +287,11 @@ fn tags_are_listed_and_extensible() {
     assert_eq!(t.get_int("registers_per_block"), Some(32768));
     assert_eq!(t.tag(), "nvidia/jetson-nano");
 
-    register_tag("api-test/my-board", &json!({"kind": "llvm", "mcpu": "cortex-a53", "mtriple": "aarch64-linux-gnu"}))
-        .expect("registers");
+    register_tag(
+        "api-test/my-board",
+        &json!({"kind": "llvm", "mcpu": "cortex-a53", "mtriple": "aarch64-linux-gnu"}),
+    )
+    .expect("registers");
     let t = parse("api-test/my-board");
     assert_eq!(t.feature("is_aarch64"), Some(&TargetValue::Bool(true)));
     assert_eq!(t.keys(), ["arm_cpu", "cpu"]);
@@ -270,11 +308,15 @@ fn tags_are_listed_and_extensible() {
 fn llvm_canonicalizer_rules() {
     let t = parse("llvm");
     assert_eq!(t.get_str("mtriple"), Some(kiln::target::default_triple()));
-    assert_eq!(parse(r#"{"kind":"llvm","mcpu":"x"}"#).get_str("mtriple"), None);
+    assert_eq!(
+        parse(r#"{"kind":"llvm","mcpu":"x"}"#).get_str("mtriple"),
+        None
+    );
     let t = parse(r#"{"kind":"llvm","mcpu":"cortex-m55","mattr":["+nomve"]}"#);
     assert_eq!(t.feature("has_dsp"), Some(&TargetValue::Bool(true)));
     assert_eq!(t.feature("has_mve"), Some(&TargetValue::Bool(false)));
-    let t = parse(r#"{"kind":"llvm","mtriple":"aarch64-linux-gnu","mcpu":"neoverse-v1","keys":["x"]}"#);
+    let t =
+        parse(r#"{"kind":"llvm","mtriple":"aarch64-linux-gnu","mcpu":"neoverse-v1","keys":["x"]}"#);
     assert_eq!(t.keys(), ["x", "arm_cpu", "cpu"]);
     assert_eq!(t.feature("has_sve"), Some(&TargetValue::Bool(true)));
     // c kind: M-profile fires, A-profile cannot (no mtriple option).
@@ -284,7 +326,10 @@ fn llvm_canonicalizer_rules() {
     let t = parse(r#"{"kind":"test","feature.is_test":false,"feature.x":1}"#);
     assert_eq!(t.feature("is_test"), Some(&TargetValue::Bool(true)));
     assert_eq!(t.feature("x"), Some(&TargetValue::Int(1)));
-    assert_eq!(parse_err(r#"{"kind":"llvm","feature.":1}"#).category(), "unknown_option");
+    assert_eq!(
+        parse_err(r#"{"kind":"llvm","feature.":1}"#).category(),
+        "unknown_option"
+    );
 }
 
 #[cfg(feature = "llvm")]

@@ -19,7 +19,12 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn target_prints_one_line_of_canonical_json() {
-    let o = kiln(&["target", r#"{"kind":"cuda","arch":"sm_80"}"#, "--host", "llvm -mcpu=skylake"]);
+    let o = kiln(&[
+        "target",
+        r#"{"kind":"cuda","arch":"sm_80"}"#,
+        "--host",
+        "llvm -mcpu=skylake",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
@@ -44,7 +49,11 @@ fn target_errors_go_to_stderr_with_nonzero_exit() {
     );
     let o = kiln(&["target", "llvm", "--host", "bogus"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("--host: target kind \"bogus\" is not defined"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--host: target kind \"bogus\" is not defined"),
+        "{}",
+        stderr(&o)
+    );
     let o = kiln(&["target"]);
     assert!(!o.status.success());
 }
@@ -57,19 +66,29 @@ fn kinds_lists_every_kind_and_one_kind_in_detail() {
     let header = out.lines().next().unwrap_or_default();
     assert!(header.starts_with("KIND"), "{out}");
     for kind in ["llvm", "cuda", "rocm", "webgpu", "composite", "test"] {
-        assert!(out.lines().any(|l| l.starts_with(&format!("{kind} "))), "{kind} missing:\n{out}");
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{kind} "))),
+            "{kind} missing:\n{out}"
+        );
     }
     // Aligned: the DEVICE column starts at the same place on every line.
     let col = header.find("DEVICE").unwrap_or(0);
-    assert!(out.lines().skip(1).all(|l| l[..col].ends_with("  ")), "{out}");
+    assert!(
+        out.lines().skip(1).all(|l| l[..col].ends_with("  ")),
+        "{out}"
+    );
 
     let o = kiln(&["kinds", "cuda"]);
     assert!(o.status.success());
-    assert!(stdout(&o).lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["thread_warp_size", "int", "32"]));
+    assert!(stdout(&o)
+        .lines()
+        .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["thread_warp_size", "int", "32"]));
 
     let o = kiln(&["kinds", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
-    assert!(v.as_array().is_some_and(|a| a.iter().any(|k| k["name"] == "llvm")));
+    assert!(v
+        .as_array()
+        .is_some_and(|a| a.iter().any(|k| k["name"] == "llvm")));
 
     let o = kiln(&["kinds", "nope"]);
     assert!(!o.status.success());
@@ -82,7 +101,9 @@ fn tags_lists_the_tvm_table() {
     assert!(o.status.success());
     let out = stdout(&o);
     assert!(out.lines().count() > 287);
-    assert!(out.lines().any(|l| l.starts_with("nvidia/nvidia-a100 ") && l.contains("arch=sm_80")));
+    assert!(out
+        .lines()
+        .any(|l| l.starts_with("nvidia/nvidia-a100 ") && l.contains("arch=sm_80")));
     let o = kiln(&["tags", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
     assert!(v.as_array().is_some_and(|a| a.len() >= 287));

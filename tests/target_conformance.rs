@@ -40,7 +40,13 @@ fn join(path: &str, key: &str) -> String {
 }
 
 /// Compares `actual` with `expected`; paths in `loose` need only be present (when expected).
-fn diff(expected: &Value, actual: &Value, path: &str, loose: &BTreeSet<String>, out: &mut Vec<String>) {
+fn diff(
+    expected: &Value,
+    actual: &Value,
+    path: &str,
+    loose: &BTreeSet<String>,
+    out: &mut Vec<String>,
+) {
     match (expected, actual) {
         (Value::Object(e), Value::Object(a)) => {
             for (k, ev) in e {
@@ -105,7 +111,11 @@ fn every_recorded_tvm_case_agrees() {
         let result = build(case["input_kind"].as_str().unwrap_or(""), &case["input"]);
         let loose: BTreeSet<String> = case["host_dependent"]
             .as_array()
-            .map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default();
         match (legacy || case["ok"] == Value::Bool(true), result) {
             (true, Ok(t)) => {
@@ -137,7 +147,10 @@ fn every_recorded_tvm_case_agrees() {
             }
         }
     }
-    eprintln!("conformance: {} / {total} cases agree", total - failures.len());
+    eprintln!(
+        "conformance: {} / {total} cases agree",
+        total - failures.len()
+    );
     assert!(
         failures.is_empty(),
         "{} of {total} cases disagree with TVM 0.27:\n{}",
@@ -164,7 +177,14 @@ fn every_tvm_tag_exports_as_tvm() {
             // The Arm feature flags come from LLVM's tables in TVM: host-dependent.
             let mut loose = BTreeSet::new();
             for prefix in ["", "host."] {
-                for f in ["has_asimd", "has_sve", "has_dotprod", "has_matmul_i8", "has_fp16_simd", "has_sme"] {
+                for f in [
+                    "has_asimd",
+                    "has_sve",
+                    "has_dotprod",
+                    "has_matmul_i8",
+                    "has_fp16_simd",
+                    "has_sme",
+                ] {
                     loose.insert(format!("{prefix}feature.{f}"));
                 }
             }
@@ -180,6 +200,10 @@ fn every_tvm_tag_exports_as_tvm() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} tag exports differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} tag exports differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
-

@@ -58,7 +58,9 @@ fn mutate(seed: &str, edits: &[Edit]) -> String {
 
 fn edit() -> impl Strategy<Value = Edit> {
     let c = prop_oneof![
-        prop::sample::select(vec!['{', '}', '[', ']', '"', ',', ':', ' ', '-', '=', '\\', '0', '1', 'e', '.', 'x', 'N']),
+        prop::sample::select(vec![
+            '{', '}', '[', ']', '"', ',', ':', ' ', '-', '=', '\\', '0', '1', 'e', '.', 'x', 'N'
+        ]),
         any::<char>(),
     ];
     prop_oneof![
@@ -101,12 +103,34 @@ proptest! {
 fn json_value() -> impl Strategy<Value = serde_json::Value> {
     use serde_json::Value;
     let key = prop::sample::select(vec![
-        "kind", "host", "tag", "keys", "device", "mcpu", "mattr", "num-cores", "arch",
-        "devices", "feature.x", "fast-math", "libs", "thread_warp_size", "supports_subgroups",
+        "kind",
+        "host",
+        "tag",
+        "keys",
+        "device",
+        "mcpu",
+        "mattr",
+        "num-cores",
+        "arch",
+        "devices",
+        "feature.x",
+        "fast-math",
+        "libs",
+        "thread_warp_size",
+        "supports_subgroups",
     ]);
     let kind = prop::sample::select(vec![
-        "llvm", "cuda", "c", "rocm", "nvptx", "webgpu", "composite", "test", "vulkan",
-        "nvidia/nvidia-a100", "bogus",
+        "llvm",
+        "cuda",
+        "c",
+        "rocm",
+        "nvptx",
+        "webgpu",
+        "composite",
+        "test",
+        "vulkan",
+        "nvidia/nvidia-a100",
+        "bogus",
     ]);
     let leaf = prop_oneof![
         Just(Value::Null),

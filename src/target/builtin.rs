@@ -83,7 +83,9 @@ pub(crate) fn kinds() -> Vec<TargetKind> {
     ] {
         cuda = int(cuda, name, d);
     }
-    add(cuda.default_keys(["cuda", "gpu"]).canonicalizer(canonicalize_cuda));
+    add(cuda
+        .default_keys(["cuda", "gpu"])
+        .canonicalizer(canonicalize_cuda));
 
     add(TargetKind::builder("nvptx", dev::CUDA)
         .option::<S>("mcpu", None)
@@ -194,13 +196,14 @@ pub(crate) fn kinds() -> Vec<TargetKind> {
         .option::<i64>("vtcm-capacity", None)
         .default_keys(["hexagon", "cpu"]));
 
-    add(TargetKind::builder("composite", dev::CPU)
-        .option::<Vec<super::Target>>("devices", None));
+    add(TargetKind::builder("composite", dev::CPU).option::<Vec<super::Target>>("devices", None));
 
-    add(TargetKind::builder("test", dev::CPU).canonicalizer(|c: &mut Config| {
-        c.set("feature.is_test", true);
-        Ok(())
-    }));
+    add(
+        TargetKind::builder("test", dev::CPU).canonicalizer(|c: &mut Config| {
+            c.set("feature.is_test", true);
+            Ok(())
+        }),
+    );
 
     // TVM's `trn` declares raw-integer "defaults" that its config schema ignores; so does kiln.
     let mut trn = TargetKind::builder("trn", dev::TRN);
@@ -336,7 +339,11 @@ pub fn default_triple() -> &'static str {
         }
         #[cfg(not(feature = "llvm"))]
         {
-            let vendor = if cfg!(target_vendor = "apple") { "apple" } else { "unknown" };
+            let vendor = if cfg!(target_vendor = "apple") {
+                "apple"
+            } else {
+                "unknown"
+            };
             let abi = if cfg!(target_env = "gnu") {
                 "-gnu"
             } else if cfg!(target_env = "musl") {
@@ -402,7 +409,10 @@ fn canonicalize_llvm(c: &mut Config) -> TargetResult<()> {
     }
     let mcpu = c.get_str("mcpu").map(str::to_string);
     let mtriple = c.get_str("mtriple").map(str::to_string);
-    let mattr: Vec<String> = c.get_str_array("mattr").map(<[_]>::to_vec).unwrap_or_default();
+    let mattr: Vec<String> = c
+        .get_str_array("mattr")
+        .map(<[_]>::to_vec)
+        .unwrap_or_default();
 
     const M_BASE: [&str; 2] = ["cortex-m0", "cortex-m3"];
     const M_DSP: [&str; 6] = [
@@ -414,10 +424,14 @@ fn canonicalize_llvm(c: &mut Config) -> TargetResult<()> {
         "cortex-m85",
     ];
     const M_MVE: [&str; 2] = ["cortex-m55", "cortex-m85"];
-    let starts = |list: &[&str]| mcpu.as_deref().is_some_and(|m| list.iter().any(|p| m.starts_with(p)));
+    let starts = |list: &[&str]| {
+        mcpu.as_deref()
+            .is_some_and(|m| list.iter().any(|p| m.starts_with(p)))
+    };
     if starts(&M_BASE) || starts(&M_DSP) || starts(&M_MVE) {
         let has = |flag: &str| {
-            mcpu.as_deref().is_some_and(|m| m.contains(flag)) || mattr.iter().any(|a| a.contains(flag))
+            mcpu.as_deref().is_some_and(|m| m.contains(flag))
+                || mattr.iter().any(|a| a.contains(flag))
         };
         let (nomve, nodsp) = (has("+nomve"), has("+nodsp"));
         let (dsp, mve) = if starts(&M_MVE) && !nomve && !nodsp {
@@ -456,7 +470,10 @@ fn canonicalize_llvm(c: &mut Config) -> TargetResult<()> {
 
 /// Existing keys plus `arm_cpu` and `cpu` if missing, or `[arm_cpu, cpu]`.
 fn merge_arm_keys(c: &mut Config) {
-    let mut keys: Vec<String> = c.get_str_array("keys").map(<[_]>::to_vec).unwrap_or_default();
+    let mut keys: Vec<String> = c
+        .get_str_array("keys")
+        .map(<[_]>::to_vec)
+        .unwrap_or_default();
     for k in ["arm_cpu", "cpu"] {
         if !keys.iter().any(|x| x == k) {
             keys.push(k.to_string());
@@ -497,24 +514,84 @@ pub fn arm_features(triple: &str, mcpu: Option<&str>, mattr: &[String]) -> ArmFe
     };
     let cpu = mcpu.unwrap_or("generic");
     const NEON: &[&str] = &[
-        "cortex-a5", "cortex-a7", "cortex-a8", "cortex-a9", "cortex-a12", "cortex-a15",
-        "cortex-a17", "cortex-a32", "cortex-a34", "cortex-a35", "cortex-a53", "cortex-a57",
-        "cortex-a72", "cortex-a73", "thunderx", "thunderxt81", "thunderxt83", "thunderxt88",
-        "thunderx2t99", "thunderx3t110", "kryo", "falkor", "saphira", "cyclone", "apple-a7",
-        "apple-a8", "apple-a9", "apple-a10", "exynos-m3", "swift", "krait",
+        "cortex-a5",
+        "cortex-a7",
+        "cortex-a8",
+        "cortex-a9",
+        "cortex-a12",
+        "cortex-a15",
+        "cortex-a17",
+        "cortex-a32",
+        "cortex-a34",
+        "cortex-a35",
+        "cortex-a53",
+        "cortex-a57",
+        "cortex-a72",
+        "cortex-a73",
+        "thunderx",
+        "thunderxt81",
+        "thunderxt83",
+        "thunderxt88",
+        "thunderx2t99",
+        "thunderx3t110",
+        "kryo",
+        "falkor",
+        "saphira",
+        "cyclone",
+        "apple-a7",
+        "apple-a8",
+        "apple-a9",
+        "apple-a10",
+        "exynos-m3",
+        "swift",
+        "krait",
     ];
     const FP16: &[&str] = &["carmel", "apple-a11", "apple-a12", "a64fx"];
     const DOT: &[&str] = &[
-        "cortex-a55", "cortex-a65", "cortex-a65ae", "cortex-a75", "cortex-a76", "cortex-a76ae",
-        "cortex-a77", "cortex-a78", "cortex-a78c", "cortex-x1", "cortex-x1c", "neoverse-n1",
-        "neoverse-e1", "apple-a13", "apple-a14", "apple-m1", "exynos-m4", "exynos-m5", "tsv110",
+        "cortex-a55",
+        "cortex-a65",
+        "cortex-a65ae",
+        "cortex-a75",
+        "cortex-a76",
+        "cortex-a76ae",
+        "cortex-a77",
+        "cortex-a78",
+        "cortex-a78c",
+        "cortex-x1",
+        "cortex-x1c",
+        "neoverse-n1",
+        "neoverse-e1",
+        "apple-a13",
+        "apple-a14",
+        "apple-m1",
+        "exynos-m4",
+        "exynos-m5",
+        "tsv110",
     ];
     const SVE_I8MM: &[&str] = &[
-        "neoverse-v1", "neoverse-512tvb", "neoverse-n2", "neoverse-v2", "neoverse-v3",
-        "neoverse-n3", "cortex-a510", "cortex-a520", "cortex-a710", "cortex-a715", "cortex-a720",
-        "cortex-x2", "cortex-x3", "cortex-x4",
+        "neoverse-v1",
+        "neoverse-512tvb",
+        "neoverse-n2",
+        "neoverse-v2",
+        "neoverse-v3",
+        "neoverse-n3",
+        "cortex-a510",
+        "cortex-a520",
+        "cortex-a710",
+        "cortex-a715",
+        "cortex-a720",
+        "cortex-x2",
+        "cortex-x3",
+        "cortex-x4",
     ];
-    const I8MM: &[&str] = &["apple-a15", "apple-a16", "apple-a17", "apple-m2", "apple-m3", "ampere1"];
+    const I8MM: &[&str] = &[
+        "apple-a15",
+        "apple-a16",
+        "apple-a17",
+        "apple-m2",
+        "apple-m3",
+        "ampere1",
+    ];
     if NEON.contains(&cpu) {
         f.neon = true;
     } else if FP16.contains(&cpu) {

@@ -121,8 +121,7 @@ impl Reader<'_> {
         }
         let mut is_float = false;
         // A fraction or exponent counts only if digits follow (Python's number regex).
-        if self.peek() == Some('.')
-            && matches!(self.chars.get(self.pos + 1), Some((_, '0'..='9')))
+        if self.peek() == Some('.') && matches!(self.chars.get(self.pos + 1), Some((_, '0'..='9')))
         {
             is_float = true;
             self.pos += 1;
@@ -144,7 +143,10 @@ impl Reader<'_> {
             }
         }
         let b0 = self.chars[start].0;
-        let b1 = self.chars.get(self.pos).map_or(self.text.len(), |&(b, _)| b);
+        let b1 = self
+            .chars
+            .get(self.pos)
+            .map_or(self.text.len(), |&(b, _)| b);
         let lit = &self.text[b0..b1];
         if !is_float {
             if let Ok(i) = lit.parse::<i64>() {
@@ -186,8 +188,7 @@ impl Reader<'_> {
                         't' => out.push('\t'),
                         'u' => {
                             let hi = self.hex4(esc_at)?;
-                            let code = if (0xD800..0xDC00).contains(&hi)
-                                && self.starts_with("\\u")
+                            let code = if (0xD800..0xDC00).contains(&hi) && self.starts_with("\\u")
                             {
                                 let save = self.pos;
                                 self.pos += 2;
@@ -221,7 +222,11 @@ impl Reader<'_> {
     fn hex4(&mut self, esc_at: usize) -> TargetResult<u32> {
         let mut v = 0u32;
         for i in 0..4 {
-            match self.chars.get(self.pos + i).and_then(|&(_, c)| c.to_digit(16)) {
+            match self
+                .chars
+                .get(self.pos + i)
+                .and_then(|&(_, c)| c.to_digit(16))
+            {
                 Some(d) => v = v * 16 + d,
                 None => return Err(self.error("Invalid \\uXXXX escape", esc_at + 1)),
             }
@@ -332,7 +337,10 @@ mod tests {
             err("{\"kind\":\"llvm\"} x"),
             "Extra data: line 1 column 17 (char 16)"
         );
-        assert_eq!(err("{\n\"a\" 1}"), "Expecting ':' delimiter: line 2 column 5 (char 6)");
+        assert_eq!(
+            err("{\n\"a\" 1}"),
+            "Expecting ':' delimiter: line 2 column 5 (char 6)"
+        );
     }
 
     #[test]

@@ -203,7 +203,9 @@ pub(crate) fn parse(input: &str) -> TargetResult<Target> {
             (Some(t @ (OptionType::Map | OptionType::TargetArray)), Some(_)) => {
                 return Err(err(
                     input,
-                    format!("`-{key}` has type {t}, which the legacy form cannot express; use JSON"),
+                    format!(
+                        "`-{key}` has type {t}, which the legacy form cannot express; use JSON"
+                    ),
                 ))
             }
             // Undeclared: features get a natural type; anything else is passed on as given so

@@ -75,8 +75,8 @@ use std::sync::Arc;
 pub use builtin::{arm_features, default_triple, host_cpu, ArmFeatures};
 pub use error::{TargetError, TargetResult};
 pub use kind::{
-    Canonicalizer, Config, OptionSpec, OptionType, OptionValueType, TargetKind,
-    TargetKindBuilder, BASE_OPTIONS,
+    Canonicalizer, Config, OptionSpec, OptionType, OptionValueType, TargetKind, TargetKindBuilder,
+    BASE_OPTIONS,
 };
 pub use registry::{list_kinds, lookup_kind, register_kind};
 pub use tags::{list_tags, register_tag, TargetTag};

@@ -70,7 +70,10 @@ pub fn register_tag(name: impl Into<String>, config: &serde_json::Value) -> Targ
             message: format!("config must be a JSON object, found {config}"),
         });
     };
-    if !entries.iter().any(|(k, v)| k == "kind" && v.as_str().is_some()) {
+    if !entries
+        .iter()
+        .any(|(k, v)| k == "kind" && v.as_str().is_some())
+    {
         return Err(TargetError::InvalidTag {
             name,
             message: "config must have a string \"kind\"".to_string(),

@@ -101,7 +101,10 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 fn kind_or_err(name: &str) -> Result<std::sync::Arc<TargetKind>, String> {
     lookup_kind(name).ok_or_else(|| {
         let known: Vec<String> = list_kinds().iter().map(|k| k.name().to_string()).collect();
-        format!("unknown target kind `{name}`; known kinds: {}", known.join(", "))
+        format!(
+            "unknown target kind `{name}`; known kinds: {}",
+            known.join(", ")
+        )
     })
 }
 
@@ -111,7 +114,10 @@ pub fn run_kinds(args: &KindsArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(name) => {
             let kind = kind_or_err(name)?;
             if args.json {
-                return emit(&format!("{}\n", serde_json::to_string_pretty(&kind.to_json())?));
+                return emit(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&kind.to_json())?
+                ));
             }
             let mut text = String::new();
             writeln!(
@@ -121,7 +127,11 @@ pub fn run_kinds(args: &KindsArgs) -> Result<(), Box<dyn std::error::Error>> {
                 device_name(kind.device_type()),
                 kind.device_type(),
                 kind.default_keys().join(", "),
-                if kind.has_canonicalizer() { "yes" } else { "no" }
+                if kind.has_canonicalizer() {
+                    "yes"
+                } else {
+                    "no"
+                }
             )?;
             let rows: Vec<Vec<String>> = kind
                 .options()
@@ -130,7 +140,9 @@ pub fn run_kinds(args: &KindsArgs) -> Result<(), Box<dyn std::error::Error>> {
                     vec![
                         o.name.clone(),
                         o.ty.tvm_name().to_string(),
-                        o.default.as_ref().map_or_else(String::new, ToString::to_string),
+                        o.default
+                            .as_ref()
+                            .map_or_else(String::new, ToString::to_string),
                     ]
                 })
                 .collect();
@@ -162,7 +174,12 @@ pub fn run_kinds(args: &KindsArgs) -> Result<(), Box<dyn std::error::Error>> {
                 })
                 .collect();
             emit(&table(
-                &["KIND", "DEVICE", "DEFAULT KEYS", "OPTIONS (besides the common ones)"],
+                &[
+                    "KIND",
+                    "DEVICE",
+                    "DEFAULT KEYS",
+                    "OPTIONS (besides the common ones)",
+                ],
                 &rows,
             ))
         }
