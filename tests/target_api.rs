@@ -345,3 +345,26 @@ fn mcpu_native_resolves_to_the_host_cpu() {
     assert_eq!(legacy.get_str("mcpu"), Some(name.as_str()));
     assert_eq!(legacy.get_str_array("mattr"), Some(&features[..]));
 }
+
+#[test]
+fn legacy_form_is_read_only_where_the_user_writes_a_target_directly() {
+    // Top-level strings, including both halves of a (target, host) pair built from strings.
+    let t = Target::from_json(&json!("cuda -arch=sm_80"))
+        .and_then(|t| Ok(t.with_host(Target::from_json(&json!("llvm -mcpu=skylake"))?)));
+    assert!(t.is_ok(), "{t:?}");
+    // Strings inside a config: TVM 0.27's strict rules.
+    for config in [
+        json!({"kind": "cuda", "host": "llvm -mcpu=skylake"}),
+        json!({"kind": "composite", "devices": ["cuda -arch=sm_80"]}),
+        json!({"tag": "nvidia/nvidia-a100", "host": "llvm "}),
+    ] {
+        let e = Target::from_json(&config).err();
+        assert_eq!(
+            e.as_ref().map(TargetError::category),
+            Some("cli_string"),
+            "{config}"
+        );
+    }
+    // A tag alone with stray whitespace is not the legacy form (TVM never read it either).
+    assert_eq!(parse_err("nvidia/nvidia-a100 ").category(), "unknown_kind");
+}

@@ -108,6 +108,12 @@ fn every_recorded_tvm_case_agrees() {
         let id = case["id"].as_str().unwrap_or("?");
         let group = case["group"].as_str().unwrap_or("");
         let legacy = matches!(group, "cli_string" | "kind_string_space");
+        // Other cases TVM rejects only as the removed legacy form (e.g. a pair whose target
+        // string is `llvm -mcpu=x`): whether kiln's extension reads them is kiln's rule, not
+        // TVM's, so either outcome agrees; `tests/target_api.rs` pins kiln's behaviour.
+        let legacy_elsewhere = !legacy
+            && case["ok"] == Value::Bool(false)
+            && case["error"]["category"] == "cli_string";
         let result = build(case["input_kind"].as_str().unwrap_or(""), &case["input"]);
         let loose: BTreeSet<String> = case["host_dependent"]
             .as_array()
@@ -135,6 +141,7 @@ fn every_recorded_tvm_case_agrees() {
                 }
             }
             (true, Err(e)) => failures.push(format!("{id}: TVM accepts, kiln rejects: {e}")),
+            (false, Ok(_)) if legacy_elsewhere => {}
             (false, Ok(t)) => failures.push(format!("{id}: TVM rejects, kiln accepts: {t}")),
             (false, Err(e)) => {
                 let want = case["error"]["category"].as_str().unwrap_or("");

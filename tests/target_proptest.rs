@@ -149,3 +149,30 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
         ]
     })
 }
+
+#[test]
+fn deeply_nested_input_is_an_error_or_a_target_not_a_crash() {
+    // Hosts nested as deep as the JSON reader allows.
+    let depth = 250;
+    let s = format!(
+        "{}{}",
+        r#"{"kind":"llvm","mcpu":"x","host":"#.repeat(depth),
+        format!(r#"{{"kind":"c"}}{}"#, "}".repeat(depth))
+    );
+    let t = Target::parse(&s).expect("250 nested hosts are fine");
+    let mut n = 0;
+    let mut cur = &t;
+    while let Some(h) = cur.host() {
+        n += 1;
+        cur = h;
+    }
+    assert_eq!(n, depth);
+    assert_eq!(Target::parse(&t.to_string()).ok(), Some(t));
+    // Deeper than that: a clean error.
+    let s = format!(
+        "{{\"kind\":\"llvm\",\"x\":{}{}}}",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    assert!(Target::parse(&s).is_err());
+}
