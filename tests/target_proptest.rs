@@ -155,9 +155,9 @@ fn deeply_nested_input_is_an_error_or_a_target_not_a_crash() {
     // Hosts nested as deep as the JSON reader allows.
     let depth = 250;
     let s = format!(
-        "{}{}",
+        r#"{}{{"kind":"c"}}{}"#,
         r#"{"kind":"llvm","mcpu":"x","host":"#.repeat(depth),
-        format!(r#"{{"kind":"c"}}{}"#, "}".repeat(depth))
+        "}".repeat(depth)
     );
     let t = Target::parse(&s).expect("250 nested hosts are fine");
     let mut n = 0;
