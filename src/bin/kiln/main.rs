@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod cmd_target;
+
 #[derive(Parser)]
 #[command(
     name = "kiln",
@@ -16,6 +18,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Parse a target and print its canonical export as one line of JSON.
+    Target(cmd_target::TargetArgs),
+    /// List target kinds and their options.
+    Kinds(cmd_target::KindsArgs),
+    /// List target tags.
+    Tags(cmd_target::TagsArgs),
     /// List the global packed functions registered in this process.
     Functions,
 }
@@ -25,6 +33,9 @@ type CmdResult = Result<(), Box<dyn std::error::Error>>;
 fn main() {
     let cli = Cli::parse();
     let result: CmdResult = match cli.command {
+        Command::Target(args) => cmd_target::run_target(&args),
+        Command::Kinds(args) => cmd_target::run_kinds(&args),
+        Command::Tags(args) => cmd_target::run_tags(&args),
         Command::Functions => {
             for name in kiln::packed_func::registry::list() {
                 println!("{name}");
