@@ -1,0 +1,39 @@
+//! `kiln ir <module.json>`: verifies an IR module and prints it in text form.
+
+use std::path::PathBuf;
+
+use kiln::ir::IRModule;
+
+/// Arguments of `kiln ir`.
+#[derive(clap::Args)]
+pub struct IrArgs {
+    /// The module, in the `kiln-ir/1` JSON format (`-` reads stdin).
+    pub module: PathBuf,
+    /// Print the module as canonical JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Reads, verifies (reporting every error) and prints the module.
+pub fn run(args: IrArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let text = if args.module.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(&args.module)
+            .map_err(|e| format!("cannot read {}: {e}", args.module.display()))?
+    };
+    let module = IRModule::from_json_str(&text)?;
+    let errors = module.verify_all();
+    if let Some(first) = errors.first() {
+        for e in &errors[1..] {
+            eprintln!("error: {e}");
+        }
+        return Err(Box::new(first.clone()));
+    }
+    if args.json {
+        println!("{}", module.to_json_string());
+    } else {
+        print!("{module}");
+    }
+    Ok(())
+}
