@@ -44,3 +44,31 @@ pub enum IrError {
 
 /// `Result` with [`IrError`].
 pub type IrResult<T> = Result<T, IrError>;
+
+/// Stack size of the thread the recursive passes (JSON reader, verifier, interpreter) run on.
+/// Their recursion depth is bounded ([`super::json::MAX_DEPTH`], [`super::verify::MAX_NESTING`]),
+/// and this bound times the (debug-build) frame size fits comfortably.
+pub(crate) const PASS_STACK_SIZE: usize = 64 << 20;
+
+/// Runs `f` on a scoped thread with a [`PASS_STACK_SIZE`] stack, so that deep (but bounded) IR
+/// never overflows the caller's stack. Falls back to the current thread if no thread can be made.
+pub(crate) fn with_big_stack<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let slot = std::sync::Mutex::new(Some(f));
+    let take = || slot.lock().ok().and_then(|mut g| g.take());
+    let outcome = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("kiln-ir".into())
+            .stack_size(PASS_STACK_SIZE)
+            .spawn_scoped(s, || take().map(|f| f()))
+            .map(|h| h.join())
+    });
+    match outcome {
+        Ok(Ok(Some(r))) => r,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        // The thread could not be created (or found nothing to run): run here.
+        _ => match take() {
+            Some(f) => f(),
+            None => unreachable!("the closure ran on the spawned thread, which returned its value"),
+        },
+    }
+}

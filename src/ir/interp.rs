@@ -338,6 +338,10 @@ struct Interp<'f> {
 /// with a return type that ends without `return`).
 pub fn run(func: &PrimFunc, args: &mut [InterpArg]) -> IrResult<Option<Scalar>> {
     func.verify()?;
+    super::error::with_big_stack(|| run_here(func, args))
+}
+
+fn run_here(func: &PrimFunc, args: &mut [InterpArg]) -> IrResult<Option<Scalar>> {
     let mut it = Interp {
         func,
         env: HashMap::new(),

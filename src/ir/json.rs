@@ -22,7 +22,7 @@ use super::stmt::{ForKind, Stmt};
 pub const FORMAT: &str = "kiln-ir/1";
 
 /// The deepest nesting of IR nodes (expressions inside statements inside ...) the reader accepts.
-pub const MAX_DEPTH: usize = 200;
+pub const MAX_DEPTH: usize = 128;
 
 pub(crate) fn module_from_str(text: &str) -> IrResult<IRModule> {
     let value: Value = serde_json::from_str(text).map_err(|e| IrError::Syntax {
@@ -36,6 +36,10 @@ pub(crate) fn module_from_str(text: &str) -> IrResult<IRModule> {
 }
 
 pub(crate) fn module_from_value(value: &Value) -> IrResult<IRModule> {
+    super::error::with_big_stack(|| read_module(value))
+}
+
+fn read_module(value: &Value) -> IrResult<IRModule> {
     let mut r = Reader::default();
     let m = r.object(value, "$", &["format", "functions"])?;
     let format = r.string(r.field(m, "format", "$")?, "$.format")?;
@@ -512,23 +516,28 @@ impl Reader {
             ));
         };
         let p = |k: &str| format!("{path}.{k}");
-        if obj.contains_key("const") {
-            let m = self.object(v, path, &["const", "dtype"])?;
-            let dtype = self.dtype(self.field(m, "dtype", path)?, &p("dtype"))?;
-            return constant(m.get("const").unwrap_or(&Value::Null), dtype, &p("const"));
-        }
-        if obj.contains_key("var") {
-            let m = self.object(v, path, &["var"])?;
-            let name = self.string(self.field(m, "var", path)?, &p("var"))?;
-            return self.var_ref(name, &p("var")).map(Expr::Var);
-        }
         let op = match obj.get("op") {
             Some(Value::String(s)) => s.as_str(),
-            _ => {
+            Some(other) => {
+                let found = kind_of(other);
                 return Err(jerr(
-                    path,
-                    "expected an expression: an object with `const`, `var` or `op`",
-                ))
+                    &p("op"),
+                    format!("expected an operator name, found {found}"),
+                ));
+            }
+            None if obj.contains_key("const") => {
+                let m = self.object(v, path, &["const", "dtype"])?;
+                let dtype = self.dtype(self.field(m, "dtype", path)?, &p("dtype"))?;
+                return constant(m.get("const").unwrap_or(&Value::Null), dtype, &p("const"));
+            }
+            None if obj.contains_key("var") => {
+                let m = self.object(v, path, &["var"])?;
+                let name = self.string(self.field(m, "var", path)?, &p("var"))?;
+                return self.var_ref(name, &p("var")).map(Expr::Var);
+            }
+            None => {
+                let msg = "expected an expression: an object with `op`, `const` or `var`";
+                return Err(jerr(path, msg));
             }
         };
         match op {

@@ -33,9 +33,13 @@ use super::func::{Buffer, IRModule, Param, PrimFunc, StorageScope};
 use super::stmt::{ForKind, Stmt};
 
 /// The deepest nesting of IR nodes the verifier (and so the interpreter) accepts.
-pub const MAX_NESTING: usize = 1000;
+pub const MAX_NESTING: usize = 256;
 
 pub(crate) fn verify_module(m: &IRModule) -> Vec<IrError> {
+    super::error::with_big_stack(|| verify_module_here(m))
+}
+
+fn verify_module_here(m: &IRModule) -> Vec<IrError> {
     let mut errors = Vec::new();
     let mut names = HashSet::new();
     let mut symbols = HashSet::new();
@@ -75,7 +79,10 @@ pub(crate) fn verify_module(m: &IRModule) -> Vec<IrError> {
 }
 
 pub(crate) fn verify_func(f: &PrimFunc) -> IrResult<()> {
-    match check_func(f, "$").into_iter().next() {
+    match super::error::with_big_stack(|| check_func(f, "$"))
+        .into_iter()
+        .next()
+    {
         Some(e) => Err(e),
         None => Ok(()),
     }
