@@ -23,12 +23,13 @@ pub fn run(args: IrArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("cannot read {}: {e}", args.module.display()))?
     };
     let module = IRModule::from_json_str(&text)?;
-    let errors = module.verify_all();
-    if let Some(first) = errors.first() {
-        for e in &errors[1..] {
+    let mut errors = module.verify_all();
+    // All errors in node order: every one but the last here, the last through `main`.
+    if let Some(last) = errors.pop() {
+        for e in &errors {
             eprintln!("error: {e}");
         }
-        return Err(Box::new(first.clone()));
+        return Err(Box::new(last));
     }
     if args.json {
         println!("{}", module.to_json_string());
