@@ -93,7 +93,7 @@ case!(
 );
 case!(
     not_needs_a_bool,
-    func_with(|_, x| eval(x.clone().not())),
+    func_with(|_, x| eval(!x.clone())),
     ".body.value",
     "`not` needs a bool, found int32"
 );
@@ -670,7 +670,7 @@ case!(
 fn nesting_is_bounded() {
     let mut e = Expr::from(true);
     for _ in 0..300 {
-        e = e.not();
+        e = !e;
     }
     let f = func_with(|_, _| eval(e));
     let errors = IRModule::from_functions(vec![f]).verify_all();

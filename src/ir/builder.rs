@@ -152,10 +152,6 @@ impl Expr {
     pub fn or(self, b: impl Into<Expr>) -> Expr {
         bin(BinOp::Or, self, b.into())
     }
-    /// `!self` (bool).
-    pub fn not(self) -> Expr {
-        Expr::Not(Box::new(self))
-    }
     /// Converts to `dtype`.
     pub fn cast(self, dtype: DataType) -> Expr {
         Expr::Cast {
@@ -228,6 +224,14 @@ arith!(Mul, mul, BinOp::Mul);
 arith!(Div, div, BinOp::Div);
 arith!(Rem, rem, BinOp::Mod);
 
+/// `!e`: logical not of a bool.
+impl ops::Not for Expr {
+    type Output = Expr;
+    fn not(self) -> Expr {
+        Expr::Not(Box::new(self))
+    }
+}
+
 impl ops::Neg for Expr {
     type Output = Expr;
     fn neg(self) -> Expr {
@@ -284,19 +288,19 @@ pub fn fma(x: impl Into<Expr>, y: impl Into<Expr>, z: impl Into<Expr>) -> Expr {
 }
 
 impl Buffer {
-    /// `self[indices]`.
-    pub fn load(&self, indices: &[Expr]) -> Expr {
+    /// `self[indices]`; the indices may be a slice, an array or a `Vec` of [`Expr`].
+    pub fn load(&self, indices: impl Into<Vec<Expr>>) -> Expr {
         Expr::Load {
             buffer: self.clone(),
-            indices: indices.to_vec(),
+            indices: indices.into(),
         }
     }
 
     /// `self[indices] = value`.
-    pub fn store(&self, indices: &[Expr], value: impl Into<Expr>) -> Stmt {
+    pub fn store(&self, indices: impl Into<Vec<Expr>>, value: impl Into<Expr>) -> Stmt {
         Stmt::Store {
             buffer: self.clone(),
-            indices: indices.to_vec(),
+            indices: indices.into(),
             value: value.into(),
         }
     }

@@ -74,17 +74,17 @@ pub fn softmax_sized(rows: i64, cols: i64) -> PrimFunc {
         let body = Stmt::Seq(vec![
             maxv.store(&z, Reducer::Max.init(f32t)),
             for_range("j", Expr::from(cols), ForKind::Serial, |j| {
-                maxv.store(&z, maxv.load(&z).max(a.load(&at(&j))))
+                maxv.store(&z, maxv.load(&z).max(a.load(at(&j))))
             }),
             sum.store(&z, 0.0f32),
             for_range("j", Expr::from(cols), ForKind::Serial, |j| {
                 Stmt::Seq(vec![
-                    b.store(&at(&j), exp(a.load(&at(&j)) - maxv.load(&z))),
-                    sum.store(&z, sum.load(&z) + b.load(&at(&j))),
+                    b.store(at(&j), exp(a.load(at(&j)) - maxv.load(&z))),
+                    sum.store(&z, sum.load(&z) + b.load(at(&j))),
                 ])
             }),
             for_range("j", Expr::from(cols), ForKind::Serial, |j| {
-                b.store(&at(&j), b.load(&at(&j)) / sum.load(&z))
+                b.store(at(&j), b.load(at(&j)) / sum.load(&z))
             }),
         ]);
         maxv.allocate(sum.allocate(body))

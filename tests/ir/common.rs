@@ -105,7 +105,7 @@ pub fn all_constructs() -> PrimFunc {
         Stmt::Evaluate(
             Expr::from(&flag)
                 .and(xe.clone().lt(1))
-                .or(xe.clone().le(2).not()),
+                .or(!xe.clone().le(2)),
         ),
         Stmt::Evaluate(
             xe.clone()
@@ -146,7 +146,7 @@ pub fn all_constructs() -> PrimFunc {
         );
         let body = Stmt::Seq(vec![
             for_range("j", Expr::from(4i64), ForKind::Vectorized, |j| {
-                tmp.store(&[j.clone()], a.load(&[i.clone(), j]) * 2.0f32)
+                tmp.store([j.clone()], a.load([i.clone(), j]) * 2.0f32)
             }),
             for_range("j", Expr::from(4i64), ForKind::Unrolled, |j| {
                 a.store(&[i.clone(), j.clone()], tmp.load(&[j]) + 1.0f32)
@@ -164,7 +164,7 @@ pub fn all_constructs() -> PrimFunc {
         );
         ws.allocate(for_range("k", len, ForKind::Serial, |k| {
             ws.store(
-                &[k.clone()],
+                [k.clone()],
                 h.load(&[k.floormod(8i64)]) * constant(DataType::f16(), 0.5),
             )
         }))
