@@ -54,6 +54,7 @@ fn read_module(value: &Value) -> IrResult<IRModule> {
     for (i, f) in funcs.iter().enumerate() {
         r.vars.clear();
         r.buffers.clear();
+        r.params_shape_vars.clear();
         functions.push(r.func(f, &format!("$.functions[{i}]"))?);
     }
     Ok(IRModule { functions })
@@ -80,6 +81,8 @@ fn kind_of(v: &Value) -> &'static str {
 #[derive(Default)]
 struct Reader {
     vars: HashMap<String, Var>,
+    /// Names of the variables defined by buffer parameter shapes/strides of this function.
+    params_shape_vars: std::collections::HashSet<String>,
     buffers: HashMap<String, Buffer>,
     depth: usize,
 }
@@ -243,6 +246,13 @@ impl Reader {
                 let m = self.object(v, path, &["kind", "name", "dtype"])?;
                 let name = self.name(self.field(m, "name", path)?, &format!("{path}.name"))?;
                 let dtype = self.dtype(self.field(m, "dtype", path)?, &format!("{path}.dtype"))?;
+                // A shape variable of an earlier buffer parameter may also be passed as a
+                // scalar (the caller checks that the values agree).
+                if let Some(v) = self.vars.get(&name) {
+                    if self.params_shape_vars.contains(&name) && v.dtype == dtype {
+                        return Ok(Param::Scalar(v.clone()));
+                    }
+                }
                 Ok(Param::Scalar(self.bind_var(name, dtype, path)?))
             }
             "buffer" => Ok(Param::Buffer(self.buffer_decl(v, path, true)?)),
@@ -365,6 +375,7 @@ impl Reader {
             return self.var_ref(name, path).map(Expr::Var);
         }
         let v = self.bind_var(name.to_string(), dtype.unwrap_or(DataType::i64()), path)?;
+        self.params_shape_vars.insert(name.to_string());
         Ok(Expr::Var(v))
     }
 
