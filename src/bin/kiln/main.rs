@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod cmd_ir;
 mod cmd_target;
 
 #[derive(Parser)]
@@ -24,6 +25,8 @@ enum Command {
     Kinds(cmd_target::KindsArgs),
     /// List target tags.
     Tags(cmd_target::TagsArgs),
+    /// Verify an IR module (kiln-ir/1 JSON) and print it in text form.
+    Ir(cmd_ir::IrArgs),
     /// List the global packed functions registered in this process.
     Functions,
 }
@@ -36,6 +39,7 @@ fn main() {
         Command::Target(args) => cmd_target::run_target(&args),
         Command::Kinds(args) => cmd_target::run_kinds(&args),
         Command::Tags(args) => cmd_target::run_tags(&args),
+        Command::Ir(args) => cmd_ir::run(args),
         Command::Functions => {
             for name in kiln::packed_func::registry::list() {
                 println!("{name}");

@@ -1,0 +1,40 @@
+//! `kiln ir <module.json>`: verifies an IR module and prints it in text form.
+
+use std::path::PathBuf;
+
+use kiln::ir::IRModule;
+
+/// Arguments of `kiln ir`.
+#[derive(clap::Args)]
+pub struct IrArgs {
+    /// The module, in the `kiln-ir/1` JSON format (`-` reads stdin).
+    pub module: PathBuf,
+    /// Print the module as canonical JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Reads, verifies (reporting every error) and prints the module.
+pub fn run(args: IrArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let text = if args.module.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(&args.module)
+            .map_err(|e| format!("cannot read {}: {e}", args.module.display()))?
+    };
+    let module = IRModule::from_json_str(&text)?;
+    let mut errors = module.verify_all();
+    // All errors in node order: every one but the last here, the last through `main`.
+    if let Some(last) = errors.pop() {
+        for e in &errors {
+            eprintln!("error: {e}");
+        }
+        return Err(Box::new(last));
+    }
+    if args.json {
+        println!("{}", module.to_json_string());
+    } else {
+        print!("{module}");
+    }
+    Ok(())
+}
