@@ -1,6 +1,9 @@
 //! The crate-level error: every module's error converts into it with `?`.
 
+use crate::codegen::CodegenError;
+use crate::ir::IrError;
 use crate::packed_func::{LibraryError, PackedFuncError};
+use crate::target::TargetError;
 
 /// Any error kiln reports.
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +15,15 @@ pub enum Error {
     /// Loading a library.
     #[error(transparent)]
     Library(#[from] LibraryError),
+    /// Parsing or checking a target.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// Reading or verifying IR.
+    #[error(transparent)]
+    Ir(#[from] IrError),
+    /// Generating code.
+    #[error(transparent)]
+    Codegen(#[from] CodegenError),
     /// Reading or writing files.
     #[error("{context}: {source}")]
     Io {
@@ -27,6 +39,7 @@ impl Error {
     pub fn kind(&self) -> &str {
         match self {
             Error::PackedFunc(e) => e.kind(),
+            Error::Target(_) | Error::Ir(_) => "ValueError",
             _ => "RuntimeError",
         }
     }

@@ -1,7 +1,137 @@
-//! Code generation: IR to runtime modules of packed functions, and the runtime entry points the
-//! generated code calls.
+//! Code generation: IR modules to runtime modules of packed functions, and the runtime entry
+//! points the generated code calls.
+//!
+//! # Design
+//!
+//! [`build`] verifies the module, then dispatches on the target kind through the global function
+//! `target.build.<kind>`, as TVM does: a backend is a packed function taking the IR module and
+//! the target (both passed as kiln objects) and returning a runtime [`Module`]. kiln registers
+//! `target.build.llvm` (the [`llvm`] backend, behind the default `llvm` feature); a user's
+//! backend registers its own.
 //!
 //! The runtime half ([`parallel`]) is always built: a library kiln exported earlier still needs
 //! the thread pool when loaded by a kiln built without LLVM.
 
+#[cfg(feature = "llvm")]
+pub mod llvm;
 pub mod parallel;
+
+use std::sync::Arc;
+
+use crate::ir::IRModule;
+use crate::packed_func::Module;
+
+/// Errors of code generation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodegenError {
+    /// The module is valid IR but uses something this backend cannot compile; the message says
+    /// what. Change the IR or the target.
+    #[error("cannot compile: {0}")]
+    Unsupported(String),
+    /// LLVM refused something (a bad triple or CPU, or a kiln bug, which the message says).
+    #[error("LLVM: {0}")]
+    Llvm(String),
+    /// No `target.build.<kind>` is registered.
+    #[error("no code generator registered for target kind `{kind}` (global function `target.build.{kind}`)")]
+    NoCodegen {
+        /// The target kind.
+        kind: String,
+    },
+    /// Writing files or running the linker failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// `Result` of code generation.
+pub type CodegenResult<T> = Result<T, CodegenError>;
+
+/// A runtime module, shared.
+pub type ModuleRef = Arc<dyn Module>;
+
+use crate::packed_func::{registry, Any, PackedFunc, PackedFuncError};
+use crate::target::Target;
+
+/// Compiles `module` for `target` through the code generator registered as
+/// `target.build.<kind>`, after verifying the module.
+///
+/// ```
+/// # #[cfg(feature = "llvm")] {
+/// use kiln::ir::{kernels, IRModule};
+/// use kiln::target::Target;
+/// let module = IRModule::from_functions(vec![kernels::vadd()]);
+/// let target = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#)?;
+/// let rt = kiln::codegen::build(&module, &target)?;
+/// assert_eq!(rt.function_names(), ["vadd"]);
+/// # }
+/// # Ok::<(), kiln::Error>(())
+/// ```
+///
+/// # Errors
+/// The verifier's first error (with its node path); [`CodegenError::NoCodegen`] when no code
+/// generator is registered for the target's kind; whatever the code generator reports.
+pub fn build(module: &IRModule, target: &Target) -> crate::Result<ModuleRef> {
+    register_builtin_codegens();
+    module.verify()?;
+    let kind = target.kind_name().to_owned();
+    let f =
+        registry::get(&format!("target.build.{kind}")).ok_or(CodegenError::NoCodegen { kind })?;
+    let out = f.call_any(&[
+        Any::rust_object(module.clone()),
+        Any::rust_object(target.clone()),
+    ])?;
+    out.downcast_ref::<ModuleRef>().cloned().ok_or_else(|| {
+        PackedFuncError::Raised {
+            kind: "TypeError".into(),
+            message: format!(
+                "`{}` returned {:?}, expected a runtime module",
+                f.name(),
+                out
+            ),
+        }
+        .into()
+    })
+}
+
+/// Wraps a Rust code generator as a `target.build.<kind>` packed function: it receives the
+/// module and target and returns a runtime module.
+pub fn codegen_func<F>(name: &str, f: F) -> PackedFunc
+where
+    F: Fn(&IRModule, &Target) -> crate::Result<ModuleRef> + Send + Sync + 'static,
+{
+    let n = name.to_owned();
+    PackedFunc::new(name, move |args| {
+        let bad = |what: &str| PackedFuncError::Raised {
+            kind: "TypeError".into(),
+            message: format!("`{n}` expects (IRModule, Target), {what}"),
+        };
+        if args.len() != 2 {
+            return Err(bad(&format!("found {} arguments", args.len())));
+        }
+        let m = args[0]
+            .downcast_ref::<IRModule>()
+            .ok_or_else(|| bad("argument #0 is not an IRModule"))?;
+        let t = args[1]
+            .downcast_ref::<Target>()
+            .ok_or_else(|| bad("argument #1 is not a Target"))?;
+        Ok(Any::rust_object(f(m, t).map_err(PackedFuncError::from)?))
+    })
+}
+
+/// Registers kiln's own code generators (`target.build.llvm`); idempotent.
+pub fn register_builtin_codegens() {
+    static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        parallel::register_runtime_symbols();
+        #[cfg(feature = "llvm")]
+        {
+            let f = codegen_func("target.build.llvm", |m, t| {
+                let opts = llvm::CodegenOptions::from_target(t)?;
+                let module: ModuleRef = Arc::new(llvm::LlvmModule::jit(m, &opts)?);
+                Ok(module)
+            });
+            // A user may have registered their own first: theirs wins.
+            let _ = registry::register("target.build.llvm", f, false);
+        }
+    });
+}

@@ -286,6 +286,22 @@ impl<'a> AnyView<'a> {
         }
     }
 
+    /// The Rust value of a [`Any::rust_object`] of type `T`, borrowed for `'a`.
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&'a T> {
+        if self.raw.type_index != TypeIndex::KILN_RUST_OBJECT {
+            return None;
+        }
+        // SAFETY: the active field of an object value is its pointer.
+        let obj = unsafe { self.raw.value.v_obj };
+        if obj.is_null() {
+            return None;
+        }
+        // SAFETY: objects of this index are created only by `Any::rust_object`, whose layout is
+        // `KilnObject<(), Box<dyn Any + Send + Sync>>`; the view keeps the object live for `'a`.
+        let boxed = unsafe { ffi::rust_object_payload(obj) };
+        boxed.downcast_ref::<T>()
+    }
+
     /// Converts to `T`, with an error naming the expected and the found type.
     pub fn get<T: FromAny<'a>>(self) -> Result<T, ConversionError> {
         T::from_any(self)
@@ -404,6 +420,19 @@ impl Any {
             .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
         let obj = ffi::new_kiln_object(TypeIndex::TENSOR, t, (shape, strides, owner));
         Self::object(TypeIndex::TENSOR, obj)
+    }
+
+    /// A kiln object holding a Rust value, for passing Rust data through packed functions
+    /// (read it back with [`AnyView::downcast_ref`]).
+    pub fn rust_object<T: Send + Sync + 'static>(value: T) -> Self {
+        let boxed: Box<dyn std::any::Any + Send + Sync> = Box::new(value);
+        let obj = ffi::new_kiln_object(TypeIndex::KILN_RUST_OBJECT, (), boxed);
+        Self::object(TypeIndex::KILN_RUST_OBJECT, obj)
+    }
+
+    /// The Rust value of a [`Any::rust_object`] of type `T`.
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.view().downcast_ref::<T>()
     }
 
     fn object(type_index: TypeIndex, obj: *mut TVMFFIObject) -> Self {

@@ -75,6 +75,10 @@ impl TypeIndex {
     pub const MODULE: Self = Self(73);
     /// `kTVMFFIBigInt`.
     pub const BIG_INT: Self = Self(78);
+    /// kiln's own objects holding a Rust value (an `IRModule`, a `Target`, a runtime module...),
+    /// passed between kiln's packed functions such as `target.build.<kind>`. Foreign code sees an
+    /// opaque object of an index no other runtime uses.
+    pub const KILN_RUST_OBJECT: Self = Self(0x4B49_4C4E);
 
     /// Whether values of this index are reference-counted objects.
     pub fn is_object(self) -> bool {
@@ -109,6 +113,7 @@ impl TypeIndex {
             72 => "ffi.Map",
             73 => "ffi.Module",
             78 => "ffi.BigInt",
+            0x4B49_4C4E => "kiln.RustObject",
             _ => return None,
         })
     }
@@ -485,6 +490,18 @@ pub(crate) fn new_kiln_object<P: 'static, R: 'static>(
         rust,
     });
     Box::into_raw(obj).cast()
+}
+
+/// The Rust value inside a `KILN_RUST_OBJECT`.
+///
+/// # Safety
+/// - `obj` was created by `Any::rust_object` and outlives `'a`.
+pub(crate) unsafe fn rust_object_payload<'a>(
+    obj: *mut TVMFFIObject,
+) -> &'a (dyn std::any::Any + Send + Sync) {
+    // SAFETY: guaranteed by the caller: the object is a `KilnObject<(), Box<dyn Any + Send + Sync>>`.
+    let o = unsafe { &*obj.cast::<KilnObject<(), Box<dyn std::any::Any + Send + Sync>>>() };
+    &*o.rust
 }
 
 /// A string or bytes object: the `TVMFFIByteArray` points into the boxed bytes that follow it.

@@ -19,3 +19,79 @@ pub fn build_c_shared(dir: &Path, name: &str, sources: &[&str], extra: &[&str]) 
     assert!(status.success(), "C compiler failed for {sources:?}");
     out
 }
+
+/// A host array that can be viewed as a `DLTensor` (tests only; the library's `Tensor` lives in
+/// `device_api`).
+pub struct HostArray {
+    pub data: Vec<u64>,
+    pub shape: Vec<i64>,
+    pub strides: Option<Vec<i64>>,
+    pub dtype: kiln::packed_func::DLDataType,
+    pub nbytes: usize,
+}
+
+impl HostArray {
+    pub fn f32(shape: &[i64], values: &[f32]) -> Self {
+        let mut a = Self::zeros(
+            shape,
+            kiln::packed_func::DLDataType {
+                code: kiln::packed_func::ffi::DLDataTypeCode::FLOAT,
+                bits: 32,
+                lanes: 1,
+            },
+            4,
+        );
+        assert_eq!(values.len() * 4, a.nbytes);
+        a.bytes_mut().copy_from_slice(
+            &values
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .collect::<Vec<u8>>(),
+        );
+        a
+    }
+
+    pub fn zeros(shape: &[i64], dtype: kiln::packed_func::DLDataType, elem: usize) -> Self {
+        let n: i64 = shape.iter().product();
+        let nbytes = n as usize * elem;
+        HostArray {
+            data: vec![0u64; nbytes.div_ceil(8) + 1],
+            shape: shape.to_vec(),
+            strides: None,
+            dtype,
+            nbytes,
+        }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.nbytes;
+        // SAFETY: the u64 buffer holds at least `nbytes` bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast::<u8>(), n) }
+    }
+
+    pub fn to_f32(&self) -> Vec<f32> {
+        // SAFETY: the u64 buffer holds at least `nbytes` bytes.
+        let b = unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u8>(), self.nbytes) };
+        b.chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    pub fn dl(&mut self) -> kiln::packed_func::DLTensor {
+        kiln::packed_func::DLTensor {
+            data: self.data.as_mut_ptr().cast(),
+            device: kiln::packed_func::DLDevice {
+                device_type: kiln::packed_func::DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: self.shape.len() as i32,
+            dtype: self.dtype,
+            shape: self.shape.as_mut_ptr(),
+            strides: self
+                .strides
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
+            byte_offset: 0,
+        }
+    }
+}

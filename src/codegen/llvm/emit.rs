@@ -1,0 +1,1388 @@
+//! IR to LLVM 14 textual IR.
+//!
+//! kiln writes LLVM IR as text and lets LLVM parse it (`LLVMParseIRInContext` through inkwell).
+//! Text is the one interface of LLVM 14 that reaches everything the code generator needs:
+//! per-instruction fast-math flags (the C API has no setter before LLVM 18), self-referential
+//! `llvm.loop` metadata and `llvm.access.group`s for vectorized loops, and `noalias` and
+//! alignment attributes. It is also what `--emit ll` shows, so what you read is what was compiled.
+//! (An LLVM upgrade changes the pointer syntax: `float*` becomes `ptr`; the emitter spells
+//! pointer types in one place, [`Emitter::ptr`].)
+//!
+//! Each `PrimFunc` becomes:
+//! - `__tvm_ffi_<name>`: the packed wrapper (see `packed.rs`), which checks and decodes arguments;
+//! - `<name>_compute_`: an internal function over the decoded values (data pointers, shape and
+//!   stride variables, scalars, the result slot), whose pointers are `noalias` when the function
+//!   says so;
+//! - one `<name>_lambda_<k>` per parallel loop, launched through `TVMBackendParallelLaunch`.
+//!
+//! Every function returns `i32`: 0, or -1 after raising an error (integer division by zero,
+//! failed assertions, workspace exhaustion) and freeing the workspaces live at that point.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+use crate::ir::{
+    BinOp, Buffer, DataType, Expr, ForKind, Intrinsic, Stmt, StorageScope, TypeCode, Var, VarId,
+};
+
+use super::super::CodegenError;
+
+/// How runtime services are reached.
+#[derive(Clone, Debug)]
+pub enum Linkage {
+    /// In-process JIT: the context slots are constants holding the addresses of the services
+    /// registered in this process (`library::context_symbols`), so LLVM folds them into direct
+    /// calls.
+    Jit(Vec<(String, usize)>),
+    /// An exported library: exported, zero-initialized context slots that the loader fills,
+    /// with fallbacks when it does not (a weak `TVMFFIErrorSetRaisedFromCStr`, serial parallel
+    /// loops, `aligned_alloc`/`free` workspaces).
+    Export,
+}
+
+/// What the emitter needs to know about the target.
+#[derive(Clone, Debug)]
+pub struct EmitOptions {
+    /// `target-cpu` function attribute.
+    pub cpu: String,
+    /// `target-features` function attribute.
+    pub features: String,
+    /// Fast-math flags put on every floating-point instruction (`""` for none, e.g. `"fast"`).
+    pub fast_math: String,
+    /// The DLPack device type the arguments must be on.
+    pub device_type: i32,
+    /// The device name in messages (`cpu`).
+    pub device_name: String,
+}
+
+/// Local allocations up to this size live on the stack; larger ones use the workspace.
+const MAX_STACK_BYTES: i64 = 16 * 1024;
+
+/// An LLVM value: its type and its spelling (`%t3`, `42`, `0x3FF0000000000000`).
+#[derive(Clone, Debug)]
+pub(crate) struct Val {
+    pub ty: String,
+    pub v: String,
+}
+
+impl Val {
+    pub(crate) fn new(ty: impl Into<String>, v: impl Into<String>) -> Self {
+        Val {
+            ty: ty.into(),
+            v: v.into(),
+        }
+    }
+    pub(crate) fn typed(&self) -> String {
+        format!("{} {}", self.ty, self.v)
+    }
+}
+
+/// The register type of a dtype (bf16 is computed in `float`).
+pub(crate) fn reg_ty(t: DataType) -> String {
+    match t.code {
+        TypeCode::Bool => "i1".into(),
+        TypeCode::Int | TypeCode::UInt => format!("i{}", t.bits),
+        TypeCode::Float => match t.bits {
+            16 => "half".into(),
+            32 => "float".into(),
+            _ => "double".into(),
+        },
+        TypeCode::BFloat => "float".into(),
+        TypeCode::Handle => "i8*".into(),
+    }
+}
+
+/// The in-memory type of a dtype (bool is a byte, bf16 its 16 bits).
+pub(crate) fn mem_ty(t: DataType) -> String {
+    match t.code {
+        TypeCode::Bool => "i8".into(),
+        TypeCode::BFloat => "i16".into(),
+        _ => reg_ty(t),
+    }
+}
+
+fn is_signed(t: DataType) -> bool {
+    t.code == TypeCode::Int
+}
+
+/// An LLVM float constant of type `t` with value `v` (rounded to `t`).
+fn float_const(t: DataType, v: f64) -> String {
+    match (t.code, t.bits) {
+        (TypeCode::Float, 16) => format!("0xH{:04X}", half::f16::from_f64(v).to_bits()),
+        (TypeCode::Float, 64) => format!("0x{:016X}", v.to_bits()),
+        (TypeCode::BFloat, _) => format!(
+            "0x{:016X}",
+            (half::bf16::from_f64(v).to_f32() as f64).to_bits()
+        ),
+        _ => format!("0x{:016X}", ((v as f32) as f64).to_bits()),
+    }
+}
+
+/// Escapes bytes for an LLVM `c"..."` string.
+pub(crate) fn c_string(s: &str) -> String {
+    let mut o = String::new();
+    for b in s.bytes().chain(std::iter::once(0)) {
+        if (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\' {
+            o.push(b as char);
+        } else {
+            let _ = write!(o, "\\{b:02X}");
+        }
+    }
+    o
+}
+
+/// Module-level state shared by every function: string constants, declarations, functions.
+#[derive(Default)]
+pub(crate) struct ModuleText {
+    pub globals: Vec<String>,
+    pub functions: Vec<String>,
+    strings: HashMap<String, String>,
+    pub declares: BTreeSet<String>,
+    pub uses_workspace: bool,
+    pub uses_parallel: bool,
+}
+
+impl ModuleText {
+    /// A pointer to a NUL-terminated constant string.
+    pub fn cstr(&mut self, s: &str) -> String {
+        let n = self.strings.len();
+        let len = s.len() + 1;
+        let name = self
+            .strings
+            .entry(s.to_owned())
+            .or_insert_with(|| format!("@.str.{n}"))
+            .clone();
+        if self.strings.len() > n {
+            self.globals.push(format!(
+                "{name} = private unnamed_addr constant [{len} x i8] c\"{}\", align 1",
+                c_string(s)
+            ));
+        }
+        format!("i8* getelementptr inbounds ([{len} x i8], [{len} x i8]* {name}, i64 0, i64 0)")
+    }
+}
+
+/// A function being written.
+pub(crate) struct Emitter<'m> {
+    pub m: &'m mut ModuleText,
+    pub opts: &'m EmitOptions,
+    /// The function's name, for lambdas and messages.
+    pub fname: String,
+    body: String,
+    entry_allocas: String,
+    tmp: usize,
+    label: usize,
+    pub cur_block: String,
+    /// Variables in scope.
+    pub vars: HashMap<VarId, Val>,
+    /// Typed data pointers of buffers in scope, by data variable.
+    pub bufs: HashMap<VarId, Val>,
+    /// Workspace pointers live at this point (freed on every exit).
+    live_ws: Vec<String>,
+    /// Access groups of the enclosing vectorized loops.
+    groups: Vec<String>,
+    /// The result slot (`TVMFFIAny*`), where `return` is allowed.
+    pub ret_slot: Option<String>,
+    pub ret_type: Option<DataType>,
+    lambdas: usize,
+    metadata: &'m mut Vec<String>,
+    md_next: &'m mut usize,
+}
+
+type R<T> = Result<T, CodegenError>;
+
+fn unsupported(what: impl Into<String>) -> CodegenError {
+    CodegenError::Unsupported(what.into())
+}
+
+impl<'m> Emitter<'m> {
+    pub fn new(
+        m: &'m mut ModuleText,
+        opts: &'m EmitOptions,
+        fname: &str,
+        metadata: &'m mut Vec<String>,
+        md_next: &'m mut usize,
+    ) -> Self {
+        Emitter {
+            m,
+            opts,
+            fname: fname.to_owned(),
+            body: String::new(),
+            entry_allocas: String::new(),
+            tmp: 0,
+            label: 0,
+            cur_block: "entry".into(),
+            vars: HashMap::new(),
+            bufs: HashMap::new(),
+            live_ws: Vec::new(),
+            groups: Vec::new(),
+            ret_slot: None,
+            ret_type: None,
+            lambdas: 0,
+            metadata,
+            md_next,
+        }
+    }
+
+    /// The finished body: `entry:` with the hoisted allocas, then everything else.
+    pub fn finish(self) -> String {
+        format!("entry:\n{}{}", self.entry_allocas, self.body)
+    }
+
+    pub fn tmp(&mut self) -> String {
+        self.tmp += 1;
+        format!("%t{}", self.tmp)
+    }
+
+    pub fn new_label(&mut self, base: &str) -> String {
+        self.label += 1;
+        format!("{base}{}", self.label)
+    }
+
+    pub fn line(&mut self, s: impl AsRef<str>) {
+        self.body.push_str("  ");
+        self.body.push_str(s.as_ref());
+        self.body.push('\n');
+    }
+
+    pub fn start_block(&mut self, label: &str) {
+        let _ = writeln!(self.body, "{label}:");
+        self.cur_block = label.to_owned();
+    }
+
+    /// `%t = <rhs>` returning `%t` typed `ty`.
+    pub fn assign(&mut self, ty: &str, rhs: impl AsRef<str>) -> Val {
+        let t = self.tmp();
+        self.line(format!("{t} = {}", rhs.as_ref()));
+        Val::new(ty, t)
+    }
+
+    fn md(&mut self, text: impl FnOnce(usize) -> String) -> usize {
+        let n = *self.md_next;
+        *self.md_next += 1;
+        self.metadata.push(text(n));
+        n
+    }
+
+    pub fn ptr(ty: &str) -> String {
+        format!("{ty}*")
+    }
+
+    fn fm(&self) -> String {
+        if self.opts.fast_math.is_empty() {
+            String::new()
+        } else {
+            format!("{} ", self.opts.fast_math)
+        }
+    }
+
+    // ----- errors and exits -------------------------------------------------------------------
+
+    /// Frees the live workspaces (innermost first) without popping them.
+    fn free_live(&mut self) {
+        for p in self.live_ws.clone().iter().rev() {
+            self.free_workspace(p);
+        }
+    }
+
+    /// Emits: if `!ok` then raise (kind, msg), free live workspaces, return -1.
+    pub fn check(&mut self, ok: &str, kind: &str, msg: &str) {
+        let fail = self.new_label("fail");
+        let cont = self.new_label("ok");
+        self.line(format!(
+            "br i1 {ok}, label %{cont}, label %{fail}, !prof !0"
+        ));
+        self.start_block(&fail);
+        self.raise(kind, msg);
+        self.free_live();
+        self.line("ret i32 -1");
+        self.start_block(&cont);
+    }
+
+    pub fn raise(&mut self, kind: &str, msg: &str) {
+        let k = self.m.cstr(kind);
+        let s = self.m.cstr(msg);
+        self.line(format!("call void @__kiln_raise({k}, {s})"));
+    }
+
+    /// Propagates a non-zero status `rc` (an error already raised by the callee).
+    fn propagate(&mut self, rc: &str) {
+        let bad = self.assign("i1", format!("icmp ne i32 {rc}, 0"));
+        let fail = self.new_label("callfail");
+        let cont = self.new_label("ok");
+        self.line(format!(
+            "br i1 {}, label %{fail}, label %{cont}, !prof !1",
+            bad.v
+        ));
+        self.start_block(&fail);
+        self.free_live();
+        self.line(format!("ret i32 {rc}"));
+        self.start_block(&cont);
+    }
+
+    // ----- expressions ------------------------------------------------------------------------
+
+    pub fn expr(&mut self, e: &Expr) -> R<Val> {
+        Ok(match e {
+            Expr::IntImm { dtype, value } => {
+                let ty = reg_ty(*dtype);
+                if dtype.code == TypeCode::Bool {
+                    Val::new(ty, if *value != 0 { "true" } else { "false" })
+                } else {
+                    // LLVM reads the literal at the type's width: truncate to it.
+                    let bits = u32::from(dtype.bits);
+                    let v = if bits >= 64 {
+                        *value
+                    } else {
+                        (*value << (64 - bits)) >> (64 - bits)
+                    };
+                    Val::new(ty, v.to_string())
+                }
+            }
+            Expr::FloatImm { dtype, value } => {
+                Val::new(reg_ty(*dtype), float_const(*dtype, *value))
+            }
+            Expr::Var(v) => {
+                self.vars.get(&v.id).cloned().ok_or_else(|| {
+                    unsupported(format!("variable `{}` is not bound here", v.name))
+                })?
+            }
+            Expr::Binary { op, a, b } => {
+                let t = a.dtype();
+                let x = self.expr(a)?;
+                let y = self.expr(b)?;
+                self.binary(*op, t, x, y, b)?
+            }
+            Expr::Not(a) => {
+                let x = self.expr(a)?;
+                self.assign("i1", format!("xor i1 {}, true", x.v))
+            }
+            Expr::Select { cond, t, f } => {
+                let c = self.expr(cond)?;
+                let x = self.expr(t)?;
+                let y = self.expr(f)?;
+                let ty = x.ty.clone();
+                self.assign(
+                    &ty,
+                    format!("select i1 {}, {}, {}", c.v, x.typed(), y.typed()),
+                )
+            }
+            Expr::Cast { dtype, value } => {
+                let from = value.dtype();
+                let x = self.expr(value)?;
+                self.cast(from, *dtype, x)
+            }
+            Expr::Load { buffer, indices } => {
+                let addr = self.address(buffer, indices)?;
+                let mt = mem_ty(buffer.dtype);
+                let align = buffer.dtype.bytes().max(1);
+                let g = self.access_groups();
+                let raw = self.assign(&mt, format!("load {mt}, {mt}* {}, align {align}{g}", addr));
+                self.from_mem(buffer.dtype, raw)
+            }
+            Expr::Let { var, value, body } => {
+                let v = self.expr(value)?;
+                let old = self.vars.insert(var.id, v);
+                let r = self.expr(body);
+                self.restore(var.id, old);
+                r?
+            }
+            Expr::Call { op, args } => {
+                let t = args.first().map(Expr::dtype).unwrap_or(DataType::f32());
+                let vals = args.iter().map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
+                self.intrinsic(*op, t, &vals)?
+            }
+        })
+    }
+
+    fn restore(&mut self, id: VarId, old: Option<Val>) {
+        match old {
+            Some(v) => {
+                self.vars.insert(id, v);
+            }
+            None => {
+                self.vars.remove(&id);
+            }
+        }
+    }
+
+    fn access_groups(&self) -> String {
+        match self.groups.len() {
+            0 => String::new(),
+            1 => format!(", !llvm.access.group {}", self.groups[0]),
+            _ => format!(", !llvm.access.group !{{{}}}", self.groups.join(", ")),
+        }
+    }
+
+    /// Rounds a bf16 value held in `float` to bf16 precision (nearest, ties to even; NaN kept).
+    fn round_bf16(&mut self, x: Val) -> Val {
+        let bits = self.assign("i32", format!("bitcast float {} to i32", x.v));
+        let lsb0 = self.assign("i32", format!("lshr i32 {}, 16", bits.v));
+        let lsb = self.assign("i32", format!("and i32 {}, 1", lsb0.v));
+        let bias = self.assign("i32", format!("add i32 {}, 32767", lsb.v));
+        let sum = self.assign("i32", format!("add i32 {}, {}", bits.v, bias.v));
+        let r = self.assign("i32", format!("and i32 {}, -65536", sum.v));
+        let nan = self.assign("i1", format!("fcmp uno float {}, 0.0", x.v));
+        let q = self.assign("i32", format!("or i32 {}, 4194304", bits.v));
+        let qn = self.assign("i32", format!("and i32 {}, -65536", q.v));
+        let sel = self.assign(
+            "i32",
+            format!("select i1 {}, i32 {}, i32 {}", nan.v, qn.v, r.v),
+        );
+        self.assign("float", format!("bitcast i32 {} to float", sel.v))
+    }
+
+    fn from_mem(&mut self, t: DataType, raw: Val) -> Val {
+        match t.code {
+            TypeCode::Bool => self.assign("i1", format!("icmp ne i8 {}, 0", raw.v)),
+            TypeCode::BFloat => {
+                let w = self.assign("i32", format!("zext i16 {} to i32", raw.v));
+                let s = self.assign("i32", format!("shl i32 {}, 16", w.v));
+                self.assign("float", format!("bitcast i32 {} to float", s.v))
+            }
+            _ => raw,
+        }
+    }
+
+    fn to_mem(&mut self, t: DataType, v: Val) -> Val {
+        match t.code {
+            TypeCode::Bool => self.assign("i8", format!("zext i1 {} to i8", v.v)),
+            TypeCode::BFloat => {
+                let r = self.round_bf16(v);
+                let b = self.assign("i32", format!("bitcast float {} to i32", r.v));
+                let s = self.assign("i32", format!("lshr i32 {}, 16", b.v));
+                self.assign("i16", format!("trunc i32 {} to i16", s.v))
+            }
+            _ => v,
+        }
+    }
+
+    /// The element address `buffer[indices]` as a typed pointer.
+    fn address(&mut self, buffer: &Buffer, indices: &[Expr]) -> R<String> {
+        let base =
+            self.bufs.get(&buffer.data.id).cloned().ok_or_else(|| {
+                unsupported(format!("buffer `{}` is not bound here", buffer.name))
+            })?;
+        if indices.len() != buffer.shape.len() {
+            return Err(unsupported(format!(
+                "buffer `{}` has {} dimensions, indexed with {}",
+                buffer.name,
+                buffer.shape.len(),
+                indices.len()
+            )));
+        }
+        let mut off: Option<Val> = None;
+        match &buffer.strides {
+            Some(strides) => {
+                for (i, s) in indices.iter().zip(strides) {
+                    let iv = self.index64(i)?;
+                    let sv = self.index64(s)?;
+                    let p = self.assign("i64", format!("mul nsw i64 {}, {}", iv.v, sv.v));
+                    off = Some(match off {
+                        None => p,
+                        Some(o) => self.assign("i64", format!("add nsw i64 {}, {}", o.v, p.v)),
+                    });
+                }
+            }
+            None => {
+                for (d, i) in indices.iter().enumerate() {
+                    let iv = self.index64(i)?;
+                    off = Some(match off {
+                        None => iv,
+                        Some(o) => {
+                            let ext = self.index64(&buffer.shape[d])?;
+                            let m = self.assign("i64", format!("mul nsw i64 {}, {}", o.v, ext.v));
+                            self.assign("i64", format!("add nsw i64 {}, {}", m.v, iv.v))
+                        }
+                    });
+                }
+            }
+        }
+        let off = off.unwrap_or_else(|| Val::new("i64", "0"));
+        let mt = mem_ty(buffer.dtype);
+        let p = self.assign(
+            &Self::ptr(&mt),
+            format!(
+                "getelementptr inbounds {mt}, {}, i64 {}",
+                base.typed(),
+                off.v
+            ),
+        );
+        Ok(p.v)
+    }
+
+    /// An index expression widened to i64.
+    pub fn index64(&mut self, e: &Expr) -> R<Val> {
+        let t = e.dtype();
+        let v = self.expr(e)?;
+        Ok(self.widen64(t, v))
+    }
+
+    pub fn widen64(&mut self, t: DataType, v: Val) -> Val {
+        if v.ty == "i64" {
+            return v;
+        }
+        let op = if is_signed(t) { "sext" } else { "zext" };
+        self.assign("i64", format!("{op} {} to i64", v.typed()))
+    }
+
+    fn binary(&mut self, op: BinOp, t: DataType, x: Val, y: Val, bexpr: &Expr) -> R<Val> {
+        let ty = x.ty.clone();
+        let fm = self.fm();
+        if op.is_comparison() {
+            let pred = if t.code == TypeCode::Float || t.code == TypeCode::BFloat {
+                let p = match op {
+                    BinOp::Eq => "oeq",
+                    BinOp::Ne => "une",
+                    BinOp::Lt => "olt",
+                    BinOp::Le => "ole",
+                    BinOp::Gt => "ogt",
+                    _ => "oge",
+                };
+                return Ok(self.assign("i1", format!("fcmp {fm}{p} {}, {}", x.typed(), y.v)));
+            } else {
+                let s = is_signed(t);
+                match op {
+                    BinOp::Eq => "eq",
+                    BinOp::Ne => "ne",
+                    BinOp::Lt if s => "slt",
+                    BinOp::Le if s => "sle",
+                    BinOp::Gt if s => "sgt",
+                    BinOp::Ge if s => "sge",
+                    BinOp::Lt => "ult",
+                    BinOp::Le => "ule",
+                    BinOp::Gt => "ugt",
+                    _ => "uge",
+                }
+            };
+            return Ok(self.assign("i1", format!("icmp {pred} {}, {}", x.typed(), y.v)));
+        }
+        if t.code == TypeCode::Bool {
+            let o = match op {
+                BinOp::And | BinOp::Mul | BinOp::Min => "and",
+                BinOp::Or | BinOp::Max => "or",
+                _ => "xor",
+            };
+            return Ok(self.assign("i1", format!("{o} i1 {}, {}", x.v, y.v)));
+        }
+        if t.code == TypeCode::Float || t.code == TypeCode::BFloat {
+            let r = match op {
+                BinOp::Add => self.assign(&ty, format!("fadd {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Sub => self.assign(&ty, format!("fsub {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Mul => self.assign(&ty, format!("fmul {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Div => self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Mod => self.assign(&ty, format!("frem {fm}{}, {}", x.typed(), y.v)),
+                BinOp::FloorDiv => {
+                    let q = self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v));
+                    self.call_intr("floor", &ty, &[q])
+                }
+                BinOp::FloorMod => {
+                    let q = self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v));
+                    let f = self.call_intr("floor", &ty, &[q]);
+                    let m = self.assign(&ty, format!("fmul {fm}{}, {}", f.typed(), y.v));
+                    self.assign(&ty, format!("fsub {fm}{}, {}", x.typed(), m.v))
+                }
+                BinOp::Min | BinOp::Max => self.fminmax(op == BinOp::Min, &ty, x, y),
+                _ => unreachable!("comparisons and logic handled above"),
+            };
+            return Ok(if t.code == TypeCode::BFloat {
+                self.round_bf16(r)
+            } else {
+                r
+            });
+        }
+        // Integers.
+        let s = is_signed(t);
+        Ok(match op {
+            BinOp::Add => self.assign(&ty, format!("add {}, {}", x.typed(), y.v)),
+            BinOp::Sub => self.assign(&ty, format!("sub {}, {}", x.typed(), y.v)),
+            BinOp::Mul => self.assign(&ty, format!("mul {}, {}", x.typed(), y.v)),
+            BinOp::Min | BinOp::Max => {
+                let p = match (op == BinOp::Min, s) {
+                    (true, true) => "slt",
+                    (true, false) => "ult",
+                    (false, true) => "sgt",
+                    (false, false) => "ugt",
+                };
+                let c = self.assign("i1", format!("icmp {p} {}, {}", x.typed(), y.v));
+                self.assign(
+                    &ty,
+                    format!("select i1 {}, {}, {}", c.v, x.typed(), y.typed()),
+                )
+            }
+            BinOp::Div | BinOp::Mod | BinOp::FloorDiv | BinOp::FloorMod => {
+                self.int_div(op, t, x, y, bexpr)?
+            }
+            _ => unreachable!("logic ops on integers are rejected by the verifier"),
+        })
+    }
+
+    fn int_div(&mut self, op: BinOp, t: DataType, x: Val, y: Val, bexpr: &Expr) -> R<Val> {
+        let ty = x.ty.clone();
+        let s = is_signed(t);
+        let const_b = bexpr.as_int();
+        if const_b != Some(0) && const_b.is_none() {
+            let nz = self.assign("i1", format!("icmp ne {}, 0", y.typed()));
+            let msg = format!(
+                "integer division by zero ({t} `{}`) in `{}`",
+                op.name(),
+                self.fname
+            );
+            self.check(&nz.v, "RuntimeError", &msg);
+        } else if const_b == Some(0) {
+            let msg = format!(
+                "integer division by zero ({t} `{}`) in `{}`",
+                op.name(),
+                self.fname
+            );
+            self.raise("RuntimeError", &msg);
+            self.free_live();
+            self.line("ret i32 -1");
+            let dead = self.new_label("dead");
+            self.start_block(&dead);
+            return Ok(Val::new(ty, "0"));
+        }
+        if !s {
+            let o = if matches!(op, BinOp::Div | BinOp::FloorDiv) {
+                "udiv"
+            } else {
+                "urem"
+            };
+            return Ok(self.assign(&ty, format!("{o} {}, {}", x.typed(), y.v)));
+        }
+        // Signed: INT_MIN / -1 wraps (quotient INT_MIN, remainder 0) instead of being UB.
+        let (yd, m1) = if const_b.is_some() {
+            (y.clone(), None)
+        } else {
+            let m1 = self.assign("i1", format!("icmp eq {}, -1", y.typed()));
+            let yd = self.assign(&ty, format!("select i1 {}, {ty} 1, {}", m1.v, y.typed()));
+            (yd, Some(m1))
+        };
+        let q0 = self.assign(&ty, format!("sdiv {}, {}", x.typed(), yd.v));
+        let r0 = self.assign(&ty, format!("srem {}, {}", x.typed(), yd.v));
+        let (q, r) = match &m1 {
+            Some(m1) => {
+                let neg = self.assign(&ty, format!("sub {ty} 0, {}", x.v));
+                let q = self.assign(
+                    &ty,
+                    format!("select i1 {}, {ty} {}, {}", m1.v, neg.v, q0.typed()),
+                );
+                let r = self.assign(&ty, format!("select i1 {}, {ty} 0, {}", m1.v, r0.typed()));
+                (q, r)
+            }
+            None => (q0, r0),
+        };
+        Ok(match op {
+            BinOp::Div => q,
+            BinOp::Mod => r,
+            _ => {
+                // Floor: adjust when the remainder is non-zero and its sign differs from b's.
+                let rnz = self.assign("i1", format!("icmp ne {}, 0", r.typed()));
+                let rneg = self.assign("i1", format!("icmp slt {}, 0", r.typed()));
+                let bneg = self.assign("i1", format!("icmp slt {}, 0", y.typed()));
+                let diff = self.assign("i1", format!("xor i1 {}, {}", rneg.v, bneg.v));
+                let adj = self.assign("i1", format!("and i1 {}, {}", rnz.v, diff.v));
+                if op == BinOp::FloorDiv {
+                    let qm = self.assign(&ty, format!("sub {}, 1", q.typed()));
+                    self.assign(
+                        &ty,
+                        format!("select i1 {}, {}, {}", adj.v, qm.typed(), q.typed()),
+                    )
+                } else {
+                    let rb = self.assign(&ty, format!("add {}, {}", r.typed(), y.v));
+                    self.assign(
+                        &ty,
+                        format!("select i1 {}, {}, {}", adj.v, rb.typed(), r.typed()),
+                    )
+                }
+            }
+        })
+    }
+
+    /// IEEE minimum/maximum: NaN if either is NaN, -0 below +0.
+    fn fminmax(&mut self, min: bool, ty: &str, x: Val, y: Val) -> Val {
+        let fm = self.fm();
+        let p = if min { "olt" } else { "ogt" };
+        let c = self.assign("i1", format!("fcmp {fm}{p} {}, {}", x.typed(), y.v));
+        let eq = self.assign("i1", format!("fcmp oeq {}, {}", x.typed(), y.v));
+        let ibits = match ty {
+            "half" => "i16",
+            "float" => "i32",
+            _ => "i64",
+        };
+        let xb = self.assign(ibits, format!("bitcast {} to {ibits}", x.typed()));
+        let sgn = self.assign("i1", format!("icmp slt {ibits} {}, 0", xb.v));
+        let want = if min {
+            sgn.v.clone()
+        } else {
+            self.assign("i1", format!("xor i1 {}, true", sgn.v)).v
+        };
+        let tie = self.assign("i1", format!("and i1 {}, {}", eq.v, want));
+        let pick = self.assign("i1", format!("or i1 {}, {}", c.v, tie.v));
+        let r = self.assign(
+            ty,
+            format!("select i1 {}, {}, {}", pick.v, x.typed(), y.typed()),
+        );
+        let nan = self.assign("i1", format!("fcmp uno {}, {}", x.typed(), y.v));
+        let qnan = if ty == "half" {
+            "0xH7E00"
+        } else {
+            "0x7FF8000000000000"
+        };
+        self.assign(
+            ty,
+            format!("select i1 {}, {ty} {qnan}, {}", nan.v, r.typed()),
+        )
+    }
+
+    fn intr_suffix(ty: &str) -> &'static str {
+        match ty {
+            "half" => "f16",
+            "float" => "f32",
+            _ => "f64",
+        }
+    }
+
+    /// Calls `llvm.<name>.<fN>`.
+    fn call_intr(&mut self, name: &str, ty: &str, args: &[Val]) -> Val {
+        let sfx = Self::intr_suffix(ty);
+        let params = vec![ty; args.len()].join(", ");
+        self.m
+            .declares
+            .insert(format!("declare {ty} @llvm.{name}.{sfx}({params})"));
+        let a = args.iter().map(Val::typed).collect::<Vec<_>>().join(", ");
+        let fm = self.fm();
+        self.assign(ty, format!("call {fm}{ty} @llvm.{name}.{sfx}({a})"))
+    }
+
+    /// Calls a libm function in float or double (half goes through float).
+    fn call_libm(&mut self, name: &str, ty: &str, x: Val) -> Val {
+        let (cty, xx) = if ty == "half" {
+            (
+                String::from("float"),
+                self.assign("float", format!("fpext half {} to float", x.v)),
+            )
+        } else {
+            (ty.to_owned(), x)
+        };
+        let fname = if cty == "float" {
+            format!("{name}f")
+        } else {
+            name.to_owned()
+        };
+        self.m
+            .declares
+            .insert(format!("declare {cty} @{fname}({cty})"));
+        let r = self.assign(&cty, format!("call {cty} @{fname}({cty} {})", xx.v));
+        if ty == "half" {
+            self.assign("half", format!("fptrunc float {} to half", r.v))
+        } else {
+            r
+        }
+    }
+
+    fn intrinsic(&mut self, op: Intrinsic, t: DataType, a: &[Val]) -> R<Val> {
+        let ty = reg_ty(t);
+        if a.len() != op.arity() {
+            return Err(unsupported(format!(
+                "intrinsic `{}` takes {} arguments, got {}",
+                op.name(),
+                op.arity(),
+                a.len()
+            )));
+        }
+        if t.code != TypeCode::Float && t.code != TypeCode::BFloat {
+            if op == Intrinsic::Abs {
+                let neg = self.assign(&ty, format!("sub {ty} 0, {}", a[0].v));
+                let lt = if is_signed(t) {
+                    self.assign("i1", format!("icmp slt {}, 0", a[0].typed()))
+                } else {
+                    Val::new("i1", "false")
+                };
+                return Ok(self.assign(
+                    &ty,
+                    format!("select i1 {}, {}, {}", lt.v, neg.typed(), a[0].typed()),
+                ));
+            }
+            return Err(unsupported(format!("intrinsic `{}` on {t}", op.name())));
+        }
+        let fm = self.fm();
+        let one = float_const(
+            if ty == "half" {
+                DataType::f16()
+            } else if ty == "float" {
+                DataType::f32()
+            } else {
+                DataType::f64()
+            },
+            1.0,
+        );
+        let x = a[0].clone();
+        let r = match op {
+            Intrinsic::Exp => self.call_intr("exp", &ty, &[x]),
+            Intrinsic::Log => self.call_intr("log", &ty, &[x]),
+            Intrinsic::Sqrt => self.call_intr("sqrt", &ty, &[x]),
+            Intrinsic::Rsqrt => {
+                let s = self.call_intr("sqrt", &ty, &[x]);
+                self.assign(&ty, format!("fdiv {fm}{ty} {one}, {}", s.v))
+            }
+            Intrinsic::Tanh => self.call_libm("tanh", &ty, x),
+            Intrinsic::Erf => self.call_libm("erf", &ty, x),
+            Intrinsic::Sigmoid => {
+                let n = self.assign(&ty, format!("fneg {fm}{}", x.typed()));
+                let e = self.call_intr("exp", &ty, &[n]);
+                let d = self.assign(&ty, format!("fadd {fm}{ty} {one}, {}", e.v));
+                self.assign(&ty, format!("fdiv {fm}{ty} {one}, {}", d.v))
+            }
+            Intrinsic::Pow => self.call_intr("pow", &ty, a),
+            Intrinsic::Abs => self.call_intr("fabs", &ty, &[x]),
+            Intrinsic::Floor => self.call_intr("floor", &ty, &[x]),
+            Intrinsic::Ceil => self.call_intr("ceil", &ty, &[x]),
+            Intrinsic::Round => self.call_intr("roundeven", &ty, &[x]),
+            Intrinsic::Fma => self.call_intr("fma", &ty, a),
+        };
+        Ok(if t.code == TypeCode::BFloat {
+            self.round_bf16(r)
+        } else {
+            r
+        })
+    }
+
+    fn cast(&mut self, from: DataType, to: DataType, x: Val) -> Val {
+        let (ft, tt) = (reg_ty(from), reg_ty(to));
+        let from_float = matches!(from.code, TypeCode::Float | TypeCode::BFloat);
+        let to_float = matches!(to.code, TypeCode::Float | TypeCode::BFloat);
+        let v = if to.code == TypeCode::Bool {
+            if from.code == TypeCode::Bool {
+                return x;
+            }
+            if from_float {
+                return self.assign("i1", format!("fcmp une {}, 0.0", x.typed()));
+            }
+            return self.assign("i1", format!("icmp ne {}, 0", x.typed()));
+        } else if from_float && to_float {
+            let fw = float_width(&ft);
+            let tw = float_width(&tt);
+            if fw < tw {
+                self.assign(&tt, format!("fpext {} to {tt}", x.typed()))
+            } else if fw > tw {
+                self.assign(&tt, format!("fptrunc {} to {tt}", x.typed()))
+            } else {
+                x
+            }
+        } else if from_float {
+            let sat = if is_signed(to) { "fptosi" } else { "fptoui" };
+            let name = format!("llvm.{sat}.sat.{tt}.{}", Self::intr_suffix(&ft));
+            self.m
+                .declares
+                .insert(format!("declare {tt} @{name}({ft})"));
+            self.assign(&tt, format!("call {tt} @{name}({})", x.typed()))
+        } else if to_float {
+            let op = if is_signed(from) { "sitofp" } else { "uitofp" };
+            self.assign(&tt, format!("{op} {} to {tt}", x.typed()))
+        } else {
+            let fb = if from.code == TypeCode::Bool {
+                1
+            } else {
+                u32::from(from.bits)
+            };
+            let tb = u32::from(to.bits);
+            if fb < tb {
+                let op = if is_signed(from) { "sext" } else { "zext" };
+                self.assign(&tt, format!("{op} {} to {tt}", x.typed()))
+            } else if fb > tb {
+                self.assign(&tt, format!("trunc {} to {tt}", x.typed()))
+            } else {
+                Val::new(tt, x.v)
+            }
+        };
+        if to.code == TypeCode::BFloat {
+            self.round_bf16(v)
+        } else {
+            v
+        }
+    }
+
+    // ----- statements -------------------------------------------------------------------------
+
+    pub fn stmt(&mut self, s: &Stmt) -> R<()> {
+        match s {
+            Stmt::Seq(v) => {
+                for s in v {
+                    self.stmt(s)?;
+                }
+            }
+            Stmt::Evaluate(e) => {
+                self.expr(e)?;
+            }
+            Stmt::Store {
+                buffer,
+                indices,
+                value,
+            } => {
+                let v = self.expr(value)?;
+                let v = self.to_mem(buffer.dtype, v);
+                let addr = self.address(buffer, indices)?;
+                let align = buffer.dtype.bytes().max(1);
+                let g = self.access_groups();
+                self.line(format!(
+                    "store {}, {}* {addr}, align {align}{g}",
+                    v.typed(),
+                    v.ty
+                ));
+            }
+            Stmt::Let { var, value, body } => {
+                let v = self.expr(value)?;
+                let old = self.vars.insert(var.id, v);
+                self.stmt(body)?;
+                self.restore(var.id, old);
+            }
+            Stmt::IfThenElse {
+                cond,
+                then_case,
+                else_case,
+            } => {
+                let c = self.expr(cond)?;
+                let th = self.new_label("then");
+                let el = self.new_label("else");
+                let end = self.new_label("endif");
+                let other = if else_case.is_some() { &el } else { &end };
+                self.line(format!("br i1 {}, label %{th}, label %{other}", c.v));
+                self.start_block(&th);
+                self.stmt(then_case)?;
+                self.line(format!("br label %{end}"));
+                if let Some(e) = else_case {
+                    self.start_block(&el);
+                    self.stmt(e)?;
+                    self.line(format!("br label %{end}"));
+                }
+                self.start_block(&end);
+            }
+            Stmt::Assert { cond, message } => {
+                let c = self.expr(cond)?;
+                self.check(&c.v, "RuntimeError", message);
+            }
+            Stmt::Return(e) => self.ret(e)?,
+            Stmt::Allocate { buffer, body } => self.allocate(buffer, body)?,
+            Stmt::For {
+                var,
+                min,
+                extent,
+                kind,
+                body,
+            } => match kind {
+                ForKind::Parallel => self.parallel_for(var, min, extent, body)?,
+                _ => self.serial_for(var, min, extent, *kind, body)?,
+            },
+        }
+        Ok(())
+    }
+
+    fn ret(&mut self, e: &Expr) -> R<()> {
+        let slot = self.ret_slot.clone().ok_or_else(|| {
+            unsupported("`return` inside a parallel loop or in a function without a return type")
+        })?;
+        let t = e.dtype();
+        let v = self.expr(e)?;
+        let (index, bits) = match t.code {
+            TypeCode::Bool => {
+                let z = self.assign("i64", format!("zext i1 {} to i64", v.v));
+                (2, z.v)
+            }
+            TypeCode::Int | TypeCode::UInt => (1, self.widen64(t, v).v),
+            TypeCode::Float | TypeCode::BFloat => {
+                let d = if v.ty == "double" {
+                    v
+                } else {
+                    self.assign("double", format!("fpext {} to double", v.typed()))
+                };
+                let b = self.assign("i64", format!("bitcast double {} to i64", d.v));
+                (3, b.v)
+            }
+            TypeCode::Handle => {
+                let p = self.assign("i64", format!("ptrtoint {} to i64", v.typed()));
+                (4, p.v)
+            }
+        };
+        let ti = self.assign("i32*", format!("bitcast i8* {slot} to i32*"));
+        self.line(format!("store i32 {index}, i32* {}, align 8", ti.v));
+        let pad = self.assign(
+            "i8*",
+            format!("getelementptr inbounds i8, i8* {slot}, i64 4"),
+        );
+        let padp = self.assign("i32*", format!("bitcast i8* {} to i32*", pad.v));
+        self.line(format!("store i32 0, i32* {}, align 4", padp.v));
+        let val = self.assign(
+            "i8*",
+            format!("getelementptr inbounds i8, i8* {slot}, i64 8"),
+        );
+        let valp = self.assign("i64*", format!("bitcast i8* {} to i64*", val.v));
+        self.line(format!("store i64 {bits}, i64* {}, align 8", valp.v));
+        self.free_live();
+        self.line("ret i32 0");
+        let dead = self.new_label("after_return");
+        self.start_block(&dead);
+        Ok(())
+    }
+
+    fn loop_metadata(&mut self, kind: ForKind, group: Option<&str>) -> String {
+        match kind {
+            ForKind::Vectorized => {
+                let g = group.unwrap_or("!{}").to_owned();
+                let enable =
+                    self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.enable\", i1 true}}"));
+                let par = self.md(|n| format!("!{n} = !{{!\"llvm.loop.parallel_accesses\", {g}}}"));
+                let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{enable}, !{par}}}"));
+                format!(", !llvm.loop !{id}")
+            }
+            ForKind::Unrolled => {
+                let full = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.full\"}}"));
+                let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{full}}}"));
+                format!(", !llvm.loop !{id}")
+            }
+            _ => String::new(),
+        }
+    }
+
+    fn serial_for(
+        &mut self,
+        var: &Var,
+        min: &Expr,
+        extent: &Expr,
+        kind: ForKind,
+        body: &Stmt,
+    ) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let lo = self.expr(min)?;
+        let n = self.expr(extent)?;
+        let end = self.assign(&ty, format!("add {}, {}", lo.typed(), n.v));
+        self.counted_loop(var, lo, end, kind, body)
+    }
+
+    /// `for var in [lo, end)` (values of the loop variable's type).
+    fn counted_loop(&mut self, var: &Var, lo: Val, end: Val, kind: ForKind, body: &Stmt) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let head = self.new_label("for_head");
+        let bodyl = self.new_label("for_body");
+        let latch = self.new_label("for_latch");
+        let exit = self.new_label("for_end");
+        let pre = self.cur_block.clone();
+        self.line(format!("br label %{head}"));
+        self.start_block(&head);
+        let i = self.tmp();
+        let next = self.tmp();
+        self.line(format!(
+            "{i} = phi {ty} [ {}, %{pre} ], [ {next}, %{latch} ]",
+            lo.v
+        ));
+        let s = is_signed(var.dtype);
+        let c = self.assign(
+            "i1",
+            format!("icmp {} {ty} {i}, {}", if s { "slt" } else { "ult" }, end.v),
+        );
+        self.line(format!("br i1 {}, label %{bodyl}, label %{exit}", c.v));
+        self.start_block(&bodyl);
+        let group = if kind == ForKind::Vectorized {
+            let g = self.md(|n| format!("!{n} = distinct !{{}}"));
+            let g = format!("!{g}");
+            self.groups.push(g.clone());
+            Some(g)
+        } else {
+            None
+        };
+        let old = self.vars.insert(var.id, Val::new(&ty, &i));
+        let r = self.stmt(body);
+        self.restore(var.id, old);
+        if group.is_some() {
+            self.groups.pop();
+        }
+        r?;
+        self.line(format!("br label %{latch}"));
+        self.start_block(&latch);
+        let nsw = if s { "nsw" } else { "nuw" };
+        self.line(format!("{next} = add {nsw} {ty} {i}, 1"));
+        let md = self.loop_metadata(kind, group.as_deref());
+        self.line(format!("br label %{head}{md}"));
+        self.start_block(&exit);
+        Ok(())
+    }
+
+    fn allocate(&mut self, buffer: &Buffer, body: &Stmt) -> R<()> {
+        let mt = mem_ty(buffer.dtype);
+        let elem = buffer.dtype.bytes().max(1) as i64;
+        let const_bytes = buffer.const_numel().and_then(|n| n.checked_mul(elem));
+        let on_stack = buffer.scope == StorageScope::Local
+            && matches!(const_bytes, Some(b) if b <= MAX_STACK_BYTES);
+        let ptr;
+        if on_stack {
+            let n = buffer.const_numel().unwrap_or(1).max(1);
+            let a = format!("%alloca{}", self.label + 1);
+            self.label += 1;
+            let _ = writeln!(self.entry_allocas, "  {a} = alloca {mt}, i64 {n}, align 64");
+            ptr = a;
+            self.bufs
+                .insert(buffer.data.id, Val::new(Self::ptr(&mt), &ptr));
+            self.stmt(body)?;
+        } else {
+            let mut numel = Val::new("i64", "1");
+            for d in &buffer.shape {
+                let dv = self.index64(d)?;
+                numel = self.assign("i64", format!("mul i64 {}, {}", numel.v, dv.v));
+            }
+            let neg = self.assign("i1", format!("icmp sge i64 {}, 0", numel.v));
+            self.check(
+                &neg.v,
+                "RuntimeError",
+                &format!("allocation `{}` has a negative size", buffer.name),
+            );
+            let bytes = self.assign("i64", format!("mul i64 {}, {elem}", numel.v));
+            let raw = self.alloc_workspace(&bytes.v, buffer);
+            let ok = self.assign("i1", format!("icmp ne i8* {raw}, null"));
+            let msg = format!(
+                "cannot allocate workspace `{}` in `{}`",
+                buffer.name, self.fname
+            );
+            self.check(&ok.v, "RuntimeError", &msg);
+            let typed = self.assign(&Self::ptr(&mt), format!("bitcast i8* {raw} to {mt}*"));
+            self.bufs.insert(buffer.data.id, typed);
+            self.live_ws.push(raw.clone());
+            self.stmt(body)?;
+            self.live_ws.pop();
+            self.free_workspace(&raw);
+        }
+        self.bufs.remove(&buffer.data.id);
+        Ok(())
+    }
+
+    fn alloc_workspace(&mut self, nbytes: &str, buffer: &Buffer) -> String {
+        self.m.uses_workspace = true;
+        let code = buffer.dtype.code as u8;
+        let bits = buffer.dtype.bits;
+        let dt = self.opts.device_type;
+        let r = self.assign(
+            "i8*",
+            format!("call i8* @__kiln_alloc_workspace(i32 {dt}, i32 0, i64 {nbytes}, i32 {code}, i32 {bits})"),
+        );
+        r.v
+    }
+
+    fn free_workspace(&mut self, p: &str) {
+        let dt = self.opts.device_type;
+        self.line(format!(
+            "call void @__kiln_free_workspace(i32 {dt}, i32 0, i8* {p})"
+        ));
+    }
+
+    fn parallel_for(&mut self, var: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> R<()> {
+        self.m.uses_parallel = true;
+        let lo = self.expr(min)?;
+        let n = self.expr(extent)?;
+        let lo64 = self.widen64(var.dtype, lo);
+        let n64 = self.widen64(var.dtype, n);
+        // Capture every variable and buffer in scope that the body uses.
+        let mut used = BTreeSet::new();
+        collect_vars(body, &mut used);
+        let mut caps: Vec<(VarId, Val, bool)> = Vec::new();
+        for id in &used {
+            if let Some(v) = self.vars.get(id) {
+                caps.push((*id, v.clone(), false));
+            } else if let Some(b) = self.bufs.get(id) {
+                caps.push((*id, b.clone(), true));
+            }
+        }
+        let mut fields: Vec<String> = vec!["i64".into(), "i64".into()];
+        fields.extend(caps.iter().map(|(_, v, _)| v.ty.clone()));
+        let sty = format!("{{ {} }}", fields.join(", "));
+        let clo = self.assign(&format!("{sty}*"), format!("alloca {sty}, align 8"));
+        let store_field = |e: &mut Self, idx: usize, val: &Val| {
+            let p = e.assign(
+                "",
+                format!(
+                    "getelementptr inbounds {sty}, {sty}* {}, i32 0, i32 {idx}",
+                    clo.v
+                ),
+            );
+            e.line(format!(
+                "store {}, {}* {}, align 8",
+                val.typed(),
+                val.ty,
+                p.v
+            ));
+        };
+        store_field(self, 0, &lo64);
+        store_field(self, 1, &n64);
+        for (k, (_, v, _)) in caps.iter().enumerate() {
+            store_field(self, k + 2, v);
+        }
+        self.lambdas += 1;
+        let lname = format!("{}_lambda_{}", self.fname, self.lambdas);
+        // The lambda body, in its own emitter.
+        let text = {
+            let mut sub = Emitter::new(self.m, self.opts, &lname, self.metadata, self.md_next);
+            let cd = sub.assign(&format!("{sty}*"), format!("bitcast i8* %cdata to {sty}*"));
+            let load_field = |e: &mut Emitter, idx: usize, ty: &str| -> Val {
+                let p = e.assign(
+                    "",
+                    format!(
+                        "getelementptr inbounds {sty}, {sty}* {}, i32 0, i32 {idx}",
+                        cd.v
+                    ),
+                );
+                e.assign(ty, format!("load {ty}, {ty}* {}, align 8", p.v))
+            };
+            let lo = load_field(&mut sub, 0, "i64");
+            let n = load_field(&mut sub, 1, "i64");
+            for (k, (id, v, is_buf)) in caps.iter().enumerate() {
+                let val = load_field(&mut sub, k + 2, &v.ty);
+                if *is_buf {
+                    sub.bufs.insert(*id, val);
+                } else {
+                    sub.vars.insert(*id, val);
+                }
+            }
+            let ntp = sub.assign(
+                "i32*",
+                "getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %penv, i32 0, i32 1"
+                    .to_string(),
+            );
+            let nt32 = sub.assign("i32", format!("load i32, i32* {}, align 4", ntp.v));
+            let nt = sub.assign("i64", format!("sext i32 {} to i64", nt32.v));
+            let task = sub.assign("i64", "sext i32 %task to i64".to_string());
+            let nm1 = sub.assign("i64", format!("add i64 {}, {}", n.v, nt.v));
+            let nm2 = sub.assign("i64", format!("sub i64 {}, 1", nm1.v));
+            let step = sub.assign("i64", format!("sdiv i64 {}, {}", nm2.v, nt.v));
+            let b0 = sub.assign("i64", format!("mul i64 {}, {}", task.v, step.v));
+            let cb = sub.assign("i1", format!("icmp slt i64 {}, {}", b0.v, n.v));
+            let b1 = sub.assign(
+                "i64",
+                format!("select i1 {}, i64 {}, i64 {}", cb.v, b0.v, n.v),
+            );
+            let e0 = sub.assign("i64", format!("add i64 {}, {}", b1.v, step.v));
+            let ce = sub.assign("i1", format!("icmp slt i64 {}, {}", e0.v, n.v));
+            let e1 = sub.assign(
+                "i64",
+                format!("select i1 {}, i64 {}, i64 {}", ce.v, e0.v, n.v),
+            );
+            let bl = sub.assign("i64", format!("add i64 {}, {}", b1.v, lo.v));
+            let el = sub.assign("i64", format!("add i64 {}, {}", e1.v, lo.v));
+            let ty = reg_ty(var.dtype);
+            let (blv, elv) = if ty == "i64" {
+                (bl, el)
+            } else {
+                let a = sub.assign(&ty, format!("trunc i64 {} to {ty}", bl.v));
+                let b = sub.assign(&ty, format!("trunc i64 {} to {ty}", el.v));
+                (a, b)
+            };
+            sub.counted_loop(var, blv, elv, ForKind::Serial, body)?;
+            sub.line("ret i32 0");
+            sub.finish()
+        };
+        let attrs = fn_attrs(self.opts);
+        self.m.functions.push(format!(
+            "define internal i32 @\"{lname}\"(i32 %task, {{ i8*, i32 }}* %penv, i8* %cdata) {attrs} {{\n{text}}}\n"
+        ));
+        let cdata = self.assign("i8*", format!("bitcast {sty}* {} to i8*", clo.v));
+        let rc = self.assign("i32", format!("call i32 @__kiln_parallel_launch(i32 (i32, {{ i8*, i32 }}*, i8*)* @\"{lname}\", i8* {}, i32 0)", cdata.v));
+        self.propagate(&rc.v);
+        Ok(())
+    }
+}
+
+fn float_width(ty: &str) -> u32 {
+    match ty {
+        "half" => 16,
+        "float" => 32,
+        _ => 64,
+    }
+}
+
+/// The attribute group text of every generated function.
+pub(crate) fn fn_attrs(o: &EmitOptions) -> String {
+    let mut a = format!("nounwind \"target-cpu\"=\"{}\"", o.cpu);
+    if !o.features.is_empty() {
+        let _ = write!(a, " \"target-features\"=\"{}\"", o.features);
+    }
+    if !o.fast_math.is_empty() {
+        a.push_str(" \"unsafe-fp-math\"=\"true\" \"no-nans-fp-math\"=\"true\" \"no-infs-fp-math\"=\"true\" \"no-signed-zeros-fp-math\"=\"true\"");
+    }
+    a
+}
+
+/// Every variable and buffer-data id a statement mentions (bound inside or not).
+pub(crate) fn collect_vars(s: &Stmt, out: &mut BTreeSet<VarId>) {
+    fn buf(b: &Buffer, out: &mut BTreeSet<VarId>) {
+        out.insert(b.data.id);
+        for e in b.shape.iter().chain(b.strides.iter().flatten()) {
+            expr(e, out);
+        }
+    }
+    fn expr(e: &Expr, out: &mut BTreeSet<VarId>) {
+        match e {
+            Expr::IntImm { .. } | Expr::FloatImm { .. } => {}
+            Expr::Var(v) => {
+                out.insert(v.id);
+            }
+            Expr::Binary { a, b, .. } => {
+                expr(a, out);
+                expr(b, out);
+            }
+            Expr::Not(a) | Expr::Cast { value: a, .. } => expr(a, out),
+            Expr::Select { cond, t, f } => {
+                expr(cond, out);
+                expr(t, out);
+                expr(f, out);
+            }
+            Expr::Load { buffer, indices } => {
+                buf(buffer, out);
+                indices.iter().for_each(|i| expr(i, out));
+            }
+            Expr::Let { value, body, .. } => {
+                expr(value, out);
+                expr(body, out);
+            }
+            Expr::Call { args, .. } => args.iter().for_each(|a| expr(a, out)),
+        }
+    }
+    match s {
+        Stmt::For {
+            min, extent, body, ..
+        } => {
+            expr(min, out);
+            expr(extent, out);
+            collect_vars(body, out);
+        }
+        Stmt::Store {
+            buffer,
+            indices,
+            value,
+        } => {
+            buf(buffer, out);
+            indices.iter().for_each(|i| expr(i, out));
+            expr(value, out);
+        }
+        Stmt::Allocate { buffer, body } => {
+            for e in &buffer.shape {
+                expr(e, out);
+            }
+            collect_vars(body, out);
+        }
+        Stmt::Let { value, body, .. } => {
+            expr(value, out);
+            collect_vars(body, out);
+        }
+        Stmt::IfThenElse {
+            cond,
+            then_case,
+            else_case,
+        } => {
+            expr(cond, out);
+            collect_vars(then_case, out);
+            if let Some(e) = else_case {
+                collect_vars(e, out);
+            }
+        }
+        Stmt::Seq(v) => v.iter().for_each(|s| collect_vars(s, out)),
+        Stmt::Evaluate(e) | Stmt::Return(e) => expr(e, out),
+        Stmt::Assert { cond, .. } => expr(cond, out),
+    }
+}

@@ -1,0 +1,625 @@
+//! The LLVM backend: IR module -> LLVM IR text -> parsed, verified and optimized by LLVM 14
+//! (inkwell) -> either an in-process JIT module ([`LlvmModule`]) or an object, assembly or shared
+//! library on disk ([`export`]).
+//!
+//! Everything the generated code depends on comes from [`CodegenOptions`] (triple, CPU, features,
+//! optimization level, fast math, device type), which `kiln::build` derives from the `Target`:
+//! the code generator never queries a device.
+
+mod emit;
+mod packed;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::mem::ManuallyDrop;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use inkwell::context::Context;
+use inkwell::execution_engine::ExecutionEngine;
+use inkwell::memory_buffer::MemoryBuffer;
+use inkwell::module::Module as LlvmIrModule;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
+    TargetTriple,
+};
+use inkwell::OptimizationLevel;
+
+use crate::ir::{IRModule, Param};
+use crate::packed_func::{ffi::TVMFFISafeCallType, Module, PackedFunc};
+
+use super::CodegenError;
+pub use emit::Linkage;
+use emit::{fn_attrs, EmitOptions, Emitter, ModuleText, Val};
+pub use packed::signature;
+
+type R<T> = Result<T, CodegenError>;
+
+/// What the LLVM backend compiles for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CodegenOptions {
+    /// The LLVM target triple (`x86_64-unknown-linux-gnu`).
+    pub triple: String,
+    /// The CPU (`znver3`, `generic`); `native` is resolved to the host CPU.
+    pub cpu: String,
+    /// Features (`+avx2,+fma`), comma-separated; with `native` CPU, the host's.
+    pub features: String,
+    /// 0 to 3.
+    pub opt_level: u32,
+    /// Fast-math flags for every floating-point instruction: `""` (IEEE), or e.g. `"fast"`.
+    pub fast_math: String,
+    /// The DLPack device type arguments must be on (1 = CPU).
+    pub device_type: i32,
+    /// The device's name in messages.
+    pub device_name: String,
+}
+
+impl CodegenOptions {
+    /// The host: default triple, host CPU and features, O3, IEEE floats, CPU device.
+    pub fn host() -> Self {
+        init_llvm();
+        CodegenOptions {
+            triple: TargetMachine::get_default_triple()
+                .as_str()
+                .to_string_lossy()
+                .into_owned(),
+            cpu: TargetMachine::get_host_cpu_name().to_string(),
+            features: TargetMachine::get_host_cpu_features().to_string(),
+            opt_level: 3,
+            fast_math: String::new(),
+            device_type: 1,
+            device_name: "cpu".into(),
+        }
+    }
+
+    /// The options a target asks for: `mtriple` (default: the host triple), `mcpu` (default
+    /// `generic`, as TVM; `native` is the host), `mattr`, `opt-level` (default 3), the
+    /// `fast-math*` flags, and the kind's device type.
+    ///
+    /// # Errors
+    /// An `opt-level` outside 0..=3.
+    pub fn from_target(t: &crate::target::Target) -> R<Self> {
+        init_llvm();
+        let triple = match t.get_str("mtriple") {
+            Some(s) if !s.is_empty() => s.to_owned(),
+            _ => TargetMachine::get_default_triple()
+                .as_str()
+                .to_string_lossy()
+                .into_owned(),
+        };
+        let cpu = t
+            .get_str("mcpu")
+            .filter(|s| !s.is_empty())
+            .unwrap_or("generic")
+            .to_owned();
+        let features = t
+            .get_str_array("mattr")
+            .map(|a| a.join(","))
+            .unwrap_or_default();
+        let opt_level = match t.get_int("opt-level") {
+            None => 3,
+            Some(l @ 0..=3) => l as u32,
+            Some(l) => {
+                return Err(CodegenError::Unsupported(format!(
+                    "target option `opt-level` expects 0 to 3, found {l}"
+                )))
+            }
+        };
+        let fast_math = if t.get_bool("fast-math") == Some(true) {
+            "fast".to_owned()
+        } else {
+            ["nnan", "ninf", "nsz", "arcp", "contract", "reassoc"]
+                .iter()
+                .filter(|f| t.get_bool(&format!("fast-math-{f}")) == Some(true))
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let device_type = t.device_type();
+        let device_name = if device_type == 1 {
+            "cpu".to_owned()
+        } else {
+            t.kind_name().to_owned()
+        };
+        Ok(CodegenOptions {
+            triple,
+            cpu,
+            features,
+            opt_level,
+            fast_math,
+            device_type,
+            device_name,
+        })
+    }
+
+    /// Resolves `native` to the host CPU name and features.
+    pub fn resolved(mut self) -> Self {
+        if self.cpu == "native" {
+            init_llvm();
+            self.cpu = TargetMachine::get_host_cpu_name().to_string();
+            let host = TargetMachine::get_host_cpu_features().to_string();
+            self.features = if self.features.is_empty() {
+                host
+            } else {
+                format!("{host},{}", self.features)
+            };
+        }
+        if self.cpu.is_empty() {
+            self.cpu = "generic".into();
+        }
+        self
+    }
+
+    fn llvm_opt(&self) -> OptimizationLevel {
+        match self.opt_level {
+            0 => OptimizationLevel::None,
+            1 => OptimizationLevel::Less,
+            2 => OptimizationLevel::Default,
+            _ => OptimizationLevel::Aggressive,
+        }
+    }
+}
+
+fn init_llvm() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let cfg = InitializationConfig::default();
+        LlvmTarget::initialize_x86(&cfg);
+        LlvmTarget::initialize_aarch64(&cfg);
+        // `initialize_native` also sets up the host's asm printer, which MCJIT needs.
+        let _ = LlvmTarget::initialize_native(&cfg);
+    });
+}
+
+fn target_machine(o: &CodegenOptions) -> R<TargetMachine> {
+    init_llvm();
+    let triple = TargetTriple::create(&o.triple);
+    let target = LlvmTarget::from_triple(&triple).map_err(|e| {
+        CodegenError::Llvm(format!("target triple `{}`: {}", o.triple, e.to_string()))
+    })?;
+    target
+        .create_target_machine(
+            &triple,
+            &o.cpu,
+            &o.features,
+            o.llvm_opt(),
+            RelocMode::PIC,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| {
+            CodegenError::Llvm(format!(
+                "LLVM cannot create a target machine for `{}` cpu `{}` features `{}`",
+                o.triple, o.cpu, o.features
+            ))
+        })
+}
+
+/// Generates the LLVM IR text of a (verified) module.
+pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> R<String> {
+    let eo = EmitOptions {
+        cpu: o.cpu.clone(),
+        features: o.features.clone(),
+        fast_math: o.fast_math.clone(),
+        device_type: o.device_type,
+        device_name: o.device_name.clone(),
+    };
+    let mut mt = ModuleText::default();
+    let mut metadata = vec![
+        "!0 = !{!\"branch_weights\", i32 1048576, i32 1}".to_string(),
+        "!1 = !{!\"branch_weights\", i32 1, i32 1048576}".to_string(),
+    ];
+    let mut md_next = 2usize;
+    let attrs = fn_attrs(&eo);
+    let mut exported = Vec::new();
+    for f in &module.functions {
+        let Some(symbol) = f.attrs.global_symbol.clone() else {
+            continue;
+        };
+        if !symbol
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || symbol.is_empty()
+        {
+            return Err(CodegenError::Unsupported(format!(
+                "function `{}`: global symbol `{symbol}` must be letters, digits and `_`",
+                f.name
+            )));
+        }
+        // The packed wrapper.
+        let (wrapper, sig) = {
+            let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
+            let sig = packed::emit_packed(f, &mut e)?;
+            (e.finish(), sig)
+        };
+        let na = if f.attrs.noalias { "noalias " } else { "" };
+        mt.functions.push(format!(
+            "define i32 @\"__tvm_ffi_{symbol}\"(i8* %self, %ffi.any* {na}%args, i32 %num_args, %ffi.any* {na}%ret) {attrs} {{\n{wrapper}}}\n"
+        ));
+        // The compute function.
+        let body = {
+            let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
+            for (id, ty) in &sig.buffers {
+                e.bufs.insert(
+                    *id,
+                    Val {
+                        ty: ty.clone(),
+                        v: format!("%buf{}", id.0),
+                    },
+                );
+            }
+            for (id, ty) in &sig.vars {
+                e.vars.insert(
+                    *id,
+                    Val {
+                        ty: ty.clone(),
+                        v: format!("%var{}", id.0),
+                    },
+                );
+            }
+            if f.ret_type.is_some() {
+                e.ret_slot = Some("%ret_slot".into());
+                e.ret_type = f.ret_type;
+            }
+            // Parameters not bound by the wrapper (e.g. unused scalars) are still in scope.
+            for p in &f.params {
+                if let Param::Scalar(v) = p {
+                    e.vars.entry(v.id).or_insert_with(|| Val {
+                        ty: emit::reg_ty(v.dtype),
+                        v: "undef".into(),
+                    });
+                }
+            }
+            e.stmt(&f.body)?;
+            e.line("ret i32 0");
+            e.finish()
+        };
+        mt.functions.push(format!(
+            "define internal i32 @\"{}\"({}) {attrs} {{\n{body}}}\n",
+            sig.name, sig.params
+        ));
+        if f.attrs.entry {
+            mt.functions.push(format!(
+                "define i32 @__tvm_ffi_main(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret) {attrs} {{\nentry:\n  %r = tail call i32 @\"__tvm_ffi_{symbol}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret)\n  ret i32 %r\n}}\n"
+            ));
+        }
+        exported.push(symbol);
+    }
+    let mut out = String::new();
+    out.push_str("; generated by kiln\n");
+    out.push_str("%ffi.any = type { i32, i32, i64 }\n");
+    out.push_str("%dl.tensor = type { i8*, i32, i32, i32, i8, i8, i16, i64*, i64*, i64 }\n\n");
+    out.push_str("@__kiln_zero_i64 = private constant i64 0, align 8\n");
+    out.push_str(&runtime_glue(linkage, &mt, &attrs));
+    for g in &mt.globals {
+        out.push_str(g);
+        out.push('\n');
+    }
+    for d in &mt.declares {
+        out.push_str(d);
+        out.push('\n');
+    }
+    out.push('\n');
+    for f in &mt.functions {
+        out.push_str(f);
+        out.push('\n');
+    }
+    for m in &metadata {
+        out.push_str(m);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The context slots and the internal helpers that reach them (`__kiln_raise`, ...).
+fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
+    let mut s = String::new();
+    let slot = |s: &mut String, name: &str| match linkage {
+        Linkage::Jit(syms) => {
+            let addr = syms.iter().find(|(n, _)| n == name).map_or(0, |(_, a)| *a);
+            let init = if addr == 0 {
+                "null".to_string()
+            } else {
+                format!("inttoptr (i64 {addr} to i8*)")
+            };
+            let _ = writeln!(s, "@{name} = internal constant i8* {init}, align 8");
+        }
+        Linkage::Export => {
+            let _ = writeln!(s, "@{name} = global i8* null, align 8");
+        }
+    };
+    slot(&mut s, "__TVMFFIErrorSetRaisedFromCStr");
+    let weak = matches!(linkage, Linkage::Export);
+    if weak {
+        s.push_str("declare extern_weak void @TVMFFIErrorSetRaisedFromCStr(i8*, i8*)\n");
+    }
+    let _ = writeln!(
+        s,
+        "define internal void @__kiln_raise(i8* %kind, i8* %msg) cold noinline nounwind {{\nentry:\n  %f = load i8*, i8** @__TVMFFIErrorSetRaisedFromCStr, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %fallback, label %call\ncall:\n  %fp = bitcast i8* %f to void (i8*, i8*)*\n  call void %fp(i8* %kind, i8* %msg)\n  ret void\nfallback:\n{}}}",
+        if weak {
+            "  %w = icmp eq void (i8*, i8*)* @TVMFFIErrorSetRaisedFromCStr, null\n  br i1 %w, label %none, label %callw\ncallw:\n  call void @TVMFFIErrorSetRaisedFromCStr(i8* %kind, i8* %msg)\n  ret void\nnone:\n  ret void\n"
+        } else {
+            "  ret void\n"
+        }
+    );
+    if mt.uses_parallel {
+        slot(&mut s, "__TVMBackendParallelLaunch");
+        let _ = writeln!(
+            s,
+            "define internal i32 @__kiln_parallel_launch(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n) {attrs} {{\nentry:\n  %f = load i8*, i8** @__TVMBackendParallelLaunch, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %serial, label %launch\nlaunch:\n  %fp = bitcast i8* %f to i32 (i32 (i32, {{ i8*, i32 }}*, i8*)*, i8*, i32)*\n  %r = call i32 %fp(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n)\n  ret i32 %r\nserial:\n  %env = alloca {{ i8*, i32 }}, align 8\n  %e0 = getelementptr inbounds {{ i8*, i32 }}, {{ i8*, i32 }}* %env, i32 0, i32 0\n  store i8* null, i8** %e0, align 8\n  %e1 = getelementptr inbounds {{ i8*, i32 }}, {{ i8*, i32 }}* %env, i32 0, i32 1\n  store i32 1, i32* %e1, align 8\n  %s = call i32 %lambda(i32 0, {{ i8*, i32 }}* %env, i8* %cdata)\n  ret i32 %s\n}}"
+        );
+    }
+    if mt.uses_workspace {
+        slot(&mut s, "__TVMBackendAllocWorkspace");
+        slot(&mut s, "__TVMBackendFreeWorkspace");
+        s.push_str("declare i8* @aligned_alloc(i64, i64)\ndeclare void @free(i8*)\n");
+        let _ = writeln!(
+            s,
+            "define internal i8* @__kiln_alloc_workspace(i32 %dt, i32 %dev, i64 %n, i32 %code, i32 %bits) nounwind {{\nentry:\n  %f = load i8*, i8** @__TVMBackendAllocWorkspace, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %libc, label %pool\npool:\n  %fp = bitcast i8* %f to i8* (i32, i32, i64, i32, i32)*\n  %p = call i8* %fp(i32 %dt, i32 %dev, i64 %n, i32 %code, i32 %bits)\n  ret i8* %p\nlibc:\n  %a = add i64 %n, 63\n  %b = and i64 %a, -64\n  %z = icmp eq i64 %b, 0\n  %c = select i1 %z, i64 64, i64 %b\n  %q = call i8* @aligned_alloc(i64 64, i64 %c)\n  ret i8* %q\n}}"
+        );
+        let _ = writeln!(
+            s,
+            "define internal void @__kiln_free_workspace(i32 %dt, i32 %dev, i8* %p) nounwind {{\nentry:\n  %f = load i8*, i8** @__TVMBackendFreeWorkspace, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %libc, label %pool\npool:\n  %fp = bitcast i8* %f to i32 (i32, i32, i8*)*\n  %r = call i32 %fp(i32 %dt, i32 %dev, i8* %p)\n  ret void\nlibc:\n  call void @free(i8* %p)\n  ret void\n}}"
+        );
+    }
+    s
+}
+
+/// Parses, verifies and optimizes IR text in `ctx`.
+fn parse_and_optimize<'c>(
+    ctx: &'c Context,
+    text: &str,
+    o: &CodegenOptions,
+    tm: &TargetMachine,
+) -> R<LlvmIrModule<'c>> {
+    let buf = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), "kiln");
+    let m = ctx.create_module_from_ir(buf).map_err(|e| {
+        CodegenError::Llvm(format!(
+            "kiln generated IR that LLVM rejects (a kiln bug): {}",
+            e.to_string()
+        ))
+    })?;
+    m.set_triple(&tm.get_triple());
+    m.set_data_layout(&tm.get_target_data().get_data_layout());
+    m.verify().map_err(|e| {
+        CodegenError::Llvm(format!(
+            "kiln generated invalid IR (a kiln bug): {}",
+            e.to_string()
+        ))
+    })?;
+    if o.opt_level > 0 {
+        let pbo = PassBuilderOptions::create();
+        pbo.set_loop_vectorization(true);
+        pbo.set_loop_slp_vectorization(true);
+        pbo.set_loop_unrolling(true);
+        pbo.set_loop_interleaving(true);
+        m.run_passes(&format!("default<O{}>", o.opt_level.min(3)), tm, pbo)
+            .map_err(|e| {
+                CodegenError::Llvm(format!("LLVM optimization failed: {}", e.to_string()))
+            })?;
+    }
+    Ok(m)
+}
+
+/// The names of the exported functions of a module.
+fn exported_names(module: &IRModule) -> Vec<String> {
+    let mut v: Vec<String> = module
+        .functions
+        .iter()
+        .filter_map(|f| f.attrs.global_symbol.clone())
+        .collect();
+    if module
+        .functions
+        .iter()
+        .any(|f| f.attrs.entry && f.attrs.global_symbol.is_some())
+    {
+        v.push("main".into());
+    }
+    v.sort();
+    v
+}
+
+/// What a JIT module owns. Drop order matters: the execution engine (which owns the LLVM module
+/// and the machine code) goes first, then the context it was built in.
+struct JitInner {
+    ee: ManuallyDrop<ExecutionEngine<'static>>,
+    ctx: *mut Context,
+}
+
+// SAFETY: after construction nothing touches the engine or the context except `Drop`; the
+// function addresses were resolved eagerly, and machine code may run on any thread.
+unsafe impl Send for JitInner {}
+// SAFETY: as above: no method of `JitInner` reads the LLVM objects through `&self`.
+unsafe impl Sync for JitInner {}
+
+impl Drop for JitInner {
+    fn drop(&mut self) {
+        // SAFETY: the engine is dropped exactly once, here, before the context it borrows.
+        unsafe { ManuallyDrop::drop(&mut self.ee) };
+        // SAFETY: `ctx` came from `Box::into_raw` in `LlvmModule::jit` and nothing borrows it now.
+        drop(unsafe { Box::from_raw(self.ctx) });
+    }
+}
+
+/// A module compiled by the LLVM backend: its functions run in-process (JIT), and it can be
+/// exported to `.so`, `.o`, `.ll` or `.s`.
+pub struct LlvmModule {
+    ir: IRModule,
+    opts: CodegenOptions,
+    functions: BTreeMap<String, usize>,
+    inner: Arc<JitInner>,
+    optimized_ll: String,
+}
+
+impl std::fmt::Debug for LlvmModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlvmModule")
+            .field("functions", &self.functions.keys())
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl LlvmModule {
+    /// Compiles `module` (already verified) for in-process execution.
+    ///
+    /// # Errors
+    /// [`CodegenError`] when the module uses something the backend does not support, or LLVM
+    /// fails.
+    pub fn jit(module: &IRModule, opts: &CodegenOptions) -> R<Self> {
+        let opts = opts.clone().resolved();
+        crate::codegen::parallel::register_runtime_symbols();
+        let linkage = Linkage::Jit(crate::packed_func::library::context_symbols());
+        let text = generate_ir(module, &opts, &linkage)?;
+        let tm = target_machine(&opts)?;
+        let ctx: *mut Context = Box::into_raw(Box::new(Context::create()));
+        // SAFETY: the context lives until `JitInner::drop`, after everything built in it.
+        let ctx_ref: &'static Context = unsafe { &*ctx };
+        let built = (|| {
+            let m = parse_and_optimize(ctx_ref, &text, &opts, &tm)?;
+            let optimized_ll = m.print_to_string().to_string();
+            let ee = m
+                .create_jit_execution_engine(opts.llvm_opt())
+                .map_err(|e| {
+                    CodegenError::Llvm(format!("cannot create the JIT: {}", e.to_string()))
+                })?;
+            let mut functions = BTreeMap::new();
+            for name in exported_names(module) {
+                let sym = format!("__tvm_ffi_{name}");
+                let addr = ee.get_function_address(&sym).map_err(|e| {
+                    CodegenError::Llvm(format!("JIT lookup of `{sym}` failed: {e:?}"))
+                })?;
+                functions.insert(name, addr);
+            }
+            Ok::<_, CodegenError>((ee, functions, optimized_ll))
+        })();
+        match built {
+            Ok((ee, functions, optimized_ll)) => Ok(LlvmModule {
+                ir: module.clone(),
+                opts,
+                functions,
+                inner: Arc::new(JitInner {
+                    ee: ManuallyDrop::new(ee),
+                    ctx,
+                }),
+                optimized_ll,
+            }),
+            Err(e) => {
+                // SAFETY: everything built in the context was dropped inside the closure.
+                drop(unsafe { Box::from_raw(ctx) });
+                Err(e)
+            }
+        }
+    }
+
+    /// The options the module was compiled with (`native` resolved).
+    pub fn options(&self) -> &CodegenOptions {
+        &self.opts
+    }
+
+    /// Writes the module for another process: `.so` (linked by the system C compiler), `.o`,
+    /// `.ll` (optimized LLVM IR) or `.s`, chosen by the extension of `path`.
+    ///
+    /// # Errors
+    /// An unknown extension, LLVM failures, or the C compiler failing to link.
+    pub fn export(&self, path: &Path) -> R<()> {
+        export(&self.ir, &self.opts, path)
+    }
+}
+
+impl Module for LlvmModule {
+    fn type_key(&self) -> &str {
+        "llvm"
+    }
+
+    fn get_function(&self, name: &str) -> Option<PackedFunc> {
+        let addr = *self.functions.get(name)?;
+        // SAFETY: `addr` is the JIT address of a `__tvm_ffi_*` function kiln generated with the
+        // safe-call signature; the machine code lives as long as `inner`, which the PackedFunc
+        // keeps; generated functions take a NULL `self` and are thread-safe.
+        unsafe {
+            let f: TVMFFISafeCallType = std::mem::transmute::<usize, TVMFFISafeCallType>(addr);
+            let keep: Arc<dyn std::any::Any + Send + Sync> = self.inner.clone();
+            Some(PackedFunc::from_safe_call(
+                name,
+                f,
+                std::ptr::null_mut(),
+                Some(keep),
+            ))
+        }
+    }
+
+    fn function_names(&self) -> Vec<String> {
+        self.functions.keys().cloned().collect()
+    }
+
+    fn get_source(&self, format: &str) -> Option<String> {
+        match format {
+            "ll" | "llvm" => Some(self.optimized_ll.clone()),
+            "asm" | "s" => compile_to(&self.ir, &self.opts, FileType::Assembly)
+                .ok()
+                .map(|b| String::from_utf8_lossy(&b).into_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// Compiles for export and returns the object or assembly bytes.
+fn compile_to(module: &IRModule, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
+    let o = o.clone().resolved();
+    let text = generate_ir(module, &o, &Linkage::Export)?;
+    let tm = target_machine(&o)?;
+    let ctx = Context::create();
+    let m = parse_and_optimize(&ctx, &text, &o, &tm)?;
+    let buf = tm
+        .write_to_memory_buffer(&m, ft)
+        .map_err(|e| CodegenError::Llvm(format!("LLVM code emission failed: {}", e.to_string())))?;
+    Ok(buf.as_slice().to_vec())
+}
+
+/// Writes `module` compiled with `o` to `path` (`.so`, `.o`, `.ll`, `.s`).
+///
+/// # Errors
+/// As [`LlvmModule::export`].
+pub fn export(module: &IRModule, o: &CodegenOptions, path: &Path) -> R<()> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let io = |e: std::io::Error| CodegenError::Io(format!("writing `{}`: {e}", path.display()));
+    match ext {
+        "o" => std::fs::write(path, compile_to(module, o, FileType::Object)?).map_err(io),
+        "s" => std::fs::write(path, compile_to(module, o, FileType::Assembly)?).map_err(io),
+        "ll" => {
+            let o = o.clone().resolved();
+            let text = generate_ir(module, &o, &Linkage::Export)?;
+            let tm = target_machine(&o)?;
+            let ctx = Context::create();
+            let m = parse_and_optimize(&ctx, &text, &o, &tm)?;
+            std::fs::write(path, m.print_to_string().to_string()).map_err(io)
+        }
+        "so" => {
+            let obj = compile_to(module, o, FileType::Object)?;
+            let dir = tempfile::tempdir().map_err(|e| CodegenError::Io(format!("creating a temporary directory: {e}")))?;
+            let objp = dir.path().join("module.o");
+            std::fs::write(&objp, obj).map_err(|e| CodegenError::Io(format!("writing `{}`: {e}", objp.display())))?;
+            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+            let out = std::process::Command::new(&cc)
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(path)
+                .arg(&objp)
+                .arg("-lm")
+                .output()
+                .map_err(|e| CodegenError::Io(format!("running the C compiler `{cc}` to link `{}`: {e}", path.display())))?;
+            if !out.status.success() {
+                return Err(CodegenError::Io(format!(
+                    "linking `{}` with `{cc}` failed: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            Ok(())
+        }
+        other => Err(CodegenError::Unsupported(format!(
+            "cannot export to `{}`: expected a path ending in .so, .o, .ll or .s, found extension `{other}`",
+            path.display()
+        ))),
+    }
+}

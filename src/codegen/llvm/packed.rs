@@ -1,0 +1,485 @@
+//! The packed-API wrapper of each function: decode and check the tvm-ffi arguments like TVM's
+//! MakePackedAPI, then call the compute function.
+//!
+//! Checks, in order (messages as TVM 0.27 words them, so users' error handling keeps working):
+//! argument count; per argument, its type index (tensors: 70 `ffi.Tensor` or 7 `DLTensor*`;
+//! ints accept Int and Bool; floats accept Float, Int and Bool; bools accept Bool and Int); per
+//! tensor, non-NULL, `ndim`, `dtype`, `device_type`; then shapes (constants, and symbolic
+//! extents bound by their first appearance), strides (NULL or compact), `device_id` (all equal)
+//! and a non-NULL data pointer when the tensor is not empty.
+//!
+//! Two deliberate differences from TVM, both more permissive and both safe: a non-zero
+//! `byte_offset` is honoured (added to `data`) instead of rejected, and the compactness check
+//! ignores the strides of extent-1 dimensions and of empty tensors (numpy gives such tensors
+//! arbitrary strides; TVM rejects them).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::ir::{Expr, Param, PrimFunc, TypeCode, VarId};
+
+use super::super::CodegenError;
+use super::emit::{mem_ty, reg_ty, Emitter, Val};
+
+/// The `name(a: Tensor([16], float32), n: int32)` signature used in messages.
+pub fn signature(f: &PrimFunc) -> String {
+    let params: Vec<String> = f
+        .params
+        .iter()
+        .map(|p| match p {
+            Param::Buffer(b) => {
+                let dims: Vec<String> = b.shape.iter().map(shape_text).collect();
+                format!("{}: Tensor([{}], {})", b.name, dims.join(", "), b.dtype)
+            }
+            Param::Scalar(v) => format!("{}: {}", v.name, v.dtype),
+        })
+        .collect();
+    format!("{}({})", f.name, params.join(", "))
+}
+
+fn shape_text(e: &Expr) -> String {
+    match e {
+        Expr::IntImm { value, .. } => value.to_string(),
+        Expr::Var(v) => v.name.to_string(),
+        other => other.to_string(),
+    }
+}
+
+struct Ctx<'a, 'm> {
+    e: &'a mut Emitter<'m>,
+    sig: String,
+}
+
+impl Ctx<'_, '_> {
+    fn msg(&self, prefix: &str, index: usize, expected: Option<&str>) -> String {
+        let mut m = format!(
+            "{prefix} on argument #{index} when calling:\n  `{}`",
+            self.sig
+        );
+        if let Some(x) = expected {
+            let _ = write!(m, ",\n  expected {x}");
+        }
+        m
+    }
+
+    fn check(&mut self, ok: &str, kind: &str, prefix: &str, index: usize, expected: Option<&str>) {
+        let m = self.msg(prefix, index, expected);
+        self.e.check(ok, kind, &m);
+    }
+
+    /// `a || b || ...` over `icmp eq i32 %ti, k`.
+    fn ti_in(&mut self, ti: &str, set: &[i32]) -> String {
+        let mut acc: Option<Val> = None;
+        for k in set {
+            let c = self.e.assign("i1", format!("icmp eq i32 {ti}, {k}"));
+            acc = Some(match acc {
+                None => c,
+                Some(a) => self.e.assign("i1", format!("or i1 {}, {}", a.v, c.v)),
+            });
+        }
+        acc.map(|a| a.v).unwrap_or_else(|| "false".into())
+    }
+
+    fn field(&mut self, t: &str, idx: usize, ty: &str) -> Val {
+        let p = self.e.assign(
+            "",
+            format!("getelementptr inbounds %dl.tensor, %dl.tensor* {t}, i32 0, i32 {idx}"),
+        );
+        self.e
+            .assign(ty, format!("load {ty}, {ty}* {}, align 4", p.v))
+    }
+}
+
+/// Emits `__tvm_ffi_<symbol>` (and its compute function) for `f` into the emitter's module.
+pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, CodegenError> {
+    let sig = signature(f);
+    let n = f.params.len();
+    let opts = e.opts;
+    let mut c = Ctx {
+        e,
+        sig: sig.clone(),
+    };
+    // 1. Count.
+    let ok = c.e.assign("i1", format!("icmp eq i32 %num_args, {n}"));
+    let m = format!("Expected {n} arguments when calling:\n  `{sig}`");
+    c.e.check(&ok.v, "TypeError", &m);
+    if n > 0 {
+        let nn =
+            c.e.assign("i1", "icmp ne %ffi.any* %args, null".to_string());
+        let m = format!("args pointer is NULL when calling:\n  `{sig}`");
+        c.e.check(&nn.v, "TypeError", &m);
+    }
+    // 2. Type indices and handles.
+    let mut tensors: Vec<(usize, String)> = Vec::new();
+    let mut compute_args: Vec<String> = Vec::new();
+    let mut compute_params: Vec<String> = Vec::new();
+    let mut buffer_params: Vec<(VarId, String)> = Vec::new();
+    let mut bound: HashMap<VarId, (Val, String)> = HashMap::new();
+    let mut scalars: Vec<(usize, Val)> = Vec::new();
+    for (i, p) in f.params.iter().enumerate() {
+        let ap = c.e.assign(
+            "",
+            format!("getelementptr inbounds %ffi.any, %ffi.any* %args, i64 {i}"),
+        );
+        let tip = c.e.assign(
+            "",
+            format!(
+                "getelementptr inbounds %ffi.any, %ffi.any* {}, i32 0, i32 0",
+                ap.v
+            ),
+        );
+        let ti =
+            c.e.assign("i32", format!("load i32, i32* {}, align 8", tip.v));
+        let vp = c.e.assign(
+            "",
+            format!(
+                "getelementptr inbounds %ffi.any, %ffi.any* {}, i32 0, i32 2",
+                ap.v
+            ),
+        );
+        let raw =
+            c.e.assign("i64", format!("load i64, i64* {}, align 8", vp.v));
+        match p {
+            Param::Buffer(_) => {
+                let ok = c.ti_in(&ti.v, &[70, 7]);
+                c.check(&ok, "TypeError", "Mismatched type", i, Some("Tensor"));
+                let is_obj = c.e.assign("i1", format!("icmp eq i32 {}, 70", ti.v));
+                let off =
+                    c.e.assign("i64", format!("select i1 {}, i64 24, i64 0", is_obj.v));
+                let addr = c.e.assign("i64", format!("add i64 {}, {}", raw.v, off.v));
+                let t = c.e.assign(
+                    "%dl.tensor*",
+                    format!("inttoptr i64 {} to %dl.tensor*", addr.v),
+                );
+                let nn = c.e.assign("i1", format!("icmp ne i64 {}, 0", raw.v));
+                c.check(&nn.v, "TypeError", "Mismatched type", i, Some("Tensor"));
+                tensors.push((i, t.v));
+            }
+            Param::Scalar(v) => {
+                let t = v.dtype;
+                let val = match t.code {
+                    TypeCode::Bool => {
+                        let ok = c.ti_in(&ti.v, &[2, 1]);
+                        c.check(&ok, "TypeError", "Mismatched type", i, Some("boolean"));
+                        c.e.assign("i1", format!("icmp ne i64 {}, 0", raw.v))
+                    }
+                    TypeCode::Int | TypeCode::UInt => {
+                        let ok = c.ti_in(&ti.v, &[1, 2]);
+                        c.check(&ok, "TypeError", "Mismatched type", i, Some("int"));
+                        if t.bits == 64 {
+                            raw.clone()
+                        } else {
+                            c.e.assign(&reg_ty(t), format!("trunc i64 {} to {}", raw.v, reg_ty(t)))
+                        }
+                    }
+                    TypeCode::Float | TypeCode::BFloat => {
+                        let ok = c.ti_in(&ti.v, &[3, 1, 2]);
+                        c.check(&ok, "TypeError", "Mismatched type", i, Some("float"));
+                        let isf = c.e.assign("i1", format!("icmp eq i32 {}, 3", ti.v));
+                        let d =
+                            c.e.assign("double", format!("bitcast i64 {} to double", raw.v));
+                        let fi =
+                            c.e.assign("double", format!("sitofp i64 {} to double", raw.v));
+                        let dv = c.e.assign(
+                            "double",
+                            format!("select i1 {}, double {}, double {}", isf.v, d.v, fi.v),
+                        );
+                        let ty = reg_ty(t);
+                        if ty == "double" {
+                            dv
+                        } else {
+                            c.e.assign(&ty, format!("fptrunc double {} to {ty}", dv.v))
+                        }
+                    }
+                    TypeCode::Handle => {
+                        let ok = c.ti_in(&ti.v, &[0, 4, 7, 70]);
+                        c.check(&ok, "TypeError", "Mismatched type", i, Some("pointer"));
+                        c.e.assign("i8*", format!("inttoptr i64 {} to i8*", raw.v))
+                    }
+                };
+                scalars.push((i, val));
+            }
+        }
+    }
+    // 3. Per-tensor ndim, dtype, device type.
+    let mut tinfo: Vec<(usize, String, Val, Val, Val)> = Vec::new(); // (i, t, shape*, strides*, dev_id)
+    for (i, t) in &tensors {
+        let Param::Buffer(b) = &f.params[*i] else {
+            unreachable!("tensors are buffers")
+        };
+        let nd = c.field(t, 3, "i32");
+        let ok =
+            c.e.assign("i1", format!("icmp eq i32 {}, {}", nd.v, b.ndim()));
+        let nm = format!("Mismatched {}.ndim", b.name);
+        c.check(&ok.v, "ValueError", &nm, *i, Some(&b.ndim().to_string()));
+        let code = c.field(t, 4, "i8");
+        let bits = c.field(t, 5, "i8");
+        let lanes = c.field(t, 6, "i16");
+        let dt = b.dtype;
+        let c1 =
+            c.e.assign("i1", format!("icmp eq i8 {}, {}", code.v, dt.code as u8));
+        let c2 =
+            c.e.assign("i1", format!("icmp eq i8 {}, {}", bits.v, dt.bits as i8));
+        let c3 =
+            c.e.assign("i1", format!("icmp eq i16 {}, {}", lanes.v, dt.lanes));
+        let a = c.e.assign("i1", format!("and i1 {}, {}", c1.v, c2.v));
+        let ok = c.e.assign("i1", format!("and i1 {}, {}", a.v, c3.v));
+        let nm = format!("Mismatched {}.dtype", b.name);
+        c.check(&ok.v, "TypeError", &nm, *i, Some(&dt.to_string()));
+        let devt = c.field(t, 1, "i32");
+        let ok = c.e.assign(
+            "i1",
+            format!("icmp eq i32 {}, {}", devt.v, opts.device_type),
+        );
+        let nm = format!("Mismatched {}.device_type", b.name);
+        c.check(&ok.v, "ValueError", &nm, *i, Some(&opts.device_name));
+        let devid = c.field(t, 2, "i32");
+        let sp = c.e.assign(
+            "",
+            format!("getelementptr inbounds %dl.tensor, %dl.tensor* {t}, i32 0, i32 7"),
+        );
+        let shape =
+            c.e.assign("i64*", format!("load i64*, i64** {}, align 8", sp.v));
+        let stp = c.e.assign(
+            "",
+            format!("getelementptr inbounds %dl.tensor, %dl.tensor* {t}, i32 0, i32 8"),
+        );
+        let strides =
+            c.e.assign("i64*", format!("load i64*, i64** {}, align 8", stp.v));
+        tinfo.push((*i, t.clone(), shape, strides, devid));
+    }
+    // Scalars bind their variables first (in parameter order they come before or after tensors;
+    // either way a shape variable that is also a scalar parameter is checked against it).
+    for (i, val) in &scalars {
+        if let Param::Scalar(v) = &f.params[*i] {
+            bound.insert(v.id, (val.clone(), v.name.to_string()));
+        }
+    }
+    // 4. Shapes, strides, device ids, data pointers.
+    let first_dev: Option<(String, Val)> = tinfo.first().map(|(i, _, _, _, d)| {
+        let Param::Buffer(b) = &f.params[*i] else {
+            unreachable!("tensors are buffers")
+        };
+        (b.name.clone(), d.clone())
+    });
+    for (i, t, shape, strides, devid) in &tinfo {
+        let Param::Buffer(b) = &f.params[*i] else {
+            unreachable!("tensors are buffers")
+        };
+        let mut dims: Vec<Val> = Vec::new();
+        for (k, sexpr) in b.shape.iter().enumerate() {
+            let p = c.e.assign(
+                "i64*",
+                format!("getelementptr inbounds i64, i64* {}, i64 {k}", shape.v),
+            );
+            let d =
+                c.e.assign("i64", format!("load i64, i64* {}, align 8", p.v));
+            dims.push(d.clone());
+            bind_or_check(
+                &mut c,
+                sexpr,
+                d,
+                &format!("{}.shape[{k}]", b.name),
+                *i,
+                &mut bound,
+            )?;
+        }
+        // Strides.
+        let hasst =
+            c.e.assign("i1", format!("icmp ne i64* {}, null", strides.v));
+        match &b.strides {
+            None => {
+                // compact: every non-unit dimension's stride equals the product of the extents after it
+                let mut expect = Val::new("i64", "1");
+                let mut ok = Val::new("i1", "true");
+                let mut empty = Val::new("i1", "false");
+                for k in (0..dims.len()).rev() {
+                    let sp = c.e.assign(
+                        "i64*",
+                        format!("getelementptr inbounds i64, i64* {}, i64 {k}", strides.v),
+                    );
+                    // Only read strides when the pointer is non-NULL: select a safe address.
+                    let safe = c.e.assign(
+                        "i64*",
+                        format!(
+                            "select i1 {}, i64* {}, i64* {}",
+                            hasst.v, sp.v, "@__kiln_zero_i64"
+                        ),
+                    );
+                    let s =
+                        c.e.assign("i64", format!("load i64, i64* {}, align 8", safe.v));
+                    let unit = c.e.assign("i1", format!("icmp eq i64 {}, 1", dims[k].v));
+                    let eq =
+                        c.e.assign("i1", format!("icmp eq i64 {}, {}", s.v, expect.v));
+                    let fine = c.e.assign("i1", format!("or i1 {}, {}", unit.v, eq.v));
+                    ok = c.e.assign("i1", format!("and i1 {}, {}", ok.v, fine.v));
+                    expect =
+                        c.e.assign("i64", format!("mul i64 {}, {}", expect.v, dims[k].v));
+                    let z = c.e.assign("i1", format!("icmp eq i64 {}, 0", dims[k].v));
+                    empty = c.e.assign("i1", format!("or i1 {}, {}", empty.v, z.v));
+                }
+                let nost = c.e.assign("i1", format!("xor i1 {}, true", hasst.v));
+                let a = c.e.assign("i1", format!("or i1 {}, {}", nost.v, ok.v));
+                let all = c.e.assign("i1", format!("or i1 {}, {}", a.v, empty.v));
+                let nm = format!("Mismatched {}.strides", b.name);
+                c.check(&all.v, "ValueError", &nm, *i, Some("to be compact array"));
+            }
+            Some(sexprs) => {
+                // explicit strides: from the tensor, or compact ones when it has none
+                let mut compact = vec![Val::new("i64", "1"); dims.len()];
+                for k in (0..dims.len().saturating_sub(1)).rev() {
+                    compact[k] = c.e.assign(
+                        "i64",
+                        format!("mul i64 {}, {}", compact[k + 1].v, dims[k + 1].v),
+                    );
+                }
+                for (k, sexpr) in sexprs.iter().enumerate() {
+                    let sp = c.e.assign(
+                        "i64*",
+                        format!("getelementptr inbounds i64, i64* {}, i64 {k}", strides.v),
+                    );
+                    let safe = c.e.assign(
+                        "i64*",
+                        format!(
+                            "select i1 {}, i64* {}, i64* {}",
+                            hasst.v, sp.v, "@__kiln_zero_i64"
+                        ),
+                    );
+                    let s =
+                        c.e.assign("i64", format!("load i64, i64* {}, align 8", safe.v));
+                    let actual = c.e.assign(
+                        "i64",
+                        format!("select i1 {}, i64 {}, i64 {}", hasst.v, s.v, compact[k].v),
+                    );
+                    bind_or_check(
+                        &mut c,
+                        sexpr,
+                        actual,
+                        &format!("{}.strides[{k}]", b.name),
+                        *i,
+                        &mut bound,
+                    )?;
+                }
+            }
+        }
+        if let Some((fname, fdev)) = &first_dev {
+            if fname != &b.name {
+                let ok =
+                    c.e.assign("i1", format!("icmp eq i32 {}, {}", devid.v, fdev.v));
+                let nm = format!("Mismatched {}.device_id", b.name);
+                let x = format!("to match {fname}.device_id");
+                c.check(&ok.v, "ValueError", &nm, *i, Some(&x));
+            }
+        }
+        // Data pointer: non-NULL unless the tensor is empty; byte_offset honoured.
+        let dp = c.field(t, 0, "i8*");
+        let bop = c.e.assign(
+            "",
+            format!("getelementptr inbounds %dl.tensor, %dl.tensor* {t}, i32 0, i32 9"),
+        );
+        let bo =
+            c.e.assign("i64", format!("load i64, i64* {}, align 8", bop.v));
+        let mut numel = Val::new("i64", "1");
+        for d in &dims {
+            numel = c.e.assign("i64", format!("mul i64 {}, {}", numel.v, d.v));
+        }
+        let empty = c.e.assign("i1", format!("icmp eq i64 {}, 0", numel.v));
+        let nn = c.e.assign("i1", format!("icmp ne i8* {}, null", dp.v));
+        let ok = c.e.assign("i1", format!("or i1 {}, {}", empty.v, nn.v));
+        let nm = format!("{} data pointer is NULL", b.name);
+        c.check(&ok.v, "ValueError", &nm, *i, Some("non-NULL data pointer"));
+        let data = c.e.assign(
+            "i8*",
+            format!("getelementptr i8, i8* {}, i64 {}", dp.v, bo.v),
+        );
+        let mt = mem_ty(b.dtype);
+        let typed = c.e.assign(
+            &format!("{mt}*"),
+            format!("bitcast i8* {} to {mt}*", data.v),
+        );
+        let na = if f.attrs.noalias { " noalias" } else { "" };
+        compute_params.push(format!("{mt}*{na} %buf{}", b.data.id.0));
+        buffer_params.push((b.data.id, format!("{mt}*")));
+        compute_args.push(typed.typed());
+    }
+    // 5. Call the compute function with every bound variable the body may use.
+    let mut ids: Vec<&VarId> = bound.keys().collect();
+    ids.sort();
+    let mut var_params: Vec<(VarId, String)> = Vec::new();
+    for id in ids {
+        let (v, _) = &bound[id];
+        compute_params.push(format!("{} %var{}", v.ty, id.0));
+        compute_args.push(v.typed());
+        var_params.push((*id, v.ty.clone()));
+    }
+    compute_params.push("i8* %ret_slot".into());
+    compute_args.push("i8* %ret_any".into());
+    let rp =
+        c.e.assign("i8*", "bitcast %ffi.any* %ret to i8*".to_string());
+    let args_text = compute_args.join(", ").replace("%ret_any", &rp.v);
+    let cname = format!("{}_compute_", f.name);
+    let rc =
+        c.e.assign("i32", format!("call i32 @\"{cname}\"({args_text})"));
+    c.e.line(format!("ret i32 {}", rc.v));
+    Ok(ComputeSig {
+        name: cname,
+        params: compute_params.join(", "),
+        buffers: buffer_params,
+        vars: var_params,
+    })
+}
+
+/// What the packed wrapper passes to the compute function.
+pub struct ComputeSig {
+    /// The compute function's name.
+    pub name: String,
+    /// Its parameter list text.
+    pub params: String,
+    /// Buffer data variables and their typed-pointer types, in parameter order.
+    pub buffers: Vec<(VarId, String)>,
+    /// Bound variables and their types, in parameter order (after the buffers).
+    pub vars: Vec<(VarId, String)>,
+}
+
+/// Binds a shape/stride variable on first sight, or checks a constant or an already bound one.
+fn bind_or_check(
+    c: &mut Ctx<'_, '_>,
+    sexpr: &Expr,
+    actual: Val,
+    what: &str,
+    index: usize,
+    bound: &mut HashMap<VarId, (Val, String)>,
+) -> Result<(), CodegenError> {
+    match sexpr {
+        Expr::IntImm { value, .. } => {
+            let ok = c.e.assign("i1", format!("icmp eq i64 {}, {value}", actual.v));
+            let nm = format!("Invalid {what}");
+            c.check(&ok.v, "ValueError", &nm, index, Some(&value.to_string()));
+        }
+        Expr::Var(v) => {
+            let ty = reg_ty(v.dtype);
+            let val = if ty == "i64" {
+                actual
+            } else {
+                c.e.assign(&ty, format!("trunc i64 {} to {ty}", actual.v))
+            };
+            match bound.get(&v.id) {
+                Some((prev, where_)) => {
+                    let ok = c.e.assign("i1", format!("icmp eq {}, {}", prev.typed(), val.v));
+                    let nm = format!("Mismatched {what}");
+                    let x = format!("to match {where_}");
+                    c.check(&ok.v, "ValueError", &nm, index, Some(&x));
+                }
+                None => {
+                    bound.insert(v.id, (val, what.to_owned()));
+                }
+            }
+        }
+        other => {
+            return Err(CodegenError::Unsupported(format!(
+                "{what} is `{other}`: buffer parameters' shapes and strides must be constants or variables"
+            )))
+        }
+    }
+    Ok(())
+}
