@@ -5,6 +5,7 @@ pub mod codegen;
 pub mod device_api;
 pub mod error;
 pub mod ir;
+pub mod npy;
 pub mod packed_func;
 pub mod target;
 

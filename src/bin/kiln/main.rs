@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod cmd_codegen;
 mod cmd_ir;
 mod cmd_target;
 
@@ -27,6 +28,10 @@ enum Command {
     Tags(cmd_target::TagsArgs),
     /// Verify an IR module (kiln-ir/1 JSON) and print it in text form.
     Ir(cmd_ir::IrArgs),
+    /// Compile an IR module to a .so, .o, .ll or .s file.
+    Build(cmd_codegen::BuildArgs),
+    /// Run a function of an IR module or library on .npy (or generated) inputs.
+    Run(cmd_codegen::RunArgs),
     /// List the global packed functions registered in this process.
     Functions,
 }
@@ -40,6 +45,8 @@ fn main() {
         Command::Kinds(args) => cmd_target::run_kinds(&args),
         Command::Tags(args) => cmd_target::run_tags(&args),
         Command::Ir(args) => cmd_ir::run(args),
+        Command::Build(args) => cmd_codegen::run_build(&args),
+        Command::Run(args) => cmd_codegen::run_run(&args),
         Command::Functions => {
             for name in kiln::packed_func::registry::list() {
                 println!("{name}");

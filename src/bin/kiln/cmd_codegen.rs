@@ -1,0 +1,376 @@
+//! `kiln build` and `kiln run`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln::codegen::ModuleRef;
+use kiln::ir::{IRModule, Param, PrimFunc};
+use kiln::npy::{dtype_name, parse_dtype, NpyArray};
+use kiln::packed_func::{Any, AnyView, DLTensor, LibraryModule};
+use kiln::target::Target;
+
+type CmdResult = Result<(), Box<dyn std::error::Error>>;
+
+const DEFAULT_TARGET: &str = r#"{"kind": "llvm", "mcpu": "native"}"#;
+
+/// Arguments of `kiln build`.
+#[derive(clap::Args)]
+pub struct BuildArgs {
+    /// The IR module (kiln-ir/1 JSON).
+    module: PathBuf,
+    /// The target (JSON, legacy string or tag).
+    #[arg(long, short, default_value = DEFAULT_TARGET)]
+    target: String,
+    /// The output: `.so`, `.o`, `.ll` or `.s`, by extension.
+    #[arg(long, short)]
+    output: PathBuf,
+}
+
+/// Arguments of `kiln run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// An IR module (`.json`, compiled in-process) or a library (`.so`).
+    module: PathBuf,
+    /// The function to call.
+    function: String,
+    /// Arguments: `file.npy`, `rand:SHAPE[:DTYPE]` or `zeros:SHAPE[:DTYPE]` (SHAPE like
+    /// `1024x1024`, DTYPE default float32), an integer, a float, `true`/`false`. With an IR module
+    /// and no arguments, tensors of constant shape are generated at random.
+    args: Vec<String>,
+    /// The target used to compile an IR module.
+    #[arg(long, short, default_value = DEFAULT_TARGET)]
+    target: String,
+    /// Call the function this many times and print the median, min and max time.
+    #[arg(long, default_value_t = 0)]
+    repeat: usize,
+    /// Where to write every tensor argument after the call, as `<name>.npy`.
+    #[arg(long, default_value = "kiln-out")]
+    out: PathBuf,
+    /// Also run the reference interpreter (IR modules only) and report the largest difference.
+    #[arg(long)]
+    check: bool,
+}
+
+fn read_module(path: &Path) -> Result<IRModule, Box<dyn std::error::Error>> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading `{}`: {e}", path.display()))?;
+    Ok(IRModule::from_json_str(&text).map_err(|e| format!("`{}`: {e}", path.display()))?)
+}
+
+/// `kiln build`.
+pub fn run_build(a: &BuildArgs) -> CmdResult {
+    let module = read_module(&a.module)?;
+    module
+        .verify()
+        .map_err(|e| format!("`{}`: {e}", a.module.display()))?;
+    let target = Target::parse(&a.target)?;
+    if target.kind_name() != "llvm" {
+        return Err(format!(
+            "`kiln build` writes files with the LLVM backend; target kind `{}` is not `llvm`",
+            target.kind_name()
+        )
+        .into());
+    }
+    let opts = kiln::codegen::llvm::CodegenOptions::from_target(&target)?;
+    let t = Instant::now();
+    kiln::codegen::llvm::export(&module, &opts, &a.output)?;
+    eprintln!(
+        "wrote {} ({} function(s), {:.1} ms)",
+        a.output.display(),
+        module.functions.len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+enum Arg {
+    Tensor(String, NpyArray),
+    Scalar(Any),
+}
+
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+fn fill_random(a: &mut NpyArray, seed: u64) {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let (code, bits) = (a.dtype.code.0, a.dtype.bits);
+    let eb = a.elem_bytes();
+    for chunk in a.data.as_mut_slice().chunks_exact_mut(eb) {
+        let r = xorshift(&mut s);
+        let unit = (r >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        match (code, bits) {
+            (2, 32) => chunk.copy_from_slice(&(unit as f32).to_le_bytes()),
+            (2, 64) => chunk.copy_from_slice(&unit.to_le_bytes()),
+            (2, 16) => chunk.copy_from_slice(&half::f16::from_f64(unit).to_le_bytes()),
+            (6, _) => chunk[0] = (r & 1) as u8,
+            _ => {
+                let v = (r % 10).to_le_bytes();
+                chunk.copy_from_slice(&v[..eb]);
+            }
+        }
+    }
+}
+
+fn parse_shape(s: &str) -> Result<Vec<i64>, String> {
+    if s.is_empty() || s == "scalar" {
+        return Ok(vec![]);
+    }
+    s.split(['x', ','])
+        .map(|d| {
+            d.trim()
+                .parse::<i64>()
+                .map_err(|_| format!("shape `{s}`: `{d}` is not an integer"))
+        })
+        .collect()
+}
+
+fn parse_arg(s: &str, index: usize, seed: u64) -> Result<Arg, String> {
+    let name = format!("arg{index}");
+    if s.ends_with(".npy") {
+        return Ok(Arg::Tensor(
+            name,
+            NpyArray::read(Path::new(s)).map_err(|e| e.to_string())?,
+        ));
+    }
+    for (prefix, random) in [("rand:", true), ("zeros:", false)] {
+        if let Some(rest) = s.strip_prefix(prefix) {
+            let mut parts = rest.splitn(2, ':');
+            let shape = parse_shape(parts.next().unwrap_or(""))?;
+            let dt_name = parts.next().unwrap_or("float32");
+            let dtype = parse_dtype(dt_name).ok_or_else(|| {
+                format!("unknown dtype `{dt_name}` in `{s}` (expected float32, int64, bool, ...)")
+            })?;
+            let mut a = NpyArray::zeros(dtype, &shape).map_err(|e| e.to_string())?;
+            if random {
+                fill_random(&mut a, seed);
+            }
+            return Ok(Arg::Tensor(name, a));
+        }
+    }
+    match s {
+        "true" => return Ok(Arg::Scalar(Any::from(true))),
+        "false" => return Ok(Arg::Scalar(Any::from(false))),
+        _ => {}
+    }
+    if let Ok(i) = s.parse::<i64>() {
+        return Ok(Arg::Scalar(Any::from(i)));
+    }
+    if let Ok(f) = s.parse::<f64>() {
+        return Ok(Arg::Scalar(Any::from(f)));
+    }
+    Err(format!(
+        "argument #{index} `{s}`: expected a .npy file, rand:SHAPE[:DTYPE], zeros:SHAPE[:DTYPE], a number or true/false"
+    ))
+}
+
+fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
+    f.params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match p {
+            Param::Buffer(b) => {
+                let shape: Option<Vec<i64>> = b.shape.iter().map(|e| e.as_int()).collect();
+                let shape = shape.ok_or_else(|| {
+                    format!("parameter `{}` has a symbolic shape: pass the arguments on the command line (e.g. rand:1024)", b.name)
+                })?;
+                let dtype = parse_dtype(&b.dtype.to_string()).ok_or_else(|| format!("parameter `{}`: cannot generate {}", b.name, b.dtype))?;
+                let mut a = NpyArray::zeros(dtype, &shape).map_err(|e| e.to_string())?;
+                fill_random(&mut a, i as u64 + 1);
+                Ok(Arg::Tensor(b.name.clone(), a))
+            }
+            Param::Scalar(v) => Err(format!("parameter `{}` is a scalar: pass the arguments on the command line", v.name)),
+        })
+        .collect()
+}
+
+/// `kiln run`.
+pub fn run_run(a: &RunArgs) -> CmdResult {
+    let is_lib = a.module.extension().is_some_and(|e| e == "so");
+    let (rt, ir): (ModuleRef, Option<IRModule>) = if is_lib {
+        // SAFETY: the user asked to run this library; loading it runs its initializers, as any
+        // dlopen does (kiln checks it is an ELF shared object first).
+        let lib = unsafe { LibraryModule::load(&a.module) }?;
+        (std::sync::Arc::new(lib), None)
+    } else {
+        let module = read_module(&a.module)?;
+        let target = Target::parse(&a.target)?;
+        let t = Instant::now();
+        let rt = kiln::codegen::build(&module, &target)?;
+        eprintln!(
+            "compiled {} for `{}` in {:.1} ms",
+            a.module.display(),
+            target.kind_name(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        (rt, Some(module))
+    };
+    let f = rt.require_function(&a.function)?;
+    let pf = ir.as_ref().and_then(|m| m.get(&a.function)).cloned();
+    let mut args: Vec<Arg> = if a.args.is_empty() {
+        match &pf {
+            Some(p) => generated_args(p)?,
+            None => Vec::new(),
+        }
+    } else {
+        a.args
+            .iter()
+            .enumerate()
+            .map(|(i, s)| parse_arg(s, i, i as u64 + 1))
+            .collect::<Result<_, _>>()?
+    };
+    if let Some(p) = &pf {
+        for (arg, param) in args.iter_mut().zip(&p.params) {
+            if let Arg::Tensor(name, _) = arg {
+                *name = param.name().to_owned();
+            }
+        }
+    }
+    let mut interp_inputs = None;
+    if a.check {
+        let p = pf
+            .as_ref()
+            .ok_or("--check needs an IR module, not a library")?;
+        interp_inputs = Some(to_interp(&args, p)?);
+    }
+    // Tensor views live as long as `args`; no array is moved while they are used.
+    let dls: Vec<Option<DLTensor>> = args
+        .iter_mut()
+        .map(|x| match x {
+            Arg::Tensor(_, t) => Some(t.as_dltensor()),
+            Arg::Scalar(_) => None,
+        })
+        .collect();
+    let views: Vec<AnyView<'_>> = args
+        .iter()
+        .zip(&dls)
+        .map(|(x, d)| match (x, d) {
+            (_, Some(d)) => AnyView::from(d),
+            (Arg::Scalar(s), None) => s.view(),
+            (Arg::Tensor(..), None) => unreachable!("every tensor has a view"),
+        })
+        .collect();
+    let result = f.call(&views)?;
+    if a.repeat > 0 {
+        let mut times: Vec<f64> = Vec::with_capacity(a.repeat);
+        for _ in 0..a.repeat {
+            let t = Instant::now();
+            f.call(&views)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "{}: {} runs, median {:.4} ms, min {:.4} ms, max {:.4} ms",
+            a.function,
+            a.repeat,
+            times[times.len() / 2],
+            times[0],
+            times[times.len() - 1]
+        );
+    }
+    drop(views);
+    if !result.is_none() {
+        println!("result: {:?}", result.value());
+    }
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("creating `{}`: {e}", a.out.display()))?;
+    for x in &args {
+        if let Arg::Tensor(name, t) = x {
+            let p = a.out.join(format!("{name}.npy"));
+            t.write(&p)?;
+            println!(
+                "wrote {} ({} {:?})",
+                p.display(),
+                dtype_name(t.dtype),
+                t.shape
+            );
+        }
+    }
+    if let (Some(mut iargs), Some(p)) = (interp_inputs, pf) {
+        kiln::ir::interp::run(&p, &mut iargs)?;
+        let mut worst = 0f64;
+        for (x, ia) in args.iter().zip(&iargs) {
+            if let (Arg::Tensor(_, t), kiln::ir::interp::InterpArg::Buffer(hb)) = (x, ia) {
+                let got = as_f64(t);
+                let n = hb.data.len() / hb.dtype.bytes().max(1);
+                let want: Vec<f64> = (0..n)
+                    .filter_map(|i| hb.get(i).map(|s| s.as_f64()))
+                    .collect();
+                for (g, w) in got.iter().zip(&want) {
+                    let d = (g - w).abs();
+                    if d > worst || d.is_nan() {
+                        worst = if d.is_nan() { f64::INFINITY } else { d };
+                    }
+                }
+            }
+        }
+        println!("check against the reference interpreter: max abs difference {worst:e}");
+        if worst > 1e-3 {
+            return Err(format!("compiled and interpreted results differ by {worst:e}").into());
+        }
+    }
+    Ok(())
+}
+
+fn as_f64(t: &NpyArray) -> Vec<f64> {
+    let b = t.data.as_slice();
+    let eb = t.elem_bytes();
+    b.chunks_exact(eb)
+        .map(|c| match (t.dtype.code.0, t.dtype.bits) {
+            (2, 32) => f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            (2, 64) => f64::from_le_bytes(c.try_into().unwrap_or([0; 8])),
+            (2, 16) => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
+            (0, _) => {
+                let mut v = [0u8; 8];
+                v[..eb].copy_from_slice(c);
+                let s = 64 - 8 * eb as u32;
+                ((i64::from_le_bytes(v) << s) >> s) as f64
+            }
+            _ => {
+                let mut v = [0u8; 8];
+                v[..eb].copy_from_slice(c);
+                u64::from_le_bytes(v) as f64
+            }
+        })
+        .collect()
+}
+
+fn to_interp(args: &[Arg], p: &PrimFunc) -> Result<Vec<kiln::ir::interp::InterpArg>, String> {
+    use kiln::ir::interp::{HostBuffer, InterpArg, Scalar};
+    if args.len() != p.params.len() {
+        return Err(format!(
+            "`{}` takes {} arguments, {} given",
+            p.name,
+            p.params.len(),
+            args.len()
+        ));
+    }
+    args.iter()
+        .zip(&p.params)
+        .map(|(x, param)| match (x, param) {
+            (Arg::Tensor(_, t), Param::Buffer(b)) => Ok(InterpArg::Buffer(HostBuffer {
+                dtype: b.dtype,
+                shape: t.shape.clone(),
+                strides: None,
+                data: t.data.as_slice().to_vec(),
+            })),
+            (Arg::Scalar(s), Param::Scalar(v)) => {
+                let sc = if v.dtype.is_float() {
+                    Scalar::from_float(v.dtype, s.get::<f64>().map_err(|e| e.to_string())?)
+                } else {
+                    Scalar::from_int(
+                        v.dtype,
+                        i128::from(s.get::<i64>().map_err(|e| e.to_string())?),
+                    )
+                };
+                Ok(InterpArg::Scalar(sc))
+            }
+            _ => Err(format!(
+                "argument for `{}` has the wrong kind (tensor vs scalar)",
+                param.name()
+            )),
+        })
+        .collect()
+}

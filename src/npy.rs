@@ -1,0 +1,400 @@
+//! Reading and writing NumPy `.npy` files (format versions 1.0, 2.0 and 3.0), for `kiln run` and
+//! tests: host arrays that can be viewed as `DLTensor`s.
+//!
+//! Only what tensors need is supported: little-endian (or one-byte) numeric dtypes
+//! (`b1 i1 i2 i4 i8 u1 u2 u4 u8 f2 f4 f8`, plus `bfloat16` as `V2` is not standard and is not
+//! read), C order, any shape. Fortran-ordered files are rejected with a message rather than
+//! silently transposed. Data is kept 64-byte aligned.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ffi::c_void;
+
+use crate::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
+use crate::packed_func::{DLDataType, DLDevice, DLTensor};
+
+/// Errors of reading `.npy` data.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("npy: {0}")]
+pub struct NpyError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, NpyError> {
+    Err(NpyError(msg.into()))
+}
+
+/// Bytes aligned to 64.
+pub struct AlignedBytes {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `AlignedBytes` uniquely owns its allocation, like a `Vec<u8>`.
+unsafe impl Send for AlignedBytes {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for AlignedBytes {}
+
+impl AlignedBytes {
+    /// `len` zero bytes (at least one byte is allocated).
+    ///
+    /// # Errors
+    /// When the allocation fails or `len` is absurd.
+    pub fn zeroed(len: usize) -> Result<Self, NpyError> {
+        let layout = Layout::from_size_align(len.max(1), 64)
+            .map_err(|_| NpyError(format!("cannot allocate {len} bytes")))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return err(format!("out of memory allocating {len} bytes"));
+        }
+        Ok(AlignedBytes { ptr, len })
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` owns `len` initialized bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` owns `len` initialized bytes, borrowed uniquely.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBytes {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe {
+            dealloc(
+                self.ptr,
+                Layout::from_size_align_unchecked(self.len.max(1), 64),
+            )
+        };
+    }
+}
+
+/// A host array: dtype, shape and 64-byte-aligned data.
+pub struct NpyArray {
+    /// Element type.
+    pub dtype: DLDataType,
+    /// Extents.
+    pub shape: Vec<i64>,
+    /// The elements, C order.
+    pub data: AlignedBytes,
+}
+
+impl std::fmt::Debug for NpyArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NpyArray({}, {:?})", dtype_name(self.dtype), self.shape)
+    }
+}
+
+const TABLE: &[(&str, u8, u8, &str)] = &[
+    ("|b1", 6, 8, "bool"),
+    ("|i1", 0, 8, "int8"),
+    ("<i2", 0, 16, "int16"),
+    ("<i4", 0, 32, "int32"),
+    ("<i8", 0, 64, "int64"),
+    ("|u1", 1, 8, "uint8"),
+    ("<u2", 1, 16, "uint16"),
+    ("<u4", 1, 32, "uint32"),
+    ("<u8", 1, 64, "uint64"),
+    ("<f2", 2, 16, "float16"),
+    ("<f4", 2, 32, "float32"),
+    ("<f8", 2, 64, "float64"),
+];
+
+/// The dtype named `float32`, `int64`, `bool`, ...
+pub fn parse_dtype(name: &str) -> Option<DLDataType> {
+    TABLE.iter().find(|t| t.3 == name).map(|t| DLDataType {
+        code: DLDataTypeCode(t.1),
+        bits: t.2,
+        lanes: 1,
+    })
+}
+
+/// The name of a dtype (`float32`), or its codes.
+pub fn dtype_name(d: DLDataType) -> String {
+    TABLE
+        .iter()
+        .find(|t| t.1 == d.code.0 && t.2 == d.bits && d.lanes == 1)
+        .map_or_else(
+            || {
+                format!(
+                    "dtype(code={}, bits={}, lanes={})",
+                    d.code.0, d.bits, d.lanes
+                )
+            },
+            |t| t.3.to_owned(),
+        )
+}
+
+impl NpyArray {
+    /// A zero-filled array.
+    ///
+    /// # Errors
+    /// Negative extents, overflowing sizes, allocation failure.
+    pub fn zeros(dtype: DLDataType, shape: &[i64]) -> Result<Self, NpyError> {
+        let n = numel(shape)?;
+        let bytes = n
+            .checked_mul(usize::from(dtype.bits).div_ceil(8))
+            .ok_or_else(|| NpyError("array too large".into()))?;
+        Ok(NpyArray {
+            dtype,
+            shape: shape.to_vec(),
+            data: AlignedBytes::zeroed(bytes)?,
+        })
+    }
+
+    /// Element size in bytes.
+    pub fn elem_bytes(&self) -> usize {
+        usize::from(self.dtype.bits).div_ceil(8)
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.data.len / self.elem_bytes().max(1)
+    }
+
+    /// A `DLTensor` view (CPU, compact) of this array; valid while `self` is neither moved out
+    /// of nor dropped.
+    pub fn as_dltensor(&mut self) -> DLTensor {
+        DLTensor {
+            data: self.data.ptr.cast::<c_void>(),
+            device: DLDevice {
+                device_type: DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: self.shape.len() as i32,
+            dtype: self.dtype,
+            shape: self.shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+
+    /// Reads `.npy` bytes.
+    ///
+    /// # Errors
+    /// A message naming what is wrong: magic, version, header, dtype, order, shape or size.
+    pub fn from_bytes(b: &[u8]) -> Result<Self, NpyError> {
+        if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+            return err("not a .npy file (missing the \\x93NUMPY magic)");
+        }
+        let (hlen, start) = match b[6] {
+            1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
+            2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+            v => {
+                return err(format!(
+                    "unsupported .npy version {v}.{} (expected 1.0, 2.0 or 3.0)",
+                    b[7]
+                ))
+            }
+        };
+        let end = start
+            .checked_add(hlen)
+            .filter(|&e| e <= b.len())
+            .ok_or_else(|| NpyError("header longer than the file".into()))?;
+        let header = std::str::from_utf8(&b[start..end])
+            .map_err(|_| NpyError("header is not text".into()))?;
+        let descr = dict_str(header, "descr")?;
+        let fortran = dict_raw(header, "fortran_order")?;
+        if fortran.starts_with("True") {
+            return err(
+                "Fortran-ordered arrays are not supported (save with np.ascontiguousarray)",
+            );
+        }
+        if !fortran.starts_with("False") {
+            return err(format!(
+                "fortran_order must be True or False, found `{fortran}`"
+            ));
+        }
+        let descr_norm = descr.replace('=', "<");
+        let descr_norm = if descr_norm == "<b1" || descr_norm == "<i1" || descr_norm == "<u1" {
+            descr_norm.replacen('<', "|", 1)
+        } else {
+            descr_norm
+        };
+        let Some(t) = TABLE.iter().find(|t| t.0 == descr_norm) else {
+            return err(format!(
+                "unsupported dtype `{descr}` (expected one of {})",
+                TABLE.iter().map(|t| t.0).collect::<Vec<_>>().join(" ")
+            ));
+        };
+        let shape = parse_shape(dict_raw(header, "shape")?)?;
+        let dtype = DLDataType {
+            code: DLDataTypeCode(t.1),
+            bits: t.2,
+            lanes: 1,
+        };
+        let mut a = NpyArray::zeros(dtype, &shape)?;
+        let body = &b[end..];
+        if body.len() != a.data.len {
+            return err(format!(
+                "expected {} bytes of data for shape {shape:?} {}, found {}",
+                a.data.len,
+                t.3,
+                body.len()
+            ));
+        }
+        a.data.as_mut_slice().copy_from_slice(body);
+        Ok(a)
+    }
+
+    /// Reads a `.npy` file.
+    ///
+    /// # Errors
+    /// I/O errors and format errors, with the path.
+    pub fn read(path: &std::path::Path) -> Result<Self, NpyError> {
+        let b = std::fs::read(path)
+            .map_err(|e| NpyError(format!("reading `{}`: {e}", path.display())))?;
+        Self::from_bytes(&b).map_err(|e| NpyError(format!("`{}`: {}", path.display(), e.0)))
+    }
+
+    /// The `.npy` (version 1.0) bytes of this array.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let descr = TABLE
+            .iter()
+            .find(|t| t.1 == self.dtype.code.0 && t.2 == self.dtype.bits)
+            .map_or("|V1", |t| t.0);
+        let shape = match self.shape.len() {
+            1 => format!("({},)", self.shape[0]),
+            _ => format!(
+                "({})",
+                self.shape
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + h.len() + 1) % 64 != 0 {
+            h.push(' ');
+        }
+        h.push('\n');
+        let mut out = Vec::with_capacity(10 + h.len() + self.data.len);
+        out.extend_from_slice(b"\x93NUMPY\x01\x00");
+        out.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        out.extend_from_slice(h.as_bytes());
+        out.extend_from_slice(self.data.as_slice());
+        out
+    }
+
+    /// Writes a `.npy` file.
+    ///
+    /// # Errors
+    /// I/O errors, with the path.
+    pub fn write(&self, path: &std::path::Path) -> Result<(), NpyError> {
+        std::fs::write(path, self.to_bytes())
+            .map_err(|e| NpyError(format!("writing `{}`: {e}", path.display())))
+    }
+}
+
+fn numel(shape: &[i64]) -> Result<usize, NpyError> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        let d = usize::try_from(d)
+            .map_err(|_| NpyError(format!("negative extent {d} in shape {shape:?}")))?;
+        acc.checked_mul(d)
+            .ok_or_else(|| NpyError(format!("shape {shape:?} is too large")))
+    })
+}
+
+/// The raw text after `'key':` in a Python dict literal.
+fn dict_raw<'a>(h: &'a str, key: &str) -> Result<&'a str, NpyError> {
+    let pat = format!("'{key}':");
+    let i = h
+        .find(&pat)
+        .ok_or_else(|| NpyError(format!("header has no `{key}`")))?;
+    Ok(h[i + pat.len()..].trim_start())
+}
+
+fn dict_str<'a>(h: &'a str, key: &str) -> Result<&'a str, NpyError> {
+    let r = dict_raw(h, key)?;
+    let r = r
+        .strip_prefix('\'')
+        .ok_or_else(|| NpyError(format!("`{key}` is not a string")))?;
+    let end = r
+        .find('\'')
+        .ok_or_else(|| NpyError(format!("`{key}` is not a closed string")))?;
+    Ok(&r[..end])
+}
+
+fn parse_shape(r: &str) -> Result<Vec<i64>, NpyError> {
+    let r = r
+        .strip_prefix('(')
+        .ok_or_else(|| NpyError("shape is not a tuple".into()))?;
+    let end = r
+        .find(')')
+        .ok_or_else(|| NpyError("shape tuple is not closed".into()))?;
+    let mut dims = Vec::new();
+    for part in r[..end].split(',') {
+        let p = part.trim().trim_end_matches('L');
+        if p.is_empty() {
+            continue;
+        }
+        let d: i64 = p
+            .parse()
+            .map_err(|_| NpyError(format!("shape entry `{p}` is not an integer")))?;
+        if d < 0 {
+            return err(format!("negative extent {d} in shape"));
+        }
+        dims.push(d);
+    }
+    if dims.len() > 32 {
+        return err(format!("{} dimensions (at most 32)", dims.len()));
+    }
+    Ok(dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_float32_arrays() {
+        let mut a = NpyArray::zeros(parse_dtype("float32").unwrap(), &[2, 3]).unwrap();
+        a.data.as_mut_slice()[..4].copy_from_slice(&1.5f32.to_le_bytes());
+        let b = NpyArray::from_bytes(&a.to_bytes()).unwrap();
+        assert_eq!(b.shape, [2, 3]);
+        assert_eq!(b.data.as_slice(), a.data.as_slice());
+        assert_eq!(
+            (a.to_bytes().len() - a.data.as_slice().len()) % 64,
+            0,
+            "header padded to 64"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_files_with_a_reason() {
+        assert!(NpyArray::from_bytes(b"hello")
+            .unwrap_err()
+            .0
+            .contains("magic"));
+        let mut a = NpyArray::zeros(parse_dtype("int32").unwrap(), &[4])
+            .unwrap()
+            .to_bytes();
+        a.pop();
+        assert!(NpyArray::from_bytes(&a)
+            .unwrap_err()
+            .0
+            .contains("expected 16 bytes of data"));
+        let f = b"\x93NUMPY\x01\x00\x40\x00{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }          \n";
+        assert!(NpyArray::from_bytes(f).unwrap_err().0.contains("Fortran"));
+        let c = b"\x93NUMPY\x01\x00\x40\x00{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }         \n";
+        assert!(NpyArray::from_bytes(c)
+            .unwrap_err()
+            .0
+            .contains("unsupported dtype `<c8`"));
+    }
+
+    #[test]
+    fn never_panics_on_truncations_of_a_valid_file() {
+        let a = NpyArray::zeros(parse_dtype("float64").unwrap(), &[3, 2])
+            .unwrap()
+            .to_bytes();
+        for n in 0..a.len() {
+            let _ = NpyArray::from_bytes(&a[..n]);
+        }
+    }
+}
