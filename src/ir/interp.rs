@@ -190,14 +190,17 @@ pub struct HostBuffer {
 }
 
 impl HostBuffer {
-    /// A zero-filled compact buffer.
+    /// A zero-filled compact buffer (negative extents count as 0).
+    ///
+    /// # Panics
+    /// Like `vec!`, if the byte size does not fit in memory.
     pub fn zeros(dtype: DataType, shape: &[i64]) -> HostBuffer {
-        let n: i64 = shape.iter().map(|d| (*d).max(0)).product();
+        let n = shape.iter().fold(1i64, |acc, d| acc.saturating_mul((*d).max(0)));
         HostBuffer {
             dtype,
             shape: shape.to_vec(),
             strides: None,
-            data: vec![0; n as usize * dtype.bytes()],
+            data: vec![0; (n as usize).saturating_mul(dtype.bytes())],
         }
     }
 
@@ -639,7 +642,7 @@ impl<'f> Interp<'f> {
                     .bufs
                     .get_mut(&buffer.data.id)
                     .ok_or_else(|| IrError::Interp {
-                        func: String::new(),
+                        func: self.func.name.clone(),
                         message: format!("buffer `{}` is not live", buffer.name),
                     })?;
                 let n = st.dtype.bytes();
