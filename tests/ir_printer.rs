@@ -72,3 +72,9 @@ fn shadowing_variables_are_renamed() {
     let back = IRModule::from_json_str(&m.to_json().to_string()).unwrap();
     assert_eq!(back.to_string(), m.to_string());
 }
+
+#[test]
+fn snapshot_diffs_show_removed_then_added_lines_with_context() {
+    let d = common::diff("a\nb\nc\nd\ne\nf\ng\n", "a\nb\nc\nd\nX\nf\ng\n");
+    assert_eq!(d, "@@ ... @@\n c\n d\n-e\n+X\n f\n g\n");
+}

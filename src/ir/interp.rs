@@ -195,7 +195,9 @@ impl HostBuffer {
     /// # Panics
     /// Like `vec!`, if the byte size does not fit in memory.
     pub fn zeros(dtype: DataType, shape: &[i64]) -> HostBuffer {
-        let n = shape.iter().fold(1i64, |acc, d| acc.saturating_mul((*d).max(0)));
+        let n = shape
+            .iter()
+            .fold(1i64, |acc, d| acc.saturating_mul((*d).max(0)));
         HostBuffer {
             dtype,
             shape: shape.to_vec(),
