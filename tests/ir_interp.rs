@@ -555,3 +555,38 @@ fn huge_allocations_are_refused() {
     let err = run(&f, &mut []).unwrap_err().to_string();
     assert!(err.contains("exceeds the interpreter's limit"), "{err}");
 }
+
+#[test]
+fn absurd_shapes_and_strides_are_errors_not_overflows() {
+    let f = kernels::conv2d(1, 1, 3, 3, 1, 1, 1);
+    let huge = HostBuffer {
+        shape: vec![1, 1, 3, 3],
+        strides: Some(vec![i64::MAX, i64::MAX, i64::MAX, 1]),
+        ..HostBuffer::zeros(DataType::f32(), &[1, 1, 3, 3])
+    };
+    let mut args = [
+        InterpArg::Buffer(huge),
+        zeros(&[1, 1, 1, 1]),
+        zeros(&[1, 1, 3, 3]),
+    ];
+    let err = run(&f, &mut args).unwrap_err().to_string();
+    assert!(
+        err.contains("argument #0 `I`: expected a compact array"),
+        "{err}"
+    );
+    let v = kernels::vadd();
+    let big = HostBuffer {
+        shape: vec![i64::MAX],
+        ..HostBuffer::zeros(DataType::f32(), &[0])
+    };
+    let mut args = [
+        InterpArg::Buffer(big.clone()),
+        InterpArg::Buffer(big.clone()),
+        InterpArg::Buffer(big),
+    ];
+    let err = run(&v, &mut args).unwrap_err().to_string();
+    assert!(
+        err.contains("needs 36893488147419103228 bytes for shape [9223372036854775807], holds 0"),
+        "{err}"
+    );
+}

@@ -545,17 +545,17 @@ impl<'f> Interp<'f> {
                 }
             }
         }
-        let numel: i128 = h.shape.iter().map(|d| *d as i128).product();
-        let needed: i128 = if numel == 0 {
+        // Saturating: absurd shapes or strides must give an error, not an overflow.
+        let needed: i128 = if h.shape.contains(&0) {
             0
         } else {
-            (h.shape
+            h.shape
                 .iter()
                 .zip(&strides)
-                .map(|(n, s)| (*n as i128 - 1) * *s as i128)
-                .sum::<i128>()
-                + 1)
-                * b.dtype.bytes() as i128
+                .fold(1i128, |acc, (n, s)| {
+                    acc.saturating_add((*n as i128 - 1) * *s as i128)
+                })
+                .saturating_mul(b.dtype.bytes() as i128)
         };
         if needed > data.len() as i128 {
             fail!(
@@ -597,10 +597,10 @@ impl<'f> Interp<'f> {
                     shown.join(", ")
                 )));
             }
-            off += i * *s as i128;
+            off = off.saturating_add(i * *s as i128);
         }
         let n = st.dtype.bytes() as i128;
-        if (off + 1) * n > st.data.len() as i128 {
+        if off.saturating_add(1).saturating_mul(n) > st.data.len() as i128 {
             return Err(self.error(format!(
                 "access at element {off} is beyond the storage of `{}`",
                 st.name
