@@ -590,3 +590,28 @@ fn absurd_shapes_and_strides_are_errors_not_overflows() {
         "{err}"
     );
 }
+
+#[test]
+fn free_uses_list_what_a_parallel_body_captures() {
+    // softmax: the row loop body uses A, B and nothing else (maxv/sum are allocated inside).
+    let f = kernels::softmax_sized(4, 8);
+    let Stmt::For { var, body, .. } = &f.body else {
+        panic!("{}", f.body)
+    };
+    let uses = body.free_uses();
+    let names: Vec<&str> = uses.buffers.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["A", "B"]);
+    assert_eq!(uses.vars, vec![var.clone()]);
+    // A symbolic shape comes with its buffer; let-bound and loop variables inside do not.
+    let n = size_var("n");
+    let x = Var::new("x", DataType::f32());
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(&n)]);
+    let s = for_range("i", Expr::from(&n), ForKind::Parallel, |i| {
+        let_stmt("t", a.load([i.clone()]) * Expr::from(&x), |t| {
+            a.store([i], t)
+        })
+    });
+    let uses = s.free_uses();
+    assert_eq!(uses.vars, vec![n.clone(), x]);
+    assert_eq!(uses.buffers, vec![a]);
+}
