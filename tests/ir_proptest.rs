@@ -89,7 +89,7 @@ fn exercise(m: &IRModule) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_strings_never_panic(s in any::<String>()) {
@@ -238,7 +238,7 @@ mod interp_props {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn random_int_expressions_run_and_round_trip(e in tree(DataType::i32(), Var::new("x", DataType::i32()), Var::new("y", DataType::i32())), xv in any::<i32>(), yv in any::<i32>()) {
