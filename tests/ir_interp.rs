@@ -555,3 +555,63 @@ fn huge_allocations_are_refused() {
     let err = run(&f, &mut []).unwrap_err().to_string();
     assert!(err.contains("exceeds the interpreter's limit"), "{err}");
 }
+
+#[test]
+fn absurd_shapes_and_strides_are_errors_not_overflows() {
+    let f = kernels::conv2d(1, 1, 3, 3, 1, 1, 1);
+    let huge = HostBuffer {
+        shape: vec![1, 1, 3, 3],
+        strides: Some(vec![i64::MAX, i64::MAX, i64::MAX, 1]),
+        ..HostBuffer::zeros(DataType::f32(), &[1, 1, 3, 3])
+    };
+    let mut args = [
+        InterpArg::Buffer(huge),
+        zeros(&[1, 1, 1, 1]),
+        zeros(&[1, 1, 3, 3]),
+    ];
+    let err = run(&f, &mut args).unwrap_err().to_string();
+    assert!(
+        err.contains("argument #0 `I`: expected a compact array"),
+        "{err}"
+    );
+    let v = kernels::vadd();
+    let big = HostBuffer {
+        shape: vec![i64::MAX],
+        ..HostBuffer::zeros(DataType::f32(), &[0])
+    };
+    let mut args = [
+        InterpArg::Buffer(big.clone()),
+        InterpArg::Buffer(big.clone()),
+        InterpArg::Buffer(big),
+    ];
+    let err = run(&v, &mut args).unwrap_err().to_string();
+    assert!(
+        err.contains("needs 36893488147419103228 bytes for shape [9223372036854775807], holds 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn free_uses_list_what_a_parallel_body_captures() {
+    // softmax: the row loop body uses A, B and nothing else (maxv/sum are allocated inside).
+    let f = kernels::softmax_sized(4, 8);
+    let Stmt::For { var, body, .. } = &f.body else {
+        panic!("{}", f.body)
+    };
+    let uses = body.free_uses();
+    let names: Vec<&str> = uses.buffers.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["A", "B"]);
+    assert_eq!(uses.vars, vec![var.clone()]);
+    // A symbolic shape comes with its buffer; let-bound and loop variables inside do not.
+    let n = size_var("n");
+    let x = Var::new("x", DataType::f32());
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(&n)]);
+    let s = for_range("i", Expr::from(&n), ForKind::Parallel, |i| {
+        let_stmt("t", a.load([i.clone()]) * Expr::from(&x), |t| {
+            a.store([i], t)
+        })
+    });
+    let uses = s.free_uses();
+    assert_eq!(uses.vars, vec![n.clone(), x]);
+    assert_eq!(uses.buffers, vec![a]);
+}

@@ -72,3 +72,71 @@ fn shadowing_variables_are_renamed() {
     let back = IRModule::from_json_str(&m.to_json().to_string()).unwrap();
     assert_eq!(back.to_string(), m.to_string());
 }
+
+#[test]
+fn snapshot_diffs_show_removed_then_added_lines_with_context() {
+    let d = common::diff("a\nb\nc\nd\ne\nf\ng\n", "a\nb\nc\nd\nX\nf\ng\n");
+    assert_eq!(d, "@@ ... @@\n c\n d\n-e\n+X\n f\n g\n");
+}
+
+#[test]
+fn signatures_match_the_tvm_packed_api_messages() {
+    use kiln::ir::{builder::size_var, Buffer, DataType, Expr, Param, PrimFunc, Stmt, Var};
+    // The signatures quoted in /work/shared/conformance/tvm027_packed_abi_errors.jsonl.
+    let nop = || Stmt::Evaluate(Expr::from(0i32));
+    let c = |v: i64| Expr::from(v);
+    let t = |name: &str, dtype, shape: Vec<Expr>| Param::Buffer(Buffer::new(name, dtype, shape));
+    let f32t = DataType::f32();
+    let add16 = PrimFunc::new(
+        "add16",
+        vec![
+            t("a", f32t, vec![c(16)]),
+            t("b", f32t, vec![c(16)]),
+            t("c", f32t, vec![c(16)]),
+        ],
+        nop(),
+    );
+    assert_eq!(
+        add16.signature(),
+        "add16(a: Tensor([16], float32), b: Tensor([16], float32), c: Tensor([16], float32))"
+    );
+    let (m, n) = (size_var("m"), size_var("n"));
+    let mat2d = PrimFunc::new(
+        "mat2d",
+        vec![
+            t("A", f32t, vec![Expr::from(&m), Expr::from(&n)]),
+            t("C", f32t, vec![Expr::from(&m), Expr::from(&n)]),
+        ],
+        nop(),
+    );
+    assert_eq!(
+        mat2d.signature(),
+        "mat2d(A: Tensor([m, n], float32), C: Tensor([m, n], float32))"
+    );
+    let scal = PrimFunc::new(
+        "scal",
+        vec![
+            Param::Scalar(Var::new("x", DataType::i32())),
+            Param::Scalar(Var::new("y", f32t)),
+            Param::Scalar(Var::new("flag", DataType::bool())),
+            t("out", f32t, vec![c(1)]),
+        ],
+        nop(),
+    );
+    assert_eq!(
+        scal.signature(),
+        "scal(x: int32, y: float32, flag: bool, out: Tensor([1], float32))"
+    );
+    let int_buf = PrimFunc::new(
+        "int_buf",
+        vec![
+            t("a", DataType::i32(), vec![c(4)]),
+            t("c", DataType::i64(), vec![c(4)]),
+        ],
+        nop(),
+    );
+    assert_eq!(
+        int_buf.signature(),
+        "int_buf(a: Tensor([4], int32), c: Tensor([4], int64))"
+    );
+}

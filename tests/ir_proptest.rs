@@ -89,7 +89,7 @@ fn exercise(m: &IRModule) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_strings_never_panic(s in any::<String>()) {
@@ -158,5 +158,152 @@ proptest! {
         if let Ok(m) = IRModule::from_json(&v) {
             exercise(&m);
         }
+    }
+}
+
+mod interp_props {
+    use kiln::ir::builder::*;
+    use kiln::ir::interp::{run, InterpArg, Scalar};
+    use kiln::ir::{BinOp, DataType, Expr, IRModule, Intrinsic, Param, PrimFunc, Stmt, Var};
+    use proptest::prelude::*;
+
+    /// A random well-typed expression over `x` and `y` of type `t` (an integer or float type).
+    fn tree(t: DataType, x: Var, y: Var) -> impl Strategy<Value = Expr> {
+        let leaf = prop_oneof![
+            Just(Expr::from(&x)),
+            Just(Expr::from(&y)),
+            (-5i64..5).prop_map(move |v| constant(t, v as f64)),
+        ];
+        leaf.prop_recursive(5, 40, 3, move |inner| {
+            let ops: Vec<BinOp> = BinOp::ALL
+                .into_iter()
+                .filter(|o| !o.is_comparison() && !o.is_logical())
+                .collect();
+            prop_oneof![
+                (0..ops.len(), inner.clone(), inner.clone())
+                    .prop_map(move |(k, a, b)| Expr::binary(ops[k], a, b)),
+                (inner.clone(), inner.clone(), inner.clone(), inner.clone())
+                    .prop_map(|(a, b, c, d)| select(a.lt(b), c, d)),
+                (inner.clone(), inner.clone(), inner.clone(), 0usize..13).prop_map(
+                    move |(a, b, c, k)| {
+                        // Distinct subtrees: a duplicated `let` would bind its variable twice.
+                        let op = Intrinsic::ALL[k];
+                        if t.is_float() {
+                            let mut args = vec![a, b, c];
+                            args.truncate(op.arity());
+                            call(op, args)
+                        } else {
+                            abs(a)
+                        }
+                    }
+                ),
+                inner
+                    .clone()
+                    .prop_map(move |a| let_expr("v", a, |v| v.clone() + v)),
+                inner.prop_map(move |a| a.cast(DataType::i8()).cast(t)),
+            ]
+        })
+    }
+
+    fn check(t: DataType, e: Expr, x: Var, y: Var, xv: Scalar, yv: Scalar) {
+        let f = PrimFunc::new(
+            "p",
+            vec![Param::Scalar(x), Param::Scalar(y)],
+            Stmt::Return(e),
+        )
+        .with_ret_type(t);
+        f.verify().unwrap();
+        let m = IRModule::from_functions(vec![f]);
+        let back = IRModule::from_json(&m.to_json()).unwrap();
+        assert_eq!(back.to_string(), m.to_string());
+        let a = run(
+            &m.functions[0],
+            &mut [InterpArg::Scalar(xv), InterpArg::Scalar(yv)],
+        );
+        let b = run(
+            &back.functions[0],
+            &mut [InterpArg::Scalar(xv), InterpArg::Scalar(yv)],
+        );
+        match (a, b) {
+            (Ok(Some(p)), Ok(Some(q))) => {
+                assert_eq!(p.dtype(), t);
+                assert!(p == q || (p.as_f64().is_nan() && q.as_f64().is_nan()));
+            }
+            (Err(e), Err(f)) => {
+                assert_eq!(e.to_string(), f.to_string());
+                assert!(e.to_string().contains("division by zero"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_int_expressions_run_and_round_trip(e in tree(DataType::i32(), Var::new("x", DataType::i32()), Var::new("y", DataType::i32())), xv in any::<i32>(), yv in any::<i32>()) {
+            let (x, y) = free_vars(&e, DataType::i32());
+            check(DataType::i32(), e, x, y, Scalar::i32(xv), Scalar::i32(yv));
+        }
+
+        #[test]
+        fn random_float_expressions_run_and_round_trip(e in tree(DataType::f16(), Var::new("x", DataType::f16()), Var::new("y", DataType::f16())), xv in -100f64..100.0, yv in -100f64..100.0) {
+            let (x, y) = free_vars(&e, DataType::f16());
+            let t = DataType::f16();
+            check(t, e, x, y, Scalar::from_float(t, xv), Scalar::from_float(t, yv));
+        }
+
+        #[test]
+        fn division_identities_hold(a in any::<i32>(), b in any::<i32>()) {
+            prop_assume!(b != 0);
+            let t = DataType::i32();
+            let (x, y) = (Var::new("x", t), Var::new("y", t));
+            let (xe, ye) = (Expr::from(&x), Expr::from(&y));
+            let trunc = (xe.clone() / ye.clone()) * ye.clone() + xe.clone() % ye.clone();
+            let floor = xe.clone().floordiv(ye.clone()) * ye.clone() + xe.clone().floormod(ye.clone());
+            let same = trunc.eq_(xe.clone()).and(floor.eq_(xe.clone()));
+            let sign = xe.clone().floormod(ye.clone()).eq_(0).or(xe.floormod(ye.clone()).lt(0).eq_(ye.lt(0)));
+            let f = PrimFunc::new("d", vec![Param::Scalar(x), Param::Scalar(y)], Stmt::Return(same.and(sign))).with_ret_type(DataType::bool());
+            let r = run(&f, &mut [InterpArg::Scalar(Scalar::i32(a)), InterpArg::Scalar(Scalar::i32(b))]).unwrap();
+            prop_assert_eq!(r, Some(Scalar::Bool(true)));
+        }
+    }
+
+    /// The two parameters the strategy used (found by name in the tree; fresh ones if unused).
+    fn free_vars(e: &Expr, t: DataType) -> (Var, Var) {
+        fn walk(e: &Expr, out: &mut Vec<Var>) {
+            match e {
+                Expr::Var(v) if &*v.name != "v" => out.push(v.clone()),
+                Expr::Binary { a, b, .. } => {
+                    walk(a, out);
+                    walk(b, out);
+                }
+                Expr::Select { cond, t, f } => {
+                    walk(cond, out);
+                    walk(t, out);
+                    walk(f, out);
+                }
+                Expr::Cast { value, .. } | Expr::Not(value) => walk(value, out),
+                Expr::Let { value, body, .. } => {
+                    walk(value, out);
+                    walk(body, out);
+                }
+                Expr::Call { args, .. } => args.iter().for_each(|a| walk(a, out)),
+                _ => {}
+            }
+        }
+        let mut vars = Vec::new();
+        walk(e, &mut vars);
+        let x = vars
+            .iter()
+            .find(|v| &*v.name == "x")
+            .cloned()
+            .unwrap_or_else(|| Var::new("x", t));
+        let y = vars
+            .iter()
+            .find(|v| &*v.name == "y")
+            .cloned()
+            .unwrap_or_else(|| Var::new("y", t));
+        (x, y)
     }
 }

@@ -170,6 +170,33 @@ impl PrimFunc {
         self
     }
 
+    /// The signature in TVM's packed-function error messages (MakePackedAPI):
+    /// `add(a: Tensor([16], float32), B: Tensor([n], float32), x: int32, flag: bool)`, named by
+    /// the global symbol (or the function name if there is none).
+    pub fn signature(&self) -> String {
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| match p {
+                Param::Scalar(v) => format!("{}: {}", v.name, v.dtype),
+                Param::Buffer(b) => {
+                    let dims: Vec<String> = b
+                        .shape
+                        .iter()
+                        .map(|d| match d {
+                            Expr::IntImm { value, .. } => value.to_string(),
+                            Expr::Var(v) => v.name.to_string(),
+                            other => other.to_string(),
+                        })
+                        .collect();
+                    format!("{}: Tensor([{}], {})", b.name, dims.join(", "), b.dtype)
+                }
+            })
+            .collect();
+        let name = self.attrs.global_symbol.as_deref().unwrap_or(&self.name);
+        format!("{name}({})", params.join(", "))
+    }
+
     /// Verifies this function alone (see [`super::verify`]).
     ///
     /// # Errors

@@ -190,14 +190,19 @@ pub struct HostBuffer {
 }
 
 impl HostBuffer {
-    /// A zero-filled compact buffer.
+    /// A zero-filled compact buffer (negative extents count as 0).
+    ///
+    /// # Panics
+    /// Like `vec!`, if the byte size does not fit in memory.
     pub fn zeros(dtype: DataType, shape: &[i64]) -> HostBuffer {
-        let n: i64 = shape.iter().map(|d| (*d).max(0)).product();
+        let n = shape
+            .iter()
+            .fold(1i64, |acc, d| acc.saturating_mul((*d).max(0)));
         HostBuffer {
             dtype,
             shape: shape.to_vec(),
             strides: None,
-            data: vec![0; n as usize * dtype.bytes()],
+            data: vec![0; (n as usize).saturating_mul(dtype.bytes())],
         }
     }
 
@@ -540,17 +545,17 @@ impl<'f> Interp<'f> {
                 }
             }
         }
-        let numel: i128 = h.shape.iter().map(|d| *d as i128).product();
-        let needed: i128 = if numel == 0 {
+        // Saturating: absurd shapes or strides must give an error, not an overflow.
+        let needed: i128 = if h.shape.contains(&0) {
             0
         } else {
-            (h.shape
+            h.shape
                 .iter()
                 .zip(&strides)
-                .map(|(n, s)| (*n as i128 - 1) * *s as i128)
-                .sum::<i128>()
-                + 1)
-                * b.dtype.bytes() as i128
+                .fold(1i128, |acc, (n, s)| {
+                    acc.saturating_add((*n as i128 - 1) * *s as i128)
+                })
+                .saturating_mul(b.dtype.bytes() as i128)
         };
         if needed > data.len() as i128 {
             fail!(
@@ -592,10 +597,10 @@ impl<'f> Interp<'f> {
                     shown.join(", ")
                 )));
             }
-            off += i * *s as i128;
+            off = off.saturating_add(i * *s as i128);
         }
         let n = st.dtype.bytes() as i128;
-        if (off + 1) * n > st.data.len() as i128 {
+        if off.saturating_add(1).saturating_mul(n) > st.data.len() as i128 {
             return Err(self.error(format!(
                 "access at element {off} is beyond the storage of `{}`",
                 st.name
@@ -639,7 +644,7 @@ impl<'f> Interp<'f> {
                     .bufs
                     .get_mut(&buffer.data.id)
                     .ok_or_else(|| IrError::Interp {
-                        func: String::new(),
+                        func: self.func.name.clone(),
                         message: format!("buffer `{}` is not live", buffer.name),
                     })?;
                 let n = st.dtype.bytes();

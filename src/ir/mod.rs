@@ -18,7 +18,8 @@
 //! Around the data structures: [`json`] (the versioned `kiln-ir/1` format of `docs/ir.md`),
 //! [`builder`] (operators, loop helpers, `compute` and reductions), the printer (`Display`),
 //! [`verify`] (the well-formedness rules; nothing ill-formed reaches LLVM), [`interp`] (the
-//! reference interpreter with exact semantics) and [`kernels`] (the benchmark kernels).
+//! reference interpreter with exact semantics), [`visit`] (queries such as the free variables a
+//! parallel loop body captures) and [`kernels`] (the benchmark kernels).
 //!
 //! # Example
 //!
@@ -49,9 +50,11 @@ pub mod kernels;
 mod printer;
 pub mod stmt;
 pub mod verify;
+pub mod visit;
 
 pub use dtype::{DataType, TypeCode};
 pub use error::{IrError, IrResult};
 pub use expr::{BinOp, Expr, Intrinsic, Var, VarId};
 pub use func::{Buffer, FuncAttrs, IRModule, Param, PrimFunc, StorageScope};
 pub use stmt::{ForKind, Stmt};
+pub use visit::FreeUses;

@@ -267,6 +267,20 @@ impl<'a> Printer<'a> {
         Ok(())
     }
 
+    fn param_dim(&mut self, e: &Expr, is_param: bool) -> fmt::Result {
+        match e {
+            Expr::Var(v) if is_param && !self.namer.is_bound(v) => {
+                let n = self.namer.bind(v);
+                if v.dtype == DataType::i64() {
+                    self.out.write_str(&n)
+                } else {
+                    write!(self.out, "{n}: {}", v.dtype)
+                }
+            }
+            other => self.dim(other),
+        }
+    }
+
     fn dim(&mut self, e: &Expr) -> fmt::Result {
         match e {
             Expr::IntImm { value, .. } => write!(self.out, "{value}"),
@@ -274,13 +288,15 @@ impl<'a> Printer<'a> {
         }
     }
 
-    fn buffer_type(&mut self, b: &Buffer) -> fmt::Result {
+    /// `float32[n, 4] strides [4, 1] local`. In parameters, shape variables are defined by their
+    /// first appearance, printed with their type unless it is `int64` (`k: int32`).
+    fn buffer_type(&mut self, b: &Buffer, is_param: bool) -> fmt::Result {
         write!(self.out, "{}[", b.dtype)?;
         for (i, d) in b.shape.iter().enumerate() {
             if i > 0 {
                 self.out.write_str(", ")?;
             }
-            self.dim(d)?;
+            self.param_dim(d, is_param)?;
         }
         self.out.write_str("]")?;
         if let Some(strides) = &b.strides {
@@ -289,7 +305,7 @@ impl<'a> Printer<'a> {
                 if i > 0 {
                     self.out.write_str(", ")?;
                 }
-                self.dim(d)?;
+                self.param_dim(d, is_param)?;
             }
             self.out.write_str("]")?;
         }
@@ -356,7 +372,7 @@ impl<'a> Printer<'a> {
             Stmt::Allocate { buffer, body } => {
                 self.line_start()?;
                 write!(self.out, "allocate {}: ", buffer.name)?;
-                self.buffer_type(buffer)?;
+                self.buffer_type(buffer, false)?;
                 writeln!(self.out, " {{")?;
                 self.block(body)?;
                 self.line_start()?;
@@ -442,15 +458,8 @@ impl<'a> Printer<'a> {
                     write!(self.out, "{n}: {}", v.dtype)?;
                 }
                 Param::Buffer(b) => {
-                    for d in b.shape.iter().chain(b.strides.iter().flatten()) {
-                        if let Expr::Var(v) = d {
-                            if !self.namer.is_bound(v) {
-                                self.namer.bind(v);
-                            }
-                        }
-                    }
                     write!(self.out, "{}: ", b.name)?;
-                    self.buffer_type(b)?;
+                    self.buffer_type(b, true)?;
                 }
             }
         }

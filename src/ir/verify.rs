@@ -168,7 +168,7 @@ impl<'a> Verifier<'a> {
         }
     }
 
-    fn bind(&mut self, v: &Var, what: &str) {
+    fn bind(&mut self, v: &Var) {
         if !self.defined.insert(v.id) {
             self.err(format!(
                 "variable `{}` (id {}) is bound more than once",
@@ -176,7 +176,6 @@ impl<'a> Verifier<'a> {
             ));
         }
         self.scope.insert(v.id, v.dtype);
-        let _ = what;
     }
 
     fn index_dims(&mut self, dims: &'a [Expr], field: &str, is_param: bool) {
@@ -204,7 +203,7 @@ impl<'a> Verifier<'a> {
                             v.name, v.dtype
                         )),
                         Some(_) => {}
-                        None if is_param => s.bind(v, "shape"),
+                        None if is_param => s.bind(v),
                         None => s.err(format!("undefined variable `{}` in buffer {field}", v.name)),
                     }
                 }
@@ -303,7 +302,7 @@ impl<'a> Verifier<'a> {
                                 s.err(format!("variable `{}` is bound with two types", v.name));
                             }
                         } else {
-                            s.bind(v, "parameter");
+                            s.bind(v);
                         }
                     }
                     Param::Buffer(b) => s.buffer_decl(b, true),
@@ -407,7 +406,7 @@ impl<'a> Verifier<'a> {
                     }
                     ForKind::Serial => {}
                 }
-                self.bind(var, "loop");
+                self.bind(var);
                 self.loops.push(*kind);
                 self.at(".body", |s| s.stmt(body));
                 self.loops.pop();
@@ -445,7 +444,7 @@ impl<'a> Verifier<'a> {
                         ));
                     }
                 });
-                self.bind(var, "let");
+                self.bind(var);
                 self.at(".body", |s| s.stmt(body));
                 self.scope.remove(&var.id);
             }
@@ -624,7 +623,7 @@ impl<'a> Verifier<'a> {
                         ));
                     }
                 });
-                self.bind(var, "let");
+                self.bind(var);
                 let tb = self.at(".body", |s| s.expr(body));
                 self.scope.remove(&var.id);
                 tb

@@ -59,12 +59,12 @@ pub fn diff(a: &str, b: &str) -> String {
             ops.push((' ', a[i]));
             i += 1;
             j += 1;
-        } else if j < b.len() && (i == a.len() || l[i][j + 1] >= l[i + 1][j]) {
-            ops.push(('+', b[j]));
-            j += 1;
-        } else {
+        } else if i < a.len() && (j == b.len() || l[i + 1][j] >= l[i][j + 1]) {
             ops.push(('-', a[i]));
             i += 1;
+        } else {
+            ops.push(('+', b[j]));
+            j += 1;
         }
     }
     let near = |k: usize| {
