@@ -1,5 +1,6 @@
 //! The crate-level error: every module's error converts into it with `?`.
 
+use crate::device_api::DeviceError;
 use crate::packed_func::{LibraryError, PackedFuncError};
 
 /// Any error kiln reports.
@@ -9,6 +10,9 @@ pub enum Error {
     /// Calling, converting or registering packed functions.
     #[error(transparent)]
     PackedFunc(#[from] PackedFuncError),
+    /// The device runtime: devices, memory, copies, streams, tensors.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// Loading a library.
     #[error(transparent)]
     Library(#[from] LibraryError),
@@ -27,6 +31,7 @@ impl Error {
     pub fn kind(&self) -> &str {
         match self {
             Error::PackedFunc(e) => e.kind(),
+            Error::Device(e) => e.kind(),
             _ => "RuntimeError",
         }
     }
