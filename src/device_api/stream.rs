@@ -111,7 +111,7 @@ impl<T> HandleTable<T> {
     fn split(raw: u64) -> Option<(usize, u32)> {
         let index = (raw & 0xffff_ffff) as u32;
         let generation = (raw >> 32) as u32;
-        (index != 0).then_some(((index - 1) as usize, generation))
+        (index != 0).then(|| ((index - 1) as usize, generation))
     }
 
     /// Stores `value` and returns its handle (never 0).
