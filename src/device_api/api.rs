@@ -876,3 +876,9 @@ pub fn dtype_name(t: DLDataType) -> String {
         format!("{base}{}x{}", t.bits, t.lanes)
     }
 }
+
+impl fmt::Debug for dyn DeviceApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceApi({:?}, {})", self.name(), self.device_type().0)
+    }
+}

@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod cmd_devices;
+
 #[derive(Parser)]
 #[command(
     name = "kiln",
@@ -18,6 +20,8 @@ struct Cli {
 enum Command {
     /// List the global packed functions registered in this process.
     Functions,
+    /// List the registered device backends and each device's attributes.
+    Devices(cmd_devices::DevicesArgs),
 }
 
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -31,6 +35,7 @@ fn main() {
             }
             Ok(())
         }
+        Command::Devices(args) => cmd_devices::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
