@@ -2,7 +2,7 @@
 //! at least 0.95x its throughput). The stream is synchronized inside the timed closure.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kiln::device_api::{self, Device, DeviceApi, StreamHandle};
+use kiln::device_api::{self, Device, StreamHandle};
 use kiln::packed_func::ffi::{DLDataType, DLDataTypeCode, DLTensor};
 
 const N: usize = 64 << 20;
@@ -10,11 +10,17 @@ const N: usize = 64 << 20;
 fn bench(c: &mut Criterion) {
     let cpu = Device::cpu();
     let api = device_api::get(cpu.device_type).expect("cpu backend");
-    let u8t = DLDataType { code: DLDataTypeCode::UINT, bits: 8, lanes: 1 };
+    let u8t = DLDataType {
+        code: DLDataTypeCode::UINT,
+        bits: 8,
+        lanes: 1,
+    };
     let src = api.alloc_data_space(cpu, N, 64, u8t).expect("alloc");
     let dst = api.alloc_data_space(cpu, N, 64, u8t).expect("alloc");
-    api.memset(cpu, src, 0, 7, N, StreamHandle::DEFAULT).expect("memset");
-    api.memset(cpu, dst, 0, 0, N, StreamHandle::DEFAULT).expect("memset");
+    api.memset(cpu, src, 0, 7, N, StreamHandle::DEFAULT)
+        .expect("memset");
+    api.memset(cpu, dst, 0, 0, N, StreamHandle::DEFAULT)
+        .expect("memset");
     let mut shape = [N as i64];
     let mk = |p: device_api::DevicePtr, shape: &mut [i64; 1]| DLTensor {
         data: p.as_raw(),

@@ -7,8 +7,14 @@ use kiln::device_api::{self, AttrKind, Device, StreamHandle, Tensor};
 fn main() -> Result<(), kiln::Error> {
     let cpu = Device::cpu();
     let api = device_api::get_by_name("cpu")?;
-    for kind in [AttrKind::DEVICE_NAME, AttrKind::MULTI_PROCESSOR_COUNT, AttrKind::L2_CACHE_SIZE_BYTES] {
-        let value = api.attr(cpu, kind)?.map_or("-".to_owned(), |v| v.to_string());
+    for kind in [
+        AttrKind::DEVICE_NAME,
+        AttrKind::MULTI_PROCESSOR_COUNT,
+        AttrKind::L2_CACHE_SIZE_BYTES,
+    ] {
+        let value = api
+            .attr(cpu, kind)?
+            .map_or("-".to_owned(), |v| v.to_string());
         println!("{kind:<24} {value}");
     }
 

@@ -148,7 +148,7 @@ fn a_strided_tensor_copies_into_a_compact_one() {
     let compact = Tensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3], Device::cpu()).unwrap();
     st.copy_from(&compact).unwrap();
     // Element (i, j) sits at i + 2j.
-    let mut flat = Tensor::empty(&[6], f32t, Device::cpu()).unwrap();
+    let flat = Tensor::empty(&[6], f32t, Device::cpu()).unwrap();
     let mut view = *st.as_dltensor();
     let mut shape = [6i64];
     view.ndim = 1;
@@ -160,7 +160,6 @@ fn a_strided_tensor_copies_into_a_compact_one() {
             .unwrap()
     };
     assert_eq!(flat.to_vec::<f32>().unwrap(), vec![1., 4., 2., 5., 3., 6.]);
-    let _ = &mut flat;
     drop(src);
 }
 

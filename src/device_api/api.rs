@@ -802,8 +802,9 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
 /// The shape of a `DLTensor` as a slice, after checking `ndim` and the pointer.
 ///
 /// # Safety
-/// - When `t.ndim > 0` and `t.shape` is not NULL, it points to `t.ndim` integers that outlive `'a`.
-pub(crate) unsafe fn shape_of<'a>(t: &'a DLTensor) -> DeviceResult<&'a [i64]> {
+/// - When `t.ndim > 0` and `t.shape` is not NULL, it points to `t.ndim` integers that outlive
+///   the borrow of `t`.
+pub(crate) unsafe fn shape_of(t: &DLTensor) -> DeviceResult<&[i64]> {
     if t.ndim < 0 {
         return Err(DeviceError::InvalidTensor(format!("ndim is {}", t.ndim)));
     }
@@ -823,7 +824,7 @@ pub(crate) unsafe fn shape_of<'a>(t: &'a DLTensor) -> DeviceResult<&'a [i64]> {
 /// The strides of a `DLTensor` (`None` when NULL, i.e. compact row-major).
 ///
 /// # Safety
-/// - When `t.strides` is not NULL, it points to `t.ndim` integers that outlive `'a`.
+/// - When `t.strides` is not NULL, it points to `t.ndim` integers that outlive the borrow of `t`.
 pub(crate) unsafe fn strides_of(t: &DLTensor) -> Option<&[i64]> {
     if t.strides.is_null() || t.ndim <= 0 {
         None

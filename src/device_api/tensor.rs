@@ -467,6 +467,7 @@ impl Tensor {
         let (shape, strides) = match unsafe { super::api::shape_of(t) } {
             Ok(s) => (
                 s.to_vec(),
+                // SAFETY: strides hold `ndim` entries when non-NULL (caller).
                 unsafe { super::api::strides_of(t) }.map(<[i64]>::to_vec),
             ),
             Err(e) => return fail(e.to_string()),
@@ -542,6 +543,7 @@ unsafe extern "C" fn exported_deleter(m: *mut DLManagedTensorVersioned) {
         // SAFETY: `m` came from `Tensor::to_dlpack`, whose `manager_ctx` is the `Exported` box;
         // DLPack's consumer calls the deleter once, so the box is freed once.
         let ctx = unsafe { (*m).manager_ctx };
+        // SAFETY: as above: `ctx` is the `Exported` box, freed here once.
         drop(unsafe { Box::from_raw(ctx.cast::<Exported>()) });
     });
     if r.is_err() {
