@@ -52,6 +52,9 @@ impl Hasher for AddrHasher {
 
 type AddrMap<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
 
+/// How many live blocks are tracked in the small vector before the hash map takes over.
+const SMALL_LIVE: usize = 16;
+
 /// The size class of `nbytes` (> 0) and its size in bytes.
 pub fn size_class(nbytes: usize) -> (usize, usize) {
     if nbytes <= WORKSPACE_PAGE {
@@ -86,6 +89,9 @@ pub struct WorkspacePool {
     api: Arc<dyn DeviceApi>,
     device: Device,
     free: Vec<Vec<DevicePtr>>,
+    /// Live blocks: the most recent few in a small vector (scanned from the end, so LIFO frees
+    /// cost one compare and any order at most [`SMALL_LIVE`]), the rest in a hash map.
+    live_small: Vec<(usize, u32)>,
     live: AddrMap<u32>,
     stats: WorkspaceStats,
     max_cached: Option<u64>,
@@ -117,6 +123,7 @@ impl WorkspacePool {
             api,
             device,
             free: Vec::new(),
+            live_small: Vec::with_capacity(SMALL_LIVE),
             live: AddrMap::default(),
             stats: WorkspaceStats::default(),
             max_cached: None,
@@ -147,6 +154,7 @@ impl WorkspacePool {
     /// # Errors
     /// [`DeviceError::ZeroSize`]; [`DeviceError::OutOfMemory`] after trimming the cache and
     /// retrying once.
+    #[inline]
     pub fn alloc(&mut self, nbytes: usize) -> DeviceResult<DevicePtr> {
         if nbytes == 0 {
             return Err(DeviceError::ZeroSize {
@@ -168,46 +176,54 @@ impl WorkspacePool {
                 self.stats.cached -= bytes as u64;
                 p
             }
-            None => {
-                let hint = DLDataType {
-                    code: DLDataTypeCode::UINT,
-                    bits: 8,
-                    lanes: 1,
-                };
-                let p = match self
-                    .api
-                    .alloc_data_space(self.device, bytes, ALLOC_ALIGNMENT, hint)
-                {
-                    Err(DeviceError::OutOfMemory { .. }) if self.stats.cached > 0 => {
-                        self.trim();
-                        self.api
-                            .alloc_data_space(self.device, bytes, ALLOC_ALIGNMENT, hint)
-                    }
-                    r => r,
-                }
-                .map_err(|e| match e {
-                    DeviceError::OutOfMemory {
-                        device,
-                        align,
-                        reason,
-                        ..
-                    } => DeviceError::OutOfMemory {
-                        device,
-                        nbytes: nbytes as u64,
-                        align,
-                        reason: format!("workspace of size class {bytes}: {reason}"),
-                    },
-                    e => e,
-                })?;
-                self.stats.misses += 1;
-                p
-            }
+            None => self.alloc_miss(nbytes, bytes)?,
         };
-        self.live.insert(ptr.0, class as u32);
+        if self.live_small.len() < SMALL_LIVE {
+            self.live_small.push((ptr.0, class as u32));
+        } else {
+            self.live.insert(ptr.0, class as u32);
+        }
         self.stats.in_use += bytes as u64;
         self.stats.live_blocks += 1;
         self.stats.peak = self.stats.peak.max(self.stats.in_use + self.stats.cached);
         Ok(ptr)
+    }
+
+    /// A block from the device (cache miss); trims and retries once when the device is full.
+    #[cold]
+    fn alloc_miss(&mut self, nbytes: usize, bytes: usize) -> DeviceResult<DevicePtr> {
+        let hint = DLDataType {
+            code: DLDataTypeCode::UINT,
+            bits: 8,
+            lanes: 1,
+        };
+        let p = match self
+            .api
+            .alloc_data_space(self.device, bytes, ALLOC_ALIGNMENT, hint)
+        {
+            Err(DeviceError::OutOfMemory { .. }) if self.stats.cached > 0 => {
+                self.trim();
+                self.api
+                    .alloc_data_space(self.device, bytes, ALLOC_ALIGNMENT, hint)
+            }
+            r => r,
+        }
+        .map_err(|e| match e {
+            DeviceError::OutOfMemory {
+                device,
+                align,
+                reason,
+                ..
+            } => DeviceError::OutOfMemory {
+                device,
+                nbytes: nbytes as u64,
+                align,
+                reason: format!("workspace of size class {bytes}: {reason}"),
+            },
+            e => e,
+        })?;
+        self.stats.misses += 1;
+        Ok(p)
     }
 
     /// Gives a buffer back to the pool (any order).
@@ -215,8 +231,13 @@ impl WorkspacePool {
     /// # Errors
     /// [`DeviceError::UnknownPointer`] for a pointer this pool does not hold (never allocated
     /// here, allocated on another thread, or freed already).
+    #[inline]
     pub fn free(&mut self, ptr: DevicePtr) -> DeviceResult<()> {
-        let Some(class) = self.live.remove(&ptr.0) else {
+        let found = match self.live_small.iter().rposition(|(p, _)| *p == ptr.0) {
+            Some(i) => Some(self.live_small.swap_remove(i).1),
+            None => self.live.remove(&ptr.0),
+        };
+        let Some(class) = found else {
             return Err(DeviceError::UnknownPointer {
                 device: self.device,
                 ptr,
@@ -272,11 +293,11 @@ impl WorkspacePool {
 impl Drop for WorkspacePool {
     fn drop(&mut self) {
         self.trim();
-        if !self.live.is_empty() {
+        let live = self.live.len() + self.live_small.len();
+        if live > 0 {
             log::warn!(
-                "workspace pool on {}: {} block(s) still in use when the pool was dropped; leaked",
+                "workspace pool on {}: {live} block(s) still in use when the pool was dropped; leaked",
                 self.device,
-                self.live.len()
             );
         }
     }
