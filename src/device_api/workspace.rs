@@ -374,9 +374,18 @@ pub(crate) fn thread_free_for(
 /// # Errors
 /// [`DeviceError::NoBackend`]/[`DeviceError::InvalidDevice`]; the pool's errors.
 pub fn alloc(dev: Device, nbytes: usize) -> DeviceResult<DevicePtr> {
-    with_pool(dev, None, |p| p.alloc(nbytes))
-        .unwrap_or_else(|| Err(thread_exiting(dev)))
-        .and_then(|x| x)
+    // Fast path: this thread already has a pool for `dev`.
+    let fast = POOLS.try_with(|pools| {
+        let mut pools = pools.try_borrow_mut().ok()?;
+        let tp = pools.iter_mut().find(|p| p.pool.device == dev)?;
+        Some(tp.pool.alloc(nbytes))
+    });
+    match fast {
+        Ok(Some(r)) => r,
+        _ => with_pool(dev, None, |p| p.alloc(nbytes))
+            .unwrap_or_else(|| Err(thread_exiting(dev)))
+            .and_then(|x| x),
+    }
 }
 
 /// Frees a workspace from [`alloc`] on the same thread.
@@ -384,9 +393,17 @@ pub fn alloc(dev: Device, nbytes: usize) -> DeviceResult<DevicePtr> {
 /// # Errors
 /// [`DeviceError::UnknownPointer`] for a pointer this thread's pool does not hold.
 pub fn free(dev: Device, ptr: DevicePtr) -> DeviceResult<()> {
-    with_pool(dev, None, |p| p.free(ptr))
-        .unwrap_or_else(|| Err(thread_exiting(dev)))
-        .and_then(|x| x)
+    let fast = POOLS.try_with(|pools| {
+        let mut pools = pools.try_borrow_mut().ok()?;
+        let tp = pools.iter_mut().find(|p| p.pool.device == dev)?;
+        Some(tp.pool.free(ptr))
+    });
+    match fast {
+        Ok(Some(r)) => r,
+        _ => with_pool(dev, None, |p| p.free(ptr))
+            .unwrap_or_else(|| Err(thread_exiting(dev)))
+            .and_then(|x| x),
+    }
 }
 
 fn thread_exiting(dev: Device) -> DeviceError {
