@@ -106,8 +106,8 @@ impl AttrKind {
 impl fmt::Display for AttrKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.name() {
-            Some(n) => f.write_str(n),
-            None => write!(f, "attr({})", self.0),
+            Some(n) => f.pad(n),
+            None => f.pad(&format!("attr({})", self.0)),
         }
     }
 }

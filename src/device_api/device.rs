@@ -127,7 +127,7 @@ impl DeviceType {
 
 impl fmt::Display for DeviceType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.name())
+        f.pad(&self.name())
     }
 }
 
