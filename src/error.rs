@@ -2,6 +2,7 @@
 
 use crate::codegen::CodegenError;
 use crate::ir::IrError;
+use crate::device_api::DeviceError;
 use crate::packed_func::{LibraryError, PackedFuncError};
 use crate::target::TargetError;
 
@@ -12,6 +13,9 @@ pub enum Error {
     /// Calling, converting or registering packed functions.
     #[error(transparent)]
     PackedFunc(#[from] PackedFuncError),
+    /// The device runtime: devices, memory, copies, streams, tensors.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// Loading a library.
     #[error(transparent)]
     Library(#[from] LibraryError),
@@ -40,6 +44,7 @@ impl Error {
         match self {
             Error::PackedFunc(e) => e.kind(),
             Error::Target(_) | Error::Ir(_) => "ValueError",
+            Error::Device(e) => e.kind(),
             _ => "RuntimeError",
         }
     }

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod cmd_codegen;
 mod cmd_ir;
 mod cmd_target;
+mod cmd_devices;
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +35,8 @@ enum Command {
     Run(cmd_codegen::RunArgs),
     /// List the global packed functions registered in this process.
     Functions,
+    /// List the registered device backends and each device's attributes.
+    Devices(cmd_devices::DevicesArgs),
 }
 
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -53,6 +56,7 @@ fn main() {
             }
             Ok(())
         }
+        Command::Devices(args) => cmd_devices::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -1,0 +1,152 @@
+//! `kiln devices`: every registered device backend and each device's attributes.
+
+use clap::Args;
+use kiln::device_api::{self, AttrKind, AttrValue, Device, DeviceApi};
+
+/// Arguments of `kiln devices`.
+#[derive(Args)]
+pub struct DevicesArgs {
+    /// Print one JSON document instead of tables (for scripts).
+    #[arg(long)]
+    json: bool,
+    /// Only this backend (a name such as `cpu`).
+    backend: Option<String>,
+}
+
+struct DeviceReport {
+    device: Device,
+    attrs: Vec<(AttrKind, Option<AttrValue>)>,
+    memory: Option<device_api::MemoryStats>,
+}
+
+struct BackendReport {
+    name: String,
+    code: i32,
+    devices: Vec<DeviceReport>,
+}
+
+fn report(name: &str, api: &dyn DeviceApi) -> Result<BackendReport, Box<dyn std::error::Error>> {
+    let count = api.device_count()?;
+    let mut devices = Vec::new();
+    for id in 0..count {
+        let device = Device::new(api.device_type(), id as i32);
+        let attrs = AttrKind::all()
+            .map(|k| (k, api.attr(device, k).ok().flatten()))
+            .collect();
+        devices.push(DeviceReport {
+            device,
+            attrs,
+            memory: api.memory_stats(device).ok(),
+        });
+    }
+    Ok(BackendReport {
+        name: name.to_owned(),
+        code: api.device_type().0,
+        devices,
+    })
+}
+
+fn to_json(reports: &[BackendReport]) -> serde_json::Value {
+    let backends: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|b| {
+            let devices: Vec<serde_json::Value> = b
+                .devices
+                .iter()
+                .map(|d| {
+                    let mut attrs = serde_json::Map::new();
+                    for (k, v) in &d.attrs {
+                        let v = match v {
+                            Some(AttrValue::Int(i)) => serde_json::Value::from(*i),
+                            Some(AttrValue::Str(s)) => serde_json::Value::from(s.clone()),
+                            None => serde_json::Value::Null,
+                        };
+                        attrs.insert(k.to_string(), v);
+                    }
+                    serde_json::json!({
+                        "device": d.device.to_string(),
+                        "device_id": d.device.device_id,
+                        "attributes": attrs,
+                        "memory": d.memory,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "name": b.name,
+                "code": b.code,
+                "device_count": b.devices.len(),
+                "devices": devices,
+            })
+        })
+        .collect();
+    serde_json::json!({ "backends": backends })
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("  {}", line.join("  ").trim_end());
+    }
+}
+
+/// Runs `kiln devices`.
+pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut reports = Vec::new();
+    match &args.backend {
+        Some(name) => {
+            let api = device_api::get_by_name(name)?;
+            reports.push(report(api.name(), &*api)?);
+        }
+        None => {
+            for (name, code) in device_api::list() {
+                let api = device_api::get(code)?;
+                reports.push(report(&name, &*api)?);
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&reports))?);
+        return Ok(());
+    }
+    println!("backends:");
+    let mut rows = vec![vec![
+        "name".to_owned(),
+        "code".to_owned(),
+        "devices".to_owned(),
+    ]];
+    for b in &reports {
+        rows.push(vec![
+            b.name.clone(),
+            b.code.to_string(),
+            b.devices.len().to_string(),
+        ]);
+    }
+    print_table(&rows);
+    for b in &reports {
+        for d in &b.devices {
+            println!();
+            println!("{}:", d.device);
+            let mut rows = vec![vec!["attribute".to_owned(), "value".to_owned()]];
+            for (k, v) in &d.attrs {
+                rows.push(vec![
+                    k.to_string(),
+                    v.as_ref()
+                        .map_or_else(|| "-".to_owned(), ToString::to_string),
+                ]);
+            }
+            if let Some(m) = &d.memory {
+                rows.push(vec!["memory_in_use_bytes".to_owned(), m.in_use.to_string()]);
+                rows.push(vec!["memory_peak_bytes".to_owned(), m.peak.to_string()]);
+            }
+            print_table(&rows);
+        }
+    }
+    Ok(())
+}
