@@ -1,8 +1,8 @@
 //! The crate-level error: every module's error converts into it with `?`.
 
 use crate::codegen::CodegenError;
-use crate::ir::IrError;
 use crate::device_api::DeviceError;
+use crate::ir::IrError;
 use crate::packed_func::{LibraryError, PackedFuncError};
 use crate::target::TargetError;
 

@@ -123,6 +123,7 @@ pub fn register_builtin_codegens() {
     static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
         parallel::register_runtime_symbols();
+        crate::device_api::init();
         #[cfg(feature = "llvm")]
         {
             let f = codegen_func("target.build.llvm", |m, t| {

@@ -126,6 +126,9 @@ impl LibraryModule {
     /// library must be a well-behaved tvm-ffi module (as any `dlopen` user must trust). kiln checks
     /// what it can (that it is an ELF shared object) before opening it.
     pub unsafe fn load(path: impl AsRef<Path>) -> Result<Self, LibraryError> {
+        // The services generated code reaches through context slots must be registered first.
+        crate::codegen::parallel::register_runtime_symbols();
+        crate::device_api::init();
         let path = path.as_ref().to_path_buf();
         let data = std::fs::read(&path).map_err(|e| LibraryError::Read {
             path: path.clone(),

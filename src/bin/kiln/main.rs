@@ -4,9 +4,9 @@
 use clap::{Parser, Subcommand};
 
 mod cmd_codegen;
+mod cmd_devices;
 mod cmd_ir;
 mod cmd_target;
-mod cmd_devices;
 
 #[derive(Parser)]
 #[command(

@@ -378,7 +378,7 @@ impl<'m> Emitter<'m> {
                 let align = buffer.dtype.bytes().max(1);
                 let g = self.access_groups();
                 let raw = self.assign(&mt, format!("load {mt}, {mt}* {}, align {align}{g}", addr));
-                self.from_mem(buffer.dtype, raw)
+                self.decode_loaded(buffer.dtype, raw)
             }
             Expr::Let { var, value, body } => {
                 let v = self.expr(value)?;
@@ -432,7 +432,7 @@ impl<'m> Emitter<'m> {
         self.assign("float", format!("bitcast i32 {} to float", sel.v))
     }
 
-    fn from_mem(&mut self, t: DataType, raw: Val) -> Val {
+    fn decode_loaded(&mut self, t: DataType, raw: Val) -> Val {
         match t.code {
             TypeCode::Bool => self.assign("i1", format!("icmp ne i8 {}, 0", raw.v)),
             TypeCode::BFloat => {
@@ -444,7 +444,7 @@ impl<'m> Emitter<'m> {
         }
     }
 
-    fn to_mem(&mut self, t: DataType, v: Val) -> Val {
+    fn encode_for_store(&mut self, t: DataType, v: Val) -> Val {
         match t.code {
             TypeCode::Bool => self.assign("i8", format!("zext i1 {} to i8", v.v)),
             TypeCode::BFloat => {
@@ -921,7 +921,7 @@ impl<'m> Emitter<'m> {
                 value,
             } => {
                 let v = self.expr(value)?;
-                let v = self.to_mem(buffer.dtype, v);
+                let v = self.encode_for_store(buffer.dtype, v);
                 let addr = self.address(buffer, indices)?;
                 let align = buffer.dtype.bytes().max(1);
                 let g = self.access_groups();
@@ -1242,12 +1242,11 @@ impl<'m> Emitter<'m> {
             }
             let ntp = sub.assign(
                 "i32*",
-                "getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %penv, i32 0, i32 1"
-                    .to_string(),
+                "getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %penv, i32 0, i32 1",
             );
             let nt32 = sub.assign("i32", format!("load i32, i32* {}, align 4", ntp.v));
             let nt = sub.assign("i64", format!("sext i32 {} to i64", nt32.v));
-            let task = sub.assign("i64", "sext i32 %task to i64".to_string());
+            let task = sub.assign("i64", "sext i32 %task to i64");
             let nm1 = sub.assign("i64", format!("add i64 {}, {}", n.v, nt.v));
             let nm2 = sub.assign("i64", format!("sub i64 {}, 1", nm1.v));
             let step = sub.assign("i64", format!("sdiv i64 {}, {}", nm2.v, nt.v));

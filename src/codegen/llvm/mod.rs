@@ -469,6 +469,7 @@ impl LlvmModule {
     pub fn jit(module: &IRModule, opts: &CodegenOptions) -> R<Self> {
         let opts = opts.clone().resolved();
         crate::codegen::parallel::register_runtime_symbols();
+        crate::device_api::init();
         let linkage = Linkage::Jit(crate::packed_func::library::context_symbols());
         let text = generate_ir(module, &opts, &linkage)?;
         let tm = target_machine(&opts)?;
