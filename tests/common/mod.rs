@@ -95,3 +95,19 @@ impl HostArray {
         }
     }
 }
+
+impl HostArray {
+    pub fn to_i64(&self) -> Vec<f64> {
+        // SAFETY: the u64 buffer holds at least `nbytes` bytes.
+        let b = unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u8>(), self.nbytes) };
+        let e = self.dtype.bits as usize / 8;
+        b.chunks_exact(e)
+            .map(|c| {
+                let mut v = [0u8; 8];
+                v[..e].copy_from_slice(c);
+                let s = 64 - 8 * e as u32;
+                ((i64::from_ne_bytes(v) << s) >> s) as f64
+            })
+            .collect()
+    }
+}
