@@ -2,15 +2,13 @@
 //! `../shared/conformance/tvm027_packed_abi_errors.jsonl` is called on kiln-built kernels with the
 //! same signatures — in process (JIT, through the Rust API), and through Python's
 //! `tvm_ffi.load_module` on exported `.so` files (numpy arrays in). Error kinds and messages
-//! must match TVM's exactly, except for three documented, deliberate differences:
+//! must match TVM's exactly, except for two documented, deliberate differences:
 //!
 //! - `shape_object_arg`: TVM reinterprets a Shape object as a DLTensor (reading past it) and
 //!   reports a wrong `ndim`; kiln accepts only Tensor (70) and DLTensor* (7) and reports a
 //!   mismatched type.
 //! - `ok_n0`: an empty tensor whose stride is 0 (numpy's) is rejected by TVM as non-compact;
 //!   kiln ignores the strides of empty tensors.
-//! - `unit_dim_strides`: the stride of an extent-1 dimension does not matter; TVM rejects it,
-//!   kiln does not.
 //!
 //! The data file lives in `shared/` beside the repository; without it the test fails unless
 //! `KILN_SKIP_CONFORMANCE=1`. The Python half runs when `KILN_PYTHON` (default `python3`) has

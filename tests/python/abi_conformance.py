@@ -12,7 +12,7 @@ import numpy as np
 import tvm_ffi
 
 # Deliberate differences from TVM, documented in tests/abi_conformance.rs.
-DEVIATIONS = {("add16", "shape_object_arg"), ("add_n", "ok_n0"), ("mat2d", "unit_dim_strides")}
+DEVIATIONS = {("add16", "shape_object_arg"), ("add_n", "ok_n0")}
 
 
 def make_tensor(spec, index):
