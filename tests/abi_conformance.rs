@@ -30,11 +30,7 @@ use kiln::packed_func::ffi::DLDataTypeCode;
 use kiln::packed_func::{Any, AnyView, DLDataType, Module, PackedFuncError};
 use serde_json::Value;
 
-const DEVIATIONS: &[(&str, &str)] = &[
-    ("add16", "shape_object_arg"),
-    ("add_n", "ok_n0"),
-    ("mat2d", "unit_dim_strides"),
-];
+const DEVIATIONS: &[(&str, &str)] = &[("add16", "shape_object_arg"), ("add_n", "ok_n0")];
 
 fn buf(name: &str, dtype: DataType, shape: Vec<Expr>) -> Buffer {
     Buffer::new(name, dtype, shape)
