@@ -448,7 +448,8 @@ pub struct LlvmModule {
     opts: CodegenOptions,
     functions: BTreeMap<String, usize>,
     inner: Arc<JitInner>,
-    optimized_ll: String,
+    /// The unoptimized LLVM IR the JIT compiled (optimized again on demand for `get_source`).
+    ir_text: String,
 }
 
 impl std::fmt::Debug for LlvmModule {
@@ -478,7 +479,6 @@ impl LlvmModule {
         let ctx_ref: &'static Context = unsafe { &*ctx };
         let built = (|| {
             let m = parse_and_optimize(ctx_ref, &text, &opts, &tm)?;
-            let optimized_ll = m.print_to_string().to_string();
             let ee = m
                 .create_jit_execution_engine(opts.llvm_opt())
                 .map_err(|e| {
@@ -492,10 +492,10 @@ impl LlvmModule {
                 })?;
                 functions.insert(name, addr);
             }
-            Ok::<_, CodegenError>((ee, functions, optimized_ll))
+            Ok::<_, CodegenError>((ee, functions))
         })();
         match built {
-            Ok((ee, functions, optimized_ll)) => Ok(LlvmModule {
+            Ok((ee, functions)) => Ok(LlvmModule {
                 ir: module.clone(),
                 opts,
                 functions,
@@ -503,7 +503,7 @@ impl LlvmModule {
                     ee: ManuallyDrop::new(ee),
                     ctx,
                 }),
-                optimized_ll,
+                ir_text: text,
             }),
             Err(e) => {
                 // SAFETY: everything built in the context was dropped inside the closure.
@@ -556,7 +556,12 @@ impl Module for LlvmModule {
 
     fn get_source(&self, format: &str) -> Option<String> {
         match format {
-            "ll" | "llvm" => Some(self.optimized_ll.clone()),
+            "ll" | "llvm" => {
+                let tm = target_machine(&self.opts).ok()?;
+                let ctx = Context::create();
+                let m = parse_and_optimize(&ctx, &self.ir_text, &self.opts, &tm).ok()?;
+                Some(m.print_to_string().to_string())
+            }
             "asm" | "s" => compile_to(&self.ir, &self.opts, FileType::Assembly)
                 .ok()
                 .map(|b| String::from_utf8_lossy(&b).into_owned()),

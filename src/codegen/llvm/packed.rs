@@ -8,10 +8,11 @@
 //! extents bound by their first appearance), strides (NULL or compact), `device_id` (all equal)
 //! and a non-NULL data pointer when the tensor is not empty.
 //!
-//! Two deliberate differences from TVM, both more permissive and both safe: a non-zero
-//! `byte_offset` is honoured (added to `data`) instead of rejected, and the compactness check
-//! ignores the strides of extent-1 dimensions and of empty tensors (numpy gives such tensors
-//! arbitrary strides; TVM rejects them).
+//! Three deliberate differences from TVM, all safe: a non-zero `byte_offset` is honoured (added
+//! to `data`) instead of rejected; the strides of an empty tensor are not checked (numpy gives
+//! them stride 0, which TVM rejects as non-compact); and only Tensor (70) and `DLTensor*` (7)
+//! arguments are read as tensors (TVM reinterprets any object, e.g. a Shape, as a DLTensor and
+//! reads past it). Like TVM, the strides of extent-1 dimensions are ignored.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

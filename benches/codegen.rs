@@ -1,0 +1,90 @@
+//! Code generation costs, measured in one run:
+//! - build latency: IR module with one function -> callable JIT function (`kiln::codegen::build`),
+//!   and its stages (IR text, LLVM parse + O3, machine code);
+//! - call overhead: an exported 3-tensor function with 1-element tensors, called directly through
+//!   its C symbol (the cost a C host pays), next to a direct call of a plain C function doing the
+//!   same add (the floor).
+//!
+//! Goals (issue 6): build < 5 ms median; exported call <= TVM's 9-15 ns, aiming at 5 ns.
+//! Run: `cargo bench --bench codegen`.
+
+#[path = "util/mod.rs"]
+mod util;
+
+use std::ffi::c_void;
+use std::hint::black_box;
+use std::time::Instant;
+
+use kiln::codegen::llvm::{export, generate_ir, CodegenOptions, Linkage};
+use kiln::ir::{kernels, IRModule};
+use kiln::packed_func::ffi::{DLDataTypeCode, TVMFFIAny, TVMFFISafeCallType, TypeIndex};
+use kiln::packed_func::{DLDataType, DLDevice, DLDeviceType, DLTensor};
+use kiln::target::Target;
+
+fn main() {
+    let module = IRModule::from_functions(vec![kernels::vadd()]);
+    let target = Target::parse(&std::env::var("KILN_BENCH_TARGET").unwrap_or_else(|_| r#"{"kind": "llvm", "mcpu": "native"}"#.into())).unwrap();
+    // Build latency.
+    let mut times = Vec::new();
+    for _ in 0..30 {
+        let t = Instant::now();
+        let m = kiln::codegen::build(&module, &target).unwrap();
+        let f = m.require_function("vadd").unwrap();
+        black_box(f);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "build vadd -> JIT function: median {:.2} ms [min {:.2}, max {:.2}] (goal < 5 ms; TVM 0.27 tvm.compile: 22-44 ms)",
+        times[15], times[0], times[29]
+    );
+    let opts = CodegenOptions::from_target(&target).unwrap().resolved();
+    let t = Instant::now();
+    let text = generate_ir(&module, &opts, &Linkage::Export).unwrap();
+    println!("  of which IR text generation: {:.3} ms ({} bytes)", t.elapsed().as_secs_f64() * 1e3, text.len());
+
+    // Direct call of an exported function.
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("vadd.so");
+    export(&module, &opts, &so).unwrap();
+    // SAFETY: a library kiln just generated.
+    let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+    // SAFETY: kiln exports `__tvm_ffi_vadd` with the safe-call signature.
+    let f: TVMFFISafeCallType = unsafe { *lib.get::<TVMFFISafeCallType>(b"__tvm_ffi_vadd\0").unwrap() };
+    let mut xs = [[1.0f32; 16]; 3];
+    let mut shape = [1i64];
+    let mk = |p: *mut f32, shape: *mut i64| DLTensor {
+        data: p.cast::<c_void>(),
+        device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
+        ndim: 1,
+        dtype: DLDataType { code: DLDataTypeCode::FLOAT, bits: 32, lanes: 1 },
+        shape,
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    let sp = shape.as_mut_ptr();
+    let mut ts = [mk(xs[0].as_mut_ptr(), sp), mk(xs[1].as_mut_ptr(), sp), mk(xs[2].as_mut_ptr(), sp)];
+    let args: Vec<TVMFFIAny> = ts
+        .iter_mut()
+        .map(|t| TVMFFIAny {
+            type_index: TypeIndex::DL_TENSOR_PTR,
+            small_len: 0,
+            value: kiln::packed_func::ffi::TVMFFIAnyValue { v_ptr: (t as *mut DLTensor).cast() },
+        })
+        .collect();
+    let mut ret = TVMFFIAny::NONE;
+    let call = util::measure(21, 2_000_000, || {
+        // SAFETY: three valid DLTensor arguments, a writable result.
+        black_box(unsafe { f(std::ptr::null_mut(), black_box(args.as_ptr()), 3, &mut ret) });
+    });
+    let (a, b) = (xs[0].as_ptr(), xs[1].as_ptr());
+    let c = xs[2].as_mut_ptr();
+    let floor = util::measure(21, 2_000_000, || {
+        // SAFETY: one element each.
+        unsafe { *black_box(c) = *black_box(a) + *black_box(b) };
+    });
+    println!("exported 3-tensor call, 1 element (direct C call), ns per call:");
+    util::report("__tvm_ffi_vadd (checks + add)", call, None);
+    util::report("inline add (floor)", floor, None);
+    println!("goal: <= TVM's 9-15 ns, aiming at 5 ns -> {}", if call.median <= 9.0 { "met" } else { "NOT met" });
+}
