@@ -11,7 +11,10 @@ use kiln::ir::IRModule;
 use kiln::packed_func::AnyView;
 use kiln::target::Target;
 
-fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), kiln::Error>) -> Result<(f64, f64, f64), kiln::Error> {
+fn median_ms(
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), kiln::Error>,
+) -> Result<(f64, f64, f64), kiln::Error> {
     f()?; // warm up
     let mut t: Vec<f64> = Vec::new();
     for _ in 0..runs {
@@ -24,7 +27,10 @@ fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), kiln::Error>) -> Res
 }
 
 fn load(name: &str) -> Result<IRModule, Box<dyn std::error::Error>> {
-    let path = format!("{}/examples/kernels/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/examples/kernels/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
     Ok(IRModule::from_json_str(&text)?)
 }
@@ -44,7 +50,10 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let target = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#)?;
     let cpu = Device::cpu();
-    println!("target: llvm, mcpu = {}", target.get_str("mcpu").unwrap_or("?"));
+    println!(
+        "target: llvm, mcpu = {}",
+        target.get_str("mcpu").unwrap_or("?")
+    );
 
     // --- vector add, n = 16M ---------------------------------------------------------------
     let n = 16 << 20;
@@ -57,10 +66,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tb = Tensor::from_slice(&b, &[n as i64], cpu)?;
     let tc = Tensor::zeros(&[n as i64], ta.dtype(), cpu)?;
     let f = rt.require_function("vadd")?;
-    let args = [AnyView::from(ta.as_dltensor()), AnyView::from(tb.as_dltensor()), AnyView::from(tc.as_dltensor())];
+    let args = [
+        AnyView::from(ta.as_dltensor()),
+        AnyView::from(tb.as_dltensor()),
+        AnyView::from(tc.as_dltensor()),
+    ];
     let (med, lo, hi) = median_ms(10, || Ok(f.call(&args).map(drop)?))?;
     let c: Vec<f32> = tc.to_vec()?;
-    let ok = c.iter().zip(a.iter().zip(&b)).all(|(c, (a, b))| *c == a + b);
+    let ok = c
+        .iter()
+        .zip(a.iter().zip(&b))
+        .all(|(c, (a, b))| *c == a + b);
     let gbs = 3.0 * 4.0 * n as f64 / (med * 1e-3) / 1e9;
     println!("vadd    n=16M      compile {compile:6.1} ms   run {med:7.3} ms [{lo:.3}, {hi:.3}]  {gbs:6.1} GB/s   exact match with a Rust loop: {ok}");
     if !ok {
@@ -78,7 +94,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tb = Tensor::from_slice(&b, &[m as i64, m as i64], cpu)?;
     let tc = Tensor::zeros(&[m as i64, m as i64], ta.dtype(), cpu)?;
     let f = rt.require_function("matmul")?;
-    let args = [AnyView::from(ta.as_dltensor()), AnyView::from(tb.as_dltensor()), AnyView::from(tc.as_dltensor())];
+    let args = [
+        AnyView::from(ta.as_dltensor()),
+        AnyView::from(tb.as_dltensor()),
+        AnyView::from(tc.as_dltensor()),
+    ];
     let (med, lo, hi) = median_ms(5, || Ok(f.call(&args).map(drop)?))?;
     let c: Vec<f32> = tc.to_vec()?;
     // Plain Rust reference (i-k-j order, f64 accumulation is overkill here: f32 like the kernel).
@@ -91,7 +111,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    let err = c.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let err = c
+        .iter()
+        .zip(&want)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     let gflops = 2.0 * (m * m * m) as f64 / (med * 1e-3) / 1e9;
     println!("matmul  1024^3     compile {compile:6.1} ms   run {med:7.3} ms [{lo:.3}, {hi:.3}]  {gflops:6.1} GFLOP/s   max abs error vs a Rust loop: {err:.2e}");
     if err > 1e-3 {
@@ -108,7 +132,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ta = Tensor::from_slice(&a, &[r as i64, r as i64], cpu)?;
     let tb = Tensor::zeros(&[r as i64, r as i64], ta.dtype(), cpu)?;
     let f = rt.require_function("softmax")?;
-    let args = [AnyView::from(ta.as_dltensor()), AnyView::from(tb.as_dltensor())];
+    let args = [
+        AnyView::from(ta.as_dltensor()),
+        AnyView::from(tb.as_dltensor()),
+    ];
     let (med, lo, hi) = median_ms(5, || Ok(f.call(&args).map(drop)?))?;
     let got: Vec<f32> = tb.to_vec()?;
     let mut err = 0f64;

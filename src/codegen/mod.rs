@@ -13,6 +13,8 @@
 //! the thread pool when loaded by a kiln built without LLVM.
 
 #[cfg(feature = "llvm")]
+pub mod cache;
+#[cfg(feature = "llvm")]
 pub mod llvm;
 pub mod parallel;
 
@@ -127,8 +129,16 @@ pub fn register_builtin_codegens() {
         #[cfg(feature = "llvm")]
         {
             let f = codegen_func("target.build.llvm", |m, t| {
-                let opts = llvm::CodegenOptions::from_target(t)?;
+                let opts = llvm::CodegenOptions::from_target(t)?.resolved();
+                let cache = cache::CompileCache::from_env();
+                let key = cache::CompileCache::key(m, &opts);
+                if let Some(hit) = cache.as_ref().and_then(|c| c.lookup(&key, m, &opts)) {
+                    return Ok(hit);
+                }
                 let module: ModuleRef = Arc::new(llvm::LlvmModule::jit(m, &opts)?);
+                if let Some(c) = cache {
+                    c.store_in_background(key, m.clone(), opts);
+                }
                 Ok(module)
             });
             // A user may have registered their own first: theirs wins.
