@@ -1,0 +1,267 @@
+//! Differential tests: random IR programs run by the LLVM backend and by the reference
+//! interpreter must agree — bit for bit on integers, and on floats too (the generated operators
+//! are exactly rounded: + - * / min max select casts; NaNs match any NaN), and both must fail
+//! on integer division by zero.
+
+use proptest::prelude::*;
+
+use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::ir::builder::select;
+use kiln::ir::interp::{run, HostBuffer, InterpArg};
+use kiln::ir::{BinOp, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
+use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
+use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
+
+const N: i64 = 37;
+
+#[derive(Debug, Clone)]
+enum E {
+    A,
+    B,
+    I,
+    Const(i64),
+    Bin(BinOp, Box<E>, Box<E>),
+    Sel(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
+}
+
+fn ops() -> impl Strategy<Value = BinOp> {
+    prop_oneof![
+        Just(BinOp::Add),
+        Just(BinOp::Sub),
+        Just(BinOp::Mul),
+        Just(BinOp::Div),
+        Just(BinOp::Mod),
+        Just(BinOp::FloorDiv),
+        Just(BinOp::FloorMod),
+        Just(BinOp::Min),
+        Just(BinOp::Max),
+    ]
+}
+
+fn cmps() -> impl Strategy<Value = BinOp> {
+    prop_oneof![
+        Just(BinOp::Lt),
+        Just(BinOp::Le),
+        Just(BinOp::Eq),
+        Just(BinOp::Ne),
+        Just(BinOp::Gt)
+    ]
+}
+
+fn expr() -> impl Strategy<Value = E> {
+    let leaf = prop_oneof![
+        Just(E::A),
+        Just(E::B),
+        Just(E::I),
+        (-9i64..9).prop_map(E::Const)
+    ];
+    leaf.prop_recursive(4, 24, 3, |inner| {
+        prop_oneof![
+            (ops(), inner.clone(), inner.clone()).prop_map(|(o, a, b)| E::Bin(
+                o,
+                Box::new(a),
+                Box::new(b)
+            )),
+            (cmps(), inner.clone(), inner.clone(), inner.clone(), inner).prop_map(
+                |(o, a, b, t, f)| E::Sel(o, Box::new(a), Box::new(b), Box::new(t), Box::new(f))
+            ),
+        ]
+    })
+}
+
+fn lower(e: &E, t: DataType, a: &Buffer, b: &Buffer, i: &Var) -> Expr {
+    let iv = Expr::Var(i.clone());
+    match e {
+        E::A => a.load(vec![iv]),
+        E::B => b.load(vec![iv]),
+        E::I => iv.cast(t),
+        E::Const(c) => {
+            if t.is_float() {
+                Expr::FloatImm {
+                    dtype: t,
+                    value: *c as f64 * 0.75,
+                }
+            } else {
+                Expr::IntImm {
+                    dtype: t,
+                    value: *c,
+                }
+            }
+        }
+        E::Bin(op, x, y) => Expr::binary(*op, lower(x, t, a, b, i), lower(y, t, a, b, i)),
+        E::Sel(op, x, y, tt, ff) => select(
+            Expr::binary(*op, lower(x, t, a, b, i), lower(y, t, a, b, i)),
+            lower(tt, t, a, b, i),
+            lower(ff, t, a, b, i),
+        ),
+    }
+}
+
+fn program(e: &E, t: DataType, kind: ForKind) -> PrimFunc {
+    let a = Buffer::new("A", t, vec![Expr::from(N)]);
+    let b = Buffer::new("B", t, vec![Expr::from(N)]);
+    let c = Buffer::new("C", t, vec![Expr::from(N)]);
+    let i = Var::new("i", DataType::i64());
+    let value = lower(e, t, &a, &b, &i);
+    let body = Stmt::For {
+        var: i.clone(),
+        min: Expr::from(0i64),
+        extent: Expr::from(N),
+        kind,
+        body: Box::new(c.store(vec![Expr::Var(i)], value)),
+    };
+    PrimFunc::new(
+        "f",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+}
+
+fn bytes_of(t: DataType, vals: &[i64]) -> Vec<u8> {
+    vals.iter()
+        .flat_map(|&v| match (t.code, t.bits) {
+            (kiln::ir::TypeCode::Float, 32) => ((v as f32) * 0.5).to_le_bytes().to_vec(),
+            (kiln::ir::TypeCode::Float, _) => ((v as f64) * 0.5).to_le_bytes().to_vec(),
+            (_, 32) => (v as i32).to_le_bytes().to_vec(),
+            (_, 8) => (v as i8).to_le_bytes().to_vec(),
+            _ => v.to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn check(e: &E, t: DataType, kind: ForKind, a: &[i64], b: &[i64]) -> Result<(), TestCaseError> {
+    let f = program(e, t, kind);
+    let module = IRModule::from_functions(vec![f.clone()]);
+    module
+        .verify()
+        .map_err(|e| TestCaseError::fail(format!("generated IR does not verify: {e}")))?;
+    let hb = |v: &[i64]| HostBuffer {
+        dtype: t,
+        shape: vec![N],
+        strides: None,
+        data: bytes_of(t, v),
+    };
+    let mut iargs = vec![
+        InterpArg::Buffer(hb(a)),
+        InterpArg::Buffer(hb(b)),
+        InterpArg::Buffer(HostBuffer::zeros(t, &[N])),
+    ];
+    let want = run(&f, &mut iargs);
+
+    let m = LlvmModule::jit(&module, &CodegenOptions::host())
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let pf = m.require_function("f").unwrap();
+    let nbytes = N as usize * t.bytes();
+    let mut bufs: Vec<Vec<u64>> = vec![vec![0; nbytes.div_ceil(8)]; 3];
+    for (k, src) in [bytes_of(t, a), bytes_of(t, b)].iter().enumerate() {
+        // SAFETY: each buffer holds `nbytes` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), bufs[k].as_mut_ptr().cast::<u8>(), nbytes)
+        };
+    }
+    let mut shape = [N];
+    let dt = DLDataType {
+        code: DLDataTypeCode(t.code as u8),
+        bits: t.bits,
+        lanes: 1,
+    };
+    let dls: Vec<DLTensor> = bufs
+        .iter_mut()
+        .map(|b| DLTensor {
+            data: b.as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: 1,
+            dtype: dt,
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        })
+        .collect();
+    let got = pf.call(&[
+        AnyView::from(&dls[0]),
+        AnyView::from(&dls[1]),
+        AnyView::from(&dls[2]),
+    ]);
+    match (want, got) {
+        (Err(_), Err(e)) => {
+            prop_assert!(e.to_string().contains("division by zero"), "{e}");
+        }
+        (Ok(_), Ok(_)) => {
+            let InterpArg::Buffer(c) = &iargs[2] else {
+                unreachable!()
+            };
+            // SAFETY: the output buffer holds `nbytes` bytes.
+            let out = unsafe { std::slice::from_raw_parts(bufs[2].as_ptr().cast::<u8>(), nbytes) };
+            for k in 0..N as usize {
+                let (g, w) = (
+                    &out[k * t.bytes()..(k + 1) * t.bytes()],
+                    &c.data[k * t.bytes()..(k + 1) * t.bytes()],
+                );
+                let nan_both = t.is_float() && {
+                    let gv = HostBuffer {
+                        dtype: t,
+                        shape: vec![1],
+                        strides: None,
+                        data: g.to_vec(),
+                    }
+                    .get(0)
+                    .unwrap()
+                    .as_f64();
+                    let wv = HostBuffer {
+                        dtype: t,
+                        shape: vec![1],
+                        strides: None,
+                        data: w.to_vec(),
+                    }
+                    .get(0)
+                    .unwrap()
+                    .as_f64();
+                    gv.is_nan() && wv.is_nan()
+                };
+                prop_assert!(
+                    g == w || nan_both,
+                    "element {k}: compiled {g:?}, interpreted {w:?}\n{f}"
+                );
+            }
+        }
+        (w, g) => prop_assert!(false, "interpreter {w:?} vs compiled {g:?}\n{f}"),
+    }
+    Ok(())
+}
+
+fn dtypes() -> impl Strategy<Value = DataType> {
+    prop_oneof![
+        Just(DataType::i32()),
+        Just(DataType::i64()),
+        Just(DataType::i8()),
+        Just(DataType::f32()),
+        Just(DataType::f64())
+    ]
+}
+
+fn kinds() -> impl Strategy<Value = ForKind> {
+    prop_oneof![
+        Just(ForKind::Serial),
+        Just(ForKind::Vectorized),
+        Just(ForKind::Parallel),
+        Just(ForKind::Unrolled)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn compiled_code_agrees_with_the_interpreter(
+        e in expr(),
+        t in dtypes(),
+        kind in kinds(),
+        a in proptest::collection::vec(-20i64..20, N as usize),
+        b in proptest::collection::vec(-20i64..20, N as usize),
+    ) {
+        check(&e, t, kind, &a, &b)?;
+    }
+}
