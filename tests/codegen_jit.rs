@@ -78,3 +78,69 @@ fn matmul_and_softmax_match_the_interpreter() {
         }
     }
 }
+
+#[test]
+fn workspaces_are_freed_on_every_exit_path_errors_included() {
+    use kiln::device_api::{workspace, Device};
+    use kiln::ir::builder::{for_range, if_then_else};
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope, Var};
+    // f(x: int64, out[4]) -> int64: T (64 KiB, workspace) = ...; assert x != 1; if x == 2 return 7;
+    // out[0] = 10 / (x - 3); return T[5]
+    let x = Var::new("x", DataType::i64());
+    let out = Buffer::new("out", DataType::i64(), vec![Expr::from(4i64)]);
+    let t = Buffer::temp(
+        "T",
+        DataType::i64(),
+        vec![Expr::from(8192i64)],
+        StorageScope::Local,
+    );
+    let xe = Expr::from(&x);
+    let body = t.allocate(Stmt::Seq(vec![
+        for_range("i", 8192i64, ForKind::Serial, |i| {
+            t.store(vec![i.clone()], i)
+        }),
+        Stmt::Assert {
+            cond: xe.clone().ne_(Expr::from(1i64)),
+            message: "x must not be 1".into(),
+        },
+        if_then_else(
+            xe.clone().eq_(Expr::from(2i64)),
+            Stmt::Return(Expr::from(7i64)),
+            None,
+        ),
+        out.store(
+            vec![Expr::from(0i64)],
+            Expr::from(10i64) / (xe.clone() - Expr::from(3i64)),
+        ),
+        Stmt::Return(t.load(vec![Expr::from(5i64)])),
+    ]));
+    let f = PrimFunc::new("ws_exits", vec![Param::Scalar(x), Param::Buffer(out)], body)
+        .with_ret_type(DataType::i64());
+    let m = jit(f);
+    let pf = m.require_function("ws_exits").unwrap();
+    let mut o = HostArray::zeros(
+        &[4],
+        kiln::packed_func::DLDataType {
+            code: kiln::packed_func::ffi::DLDataTypeCode::INT,
+            bits: 64,
+            lanes: 1,
+        },
+        8,
+    );
+    let d = o.dl();
+    let live = || workspace::thread_stats(Device::cpu()).map_or(0, |s| s.live_blocks);
+    let before = live();
+    let r = pf.call_typed::<_, i64>((5i64, &d)).unwrap();
+    assert_eq!(r, 5, "normal return reads the workspace");
+    assert_eq!(live(), before);
+    let used = workspace::thread_stats(Device::cpu()).map_or(0, |s| s.hits + s.misses);
+    assert!(used > 0, "the 64 KiB buffer came from the workspace pool");
+    let e = pf.call_typed::<_, i64>((1i64, &d)).unwrap_err();
+    assert_eq!(e.to_string(), "RuntimeError: x must not be 1");
+    assert_eq!(live(), before, "freed after a failed assert");
+    assert_eq!(pf.call_typed::<_, i64>((2i64, &d)).unwrap(), 7);
+    assert_eq!(live(), before, "freed after an early return");
+    let e = pf.call_typed::<_, i64>((3i64, &d)).unwrap_err();
+    assert!(e.to_string().contains("integer division by zero"), "{e}");
+    assert_eq!(live(), before, "freed after a division by zero");
+}
