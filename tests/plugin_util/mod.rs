@@ -28,9 +28,13 @@ pub fn build_sample_in(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
     for d in defines {
         cmd.arg(format!("-D{d}"));
     }
-    cmd.arg(root.join("plugins/sample/sample.c")).arg("-lpthread");
+    cmd.arg(root.join("plugins/sample/sample.c"))
+        .arg("-lpthread");
     let status = cmd.status().expect("running the C compiler");
-    assert!(status.success(), "building the sample plugin `{name}` failed");
+    assert!(
+        status.success(),
+        "building the sample plugin `{name}` failed"
+    );
     out
 }
 
