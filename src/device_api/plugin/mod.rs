@@ -348,12 +348,12 @@ impl PluginDeviceApi {
     fn plugin_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<sys::KilnStream> {
         if stream.is_default() {
             let mut d = lock(&self.default_streams);
-            let slot =
-                d.get_mut(dev.device_id as usize)
-                    .ok_or_else(|| DeviceError::InvalidStream {
-                        device: dev,
-                        handle: 0,
-                    })?;
+            let slot = d
+                .get_mut(dev.device_id as usize)
+                .ok_or(DeviceError::InvalidStream {
+                    device: dev,
+                    handle: 0,
+                })?;
             if let Some(s) = slot {
                 return Ok(*s as sys::KilnStream);
             }
@@ -551,12 +551,16 @@ impl DeviceApi for PluginDeviceApi {
             AttrKind::COMPUTE_VERSION => (call_opt!(self.raw, get_compute_capability(id, &mut n))
                 == Some(KILN_STATUS_SUCCESS))
             .then(|| AttrValue::Str(format!("{}.{}", n / 10, n % 10))),
-            AttrKind::API_VERSION => (call_opt!(self.raw, get_runtime_version(&mut n))
-                == Some(KILN_STATUS_SUCCESS))
-            .then(|| AttrValue::Int(n as i64)),
-            AttrKind::DRIVER_VERSION => (call_opt!(self.raw, get_driver_version(&mut n))
-                == Some(KILN_STATUS_SUCCESS))
-            .then(|| AttrValue::Int(n as i64)),
+            AttrKind::API_VERSION => {
+                let ok =
+                    call_opt!(self.raw, get_runtime_version(&mut n)) == Some(KILN_STATUS_SUCCESS);
+                ok.then_some(AttrValue::Int(n as i64))
+            }
+            AttrKind::DRIVER_VERSION => {
+                let ok =
+                    call_opt!(self.raw, get_driver_version(&mut n)) == Some(KILN_STATUS_SUCCESS);
+                ok.then_some(AttrValue::Int(n as i64))
+            }
             AttrKind::TOTAL_GLOBAL_MEMORY => self
                 .device_memory(id)
                 .and_then(|(t, _)| t)

@@ -255,7 +255,10 @@ const _: () = {
 };
 
 /// The required entries, by name, with a check for each.
-const REQUIRED: &[(&str, fn(&KilnDeviceInterface) -> bool)] = &[
+/// A named table entry and whether a table has it.
+type EntryCheck = (&'static str, fn(&KilnDeviceInterface) -> bool);
+
+const REQUIRED: &[EntryCheck] = &[
     ("get_device_count", |t| t.get_device_count.is_some()),
     ("device_memory_allocate", |t| {
         t.device_memory_allocate.is_some()
@@ -277,7 +280,7 @@ const REQUIRED: &[(&str, fn(&KilnDeviceInterface) -> bool)] = &[
 ];
 
 /// The optional entries, by name, with a check for each.
-const OPTIONAL: &[(&str, fn(&KilnDeviceInterface) -> bool)] = &[
+const OPTIONAL: &[EntryCheck] = &[
     ("initialize", |t| t.initialize.is_some()),
     ("finalize", |t| t.finalize.is_some()),
     ("init_device", |t| t.init_device.is_some()),
