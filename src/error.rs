@@ -1,7 +1,7 @@
 //! The crate-level error: every module's error converts into it with `?`.
 
 use crate::codegen::CodegenError;
-use crate::device_api::DeviceError;
+use crate::device_api::{DeviceError, PluginError};
 use crate::ir::IrError;
 use crate::packed_func::{LibraryError, PackedFuncError};
 use crate::target::TargetError;
@@ -16,6 +16,9 @@ pub enum Error {
     /// The device runtime: devices, memory, copies, streams, tensors.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// Loading a device plugin.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
     /// Loading a library.
     #[error(transparent)]
     Library(#[from] LibraryError),

@@ -6,6 +6,9 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[path = "plugin_util/mod.rs"]
+mod plugin_util;
+
 use kiln::device_api::{
     self, AttrKind, Device, DeviceApi, DeviceError, DevicePtr, NullDeviceApi, StreamHandle, Tensor,
 };
@@ -493,3 +496,23 @@ fn null_backend() -> (Arc<dyn DeviceApi>, Device) {
 }
 
 conformance_suite!(null, null_backend);
+
+/// The sample device plugin (`plugins/sample/sample.c`, built with `cc`): asynchronous streams on
+/// worker threads, device pointers that are not host pointers. The suite runs on device 1.
+fn plugin_backend() -> (Arc<dyn DeviceApi>, Device) {
+    let api = plugin_util::sample("conformance_plugin", &[]);
+    let dev = Device::new(api.code(), 1);
+    (api, dev)
+}
+
+conformance_suite!(plugin, plugin_backend);
+
+/// The sample plugin with only the required entries: every kiln fallback (sync copies, memset by
+/// host fill, query by synchronize, callbacks on the host, default chunk sizes) is exercised.
+fn plugin_minimal_backend() -> (Arc<dyn DeviceApi>, Device) {
+    let api = plugin_util::sample("conformance_plugin_minimal", &["SAMPLE_MINIMAL"]);
+    let dev = Device::new(api.code(), 0);
+    (api, dev)
+}
+
+conformance_suite!(plugin_minimal, plugin_minimal_backend);

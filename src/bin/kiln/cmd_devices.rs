@@ -1,7 +1,9 @@
-//! `kiln devices`: every registered device backend and each device's attributes.
+//! `kiln devices`: every registered device backend and each device's attributes. Device plugins
+//! in the directories of `KILN_PLUGIN_PATH` (and those given with `--plugin`) are loaded first;
+//! a bad file is reported on stderr and skipped.
 
 use clap::Args;
-use kiln::device_api::{self, AttrKind, AttrValue, Device, DeviceApi};
+use kiln::device_api::{self, plugin, AttrKind, AttrValue, Device, DeviceApi};
 
 /// Arguments of `kiln devices`.
 #[derive(Args)]
@@ -11,6 +13,9 @@ pub struct DevicesArgs {
     json: bool,
     /// Only this backend (a name such as `cpu`).
     backend: Option<String>,
+    /// Also load this device plugin (a shared library); may be repeated.
+    #[arg(long = "plugin", value_name = "PATH")]
+    plugins: Vec<std::path::PathBuf>,
 }
 
 struct DeviceReport {
@@ -98,6 +103,15 @@ fn print_table(rows: &[Vec<String>]) {
 
 /// Runs `kiln devices`.
 pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let scan = plugin::load_plugins_from_env();
+    for (path, e) in &scan.failed {
+        eprintln!("warning: skipping plugin `{}`: {e}", path.display());
+    }
+    for path in &args.plugins {
+        plugin::load_plugin(path)?;
+    }
+    let plugins: Vec<plugin::PluginInfo> =
+        plugin::loaded_plugins().iter().map(|p| p.info()).collect();
     let mut reports = Vec::new();
     match &args.backend {
         Some(name) => {
@@ -112,7 +126,9 @@ pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&reports))?);
+        let mut doc = to_json(&reports);
+        doc["plugins"] = serde_json::to_value(&plugins)?;
+        println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     println!("backends:");
@@ -129,6 +145,30 @@ pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
         ]);
     }
     print_table(&rows);
+    if !plugins.is_empty() {
+        println!();
+        println!("plugins:");
+        let mut rows = vec![vec![
+            "name".to_owned(),
+            "version".to_owned(),
+            "abi".to_owned(),
+            "kind".to_owned(),
+            "fallbacks".to_owned(),
+            "path".to_owned(),
+        ]];
+        for p in &plugins {
+            let (a, b, c) = p.plugin_version;
+            rows.push(vec![
+                p.name.clone(),
+                format!("{a}.{b}.{c}"),
+                format!("{}.{}", p.abi.0, p.abi.1),
+                p.sub_device_type.clone().unwrap_or_else(|| "-".to_owned()),
+                p.absent_entries.len().to_string(),
+                p.path.display().to_string(),
+            ]);
+        }
+        print_table(&rows);
+    }
     for b in &reports {
         for d in &b.devices {
             println!();

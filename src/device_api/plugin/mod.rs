@@ -1,0 +1,1232 @@
+//! Vendor device backends as plugins: shared libraries implementing
+//! `include/kiln/device_plugin.h`, loaded at run time and registered as ordinary backends.
+//!
+//! # Design
+//!
+//! - The ABI is a versioned table of C functions (PaddlePaddle CustomDevice's
+//!   `C_DeviceInterface`, with the versioning discipline of OpenXLA's PJRT C API): one entry
+//!   symbol, `kiln_device_plugin_init`, fills a [`sys::KilnPluginParams`] with the device type
+//!   name, the plugin's version and a [`sys::KilnDeviceInterface`]. Every struct starts with its
+//!   size and ABI version; fields are only appended. kiln accepts older (smaller) tables, treating
+//!   the entries past their end as absent, and refuses another major version.
+//! - [`load_plugin`] checks the file (an ELF shared object that defines the entry), opens it,
+//!   checks sizes, versions and the required entries (naming every missing one), calls
+//!   `initialize` and `init_device`, and registers a [`PluginDeviceApi`] as `device_api.<name>`
+//!   with an extension device code, plus the plugin's kernels as global packed functions
+//!   `<name>.<kernel>`. [`load_plugins_from_env`] loads every library in the directories of
+//!   `KILN_PLUGIN_PATH`, reporting and skipping bad files.
+//! - [`PluginDeviceApi`] implements [`DeviceApi`] over the table and applies the documented
+//!   fallbacks for absent optional entries: async copy -> synchronize + sync copy, memset -> host
+//!   fill + h2d, query -> synchronize, p2p -> bounce through the host, callbacks -> synchronize +
+//!   run on the host, chunk sizes -> defaults.
+//! - Device memory comes from a [`ChunkAllocator`] per device that carves the plugin's chunks
+//!   (its chunk sizes, padding and realloc size), so steady allocation does not call the plugin.
+//!   It also knows every live range, so kiln checks copies and memsets before the plugin sees them.
+//! - A failing plugin never takes the process down: every status becomes a [`DeviceError`] or a
+//!   [`PluginError`] carrying the plugin's own message (its per-thread `get_last_error`), and no
+//!   panic crosses into C (the stream-callback trampoline catches them).
+//!
+//! `unsafe` code lives in [`sys`] only.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use kiln::device_api::{plugin, Device, Tensor};
+//!
+//! let api = plugin::load_plugin("target/plugins/libkiln_sample.so")?;
+//! let dev = Device::new(api.code(), 0);
+//! let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3], dev)?;
+//! assert_eq!(t.to_vec::<f32>()?, vec![1.0, 2.0, 3.0]);
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+pub mod allocator;
+pub mod sys;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+pub use allocator::{ChunkAllocator, ChunkConfig, ChunkStats};
+
+use super::api::{AttrKind, AttrValue, DeviceApi};
+use super::device::{Device, DeviceType};
+use super::error::{DeviceError, DeviceResult};
+use super::memory::{DeviceMemoryApi, DevicePtr, HostCallback, MemRegion, MemoryStats};
+use super::stream::{DeviceStreamApi, EventHandle, HandleTable, StreamHandle};
+use crate::packed_func::ffi::DLDataType;
+use allocator::{AllocFailure, ChunkSource, FreeFailure};
+use sys::{call_opt, call_req, KilnStatus, RawPlugin, KILN_STATUS_NOT_READY, KILN_STATUS_SUCCESS};
+
+/// The environment variable listing plugin directories (`:`-separated, like `PATH`).
+pub const PLUGIN_PATH_VAR: &str = "KILN_PLUGIN_PATH";
+
+/// Errors of loading a plugin. Each names the file and says what is wrong, with the plugin's
+/// own message when it gave one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PluginError {
+    /// The file is missing, unreadable, or not a shared library.
+    #[error("`{path}` is not a device plugin: {reason}")]
+    NotALibrary {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A shared library without the entry symbol `kiln_device_plugin_init`.
+    #[error("`{path}` is not a device plugin: it does not export `kiln_device_plugin_init`{}", detail(.reason))]
+    NoEntry {
+        /// The file.
+        path: PathBuf,
+        /// The loader's message, if any.
+        reason: String,
+    },
+    /// `dlopen` refused the file.
+    #[error("cannot load device plugin `{path}`: {reason}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The loader's message.
+        reason: String,
+    },
+    /// The entry symbol returned an error.
+    #[error(
+        "device plugin `{path}`: kiln_device_plugin_init failed with status {status}: {message}"
+    )]
+    EntryFailed {
+        /// The file.
+        path: PathBuf,
+        /// The status, with its name.
+        status: String,
+        /// The plugin's message.
+        message: String,
+    },
+    /// The entry filled the parameters incorrectly (no name, no table, a bad name).
+    #[error("device plugin `{path}`: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An ABI version (or table size) kiln does not support.
+    #[error(
+        "device plugin `{device_type}` ({path}) was built for device plugin ABI {}.{}; this kiln \
+         supports {}.0 to {}.{}: {reason}",
+        .plugin.0, .plugin.1, sys::KILN_PLUGIN_ABI_MAJOR, sys::KILN_PLUGIN_ABI_MAJOR,
+        sys::KILN_PLUGIN_ABI_MINOR
+    )]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The plugin's device type name.
+        device_type: String,
+        /// The plugin's ABI version (major, minor).
+        plugin: (u32, u32),
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// Required entries are NULL.
+    #[error("device plugin `{device_type}` ({path}) lacks required entries: {}", .missing.join(", "))]
+    MissingEntries {
+        /// The file.
+        path: PathBuf,
+        /// The plugin's device type name.
+        device_type: String,
+        /// The missing entries.
+        missing: Vec<String>,
+    },
+    /// `initialize`, `init_device` or another call made while loading failed.
+    #[error("device plugin `{device_type}` ({path}): {step} failed: {message}")]
+    InitFailed {
+        /// The file.
+        path: PathBuf,
+        /// The plugin's device type name.
+        device_type: String,
+        /// The call that failed (`initialize`, `init_device(1)`, ...).
+        step: String,
+        /// The plugin's message.
+        message: String,
+    },
+    /// The backend could not be registered (a name already taken, a bad name).
+    #[error("device plugin `{path}`: {source}")]
+    Registration {
+        /// The file.
+        path: PathBuf,
+        /// The registry's error.
+        source: DeviceError,
+    },
+}
+
+fn detail(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({reason})")
+    }
+}
+
+/// What kiln knows about a loaded plugin.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PluginInfo {
+    /// The device type name (the backend's name).
+    pub name: String,
+    /// The finer device name the plugin gave, if any.
+    pub sub_device_type: Option<String>,
+    /// The file it was loaded from.
+    pub path: PathBuf,
+    /// The plugin's own version.
+    pub plugin_version: (u32, u32, u32),
+    /// The ABI version its table declares.
+    pub abi: (u32, u32),
+    /// The size of its table in bytes.
+    pub table_size: usize,
+    /// The extension device code kiln gave it.
+    #[serde(serialize_with = "ser_code")]
+    pub code: DeviceType,
+    /// The number of devices.
+    pub device_count: usize,
+    /// The device ids the plugin lists (`get_device_list`).
+    pub device_list: Vec<usize>,
+    /// Optional entries it leaves out (kiln's fallbacks apply).
+    pub absent_entries: Vec<&'static str>,
+    /// The global packed functions it registered.
+    pub kernels: Vec<String>,
+    /// The allocator configuration (device 0's, with kiln's defaults filled in).
+    pub chunk_config: Option<ChunkConfig>,
+}
+
+fn ser_code<S: serde::Serializer>(c: &DeviceType, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_i32(c.0)
+}
+
+/// A plugin's devices as a [`DeviceApi`]; see the module docs.
+pub struct PluginDeviceApi {
+    raw: RawPlugin,
+    info: PluginInfo,
+    allocators: Vec<Mutex<ChunkAllocator>>,
+    /// Unified allocations: (device, address) -> size.
+    unified: Mutex<BTreeMap<(i32, usize), usize>>,
+    /// Live streams: device and the plugin's handle.
+    streams: Mutex<HandleTable<(i32, usize)>>,
+    /// Live events: device and the plugin's handle.
+    events: Mutex<HandleTable<(i32, usize)>>,
+    /// The plugin stream behind each device's default stream, created on first use.
+    default_streams: Mutex<Vec<Option<usize>>>,
+    /// The extension code, set once when the backend is registered.
+    code: AtomicI32,
+    /// The kernels registered, set once after registration.
+    kernels: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for PluginDeviceApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginDeviceApi")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The allocator's view of the plugin for one device.
+struct Source<'a> {
+    api: &'a PluginDeviceApi,
+    dev: i32,
+}
+
+impl ChunkSource for Source<'_> {
+    fn allocate(&mut self, size: usize) -> Result<usize, String> {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        let s = call_req!(self.api.raw, device_memory_allocate(self.dev, &mut p, size));
+        if s != KILN_STATUS_SUCCESS {
+            return Err(self.api.status_message("device_memory_allocate", s));
+        }
+        let addr = p as usize;
+        if addr == 0 || addr % sys::KILN_PLUGIN_MIN_ALIGNMENT != 0 {
+            let _ = call_req!(self.api.raw, device_memory_deallocate(self.dev, p, size));
+            return Err(format!(
+                "device_memory_allocate returned {addr:#x}, which is not aligned to {} bytes",
+                sys::KILN_PLUGIN_MIN_ALIGNMENT
+            ));
+        }
+        Ok(addr)
+    }
+
+    fn deallocate(&mut self, addr: usize, size: usize) -> Result<(), String> {
+        let s = call_req!(
+            self.api.raw,
+            device_memory_deallocate(self.dev, addr as *mut std::ffi::c_void, size)
+        );
+        if s == KILN_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.api.status_message("device_memory_deallocate", s))
+        }
+    }
+}
+
+enum Side {
+    Host(usize),
+    Dev(i32, usize),
+}
+
+impl PluginDeviceApi {
+    /// What kiln knows about the plugin.
+    pub fn info(&self) -> PluginInfo {
+        let mut i = self.info.clone();
+        i.code = self.code();
+        i.kernels = lock(&self.kernels).clone();
+        i
+    }
+
+    /// The device type code kiln gave the plugin (0 until it is registered).
+    pub fn code(&self) -> DeviceType {
+        DeviceType(self.code.load(Ordering::SeqCst))
+    }
+
+    /// Allocator statistics of device `id`.
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidDevice`].
+    pub fn allocator_stats(&self, id: i32) -> DeviceResult<ChunkStats> {
+        Ok(lock(self.allocator(id)?).stats())
+    }
+
+    /// Returns the wholly free chunks of device `id` to the plugin; the bytes released.
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidDevice`].
+    pub fn trim(&self, id: i32) -> DeviceResult<u64> {
+        let mut a = lock(self.allocator(id)?);
+        Ok(a.trim(&mut Source { api: self, dev: id }))
+    }
+
+    fn allocator(&self, id: i32) -> DeviceResult<&Mutex<ChunkAllocator>> {
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| self.allocators.get(i))
+            .ok_or_else(|| DeviceError::InvalidDevice {
+                device: Device::new(self.code(), id),
+                reason: format!(
+                    "plugin `{}` has {} device(s)",
+                    self.info.name,
+                    self.allocators.len()
+                ),
+            })
+    }
+
+    /// "<entry> failed with status N (NAME): <plugin message>".
+    fn status_message(&self, entry: &str, s: KilnStatus) -> String {
+        let msg = self
+            .raw
+            .last_error()
+            .unwrap_or_else(|| "the plugin gave no message".to_owned());
+        format!(
+            "plugin `{}`: {entry} failed with status {s} ({}): {msg}",
+            self.info.name,
+            sys::status_name(s)
+        )
+    }
+
+    fn check(&self, dev: Device, entry: &str, s: KilnStatus) -> DeviceResult<()> {
+        if s == KILN_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(DeviceError::Backend {
+                device: dev,
+                message: self.status_message(entry, s),
+            })
+        }
+    }
+
+    /// The plugin stream behind `stream` on `dev` (creating the default one on first use).
+    fn plugin_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<sys::KilnStream> {
+        if stream.is_default() {
+            let mut d = lock(&self.default_streams);
+            let slot = d
+                .get_mut(dev.device_id as usize)
+                .ok_or(DeviceError::InvalidStream {
+                    device: dev,
+                    handle: 0,
+                })?;
+            if let Some(s) = slot {
+                return Ok(*s as sys::KilnStream);
+            }
+            let mut s: sys::KilnStream = std::ptr::null_mut();
+            let st = call_req!(self.raw, create_stream(dev.device_id, &mut s));
+            self.check(dev, "create_stream (default stream)", st)?;
+            *slot = Some(s as usize);
+            return Ok(s);
+        }
+        match lock(&self.streams).get(stream.to_raw()) {
+            Some(&(d, s)) if d == dev.device_id => Ok(s as sys::KilnStream),
+            _ => Err(DeviceError::InvalidStream {
+                device: dev,
+                handle: stream.to_raw(),
+            }),
+        }
+    }
+
+    fn plugin_event(&self, dev: Device, event: EventHandle) -> DeviceResult<sys::KilnEvent> {
+        match lock(&self.events).get(event.to_raw()) {
+            Some(&(d, e)) if d == dev.device_id => Ok(e as sys::KilnEvent),
+            _ => Err(DeviceError::InvalidEvent {
+                device: dev,
+                handle: event.to_raw(),
+            }),
+        }
+    }
+
+    fn sync_plugin_stream(&self, dev: Device, s: sys::KilnStream) -> DeviceResult<()> {
+        let st = call_req!(self.raw, synchronize_stream(dev.device_id, s));
+        self.check(dev, "synchronize_stream", st)
+    }
+
+    /// Checks that `[ptr + offset, +n)` lies in a live allocation of `dev`; the device address.
+    fn device_range(&self, op: &'static str, r: MemRegion, n: usize) -> DeviceResult<usize> {
+        let oob = || DeviceError::OutOfBounds {
+            op,
+            device: r.device,
+            ptr: r.ptr,
+            offset: r.offset,
+            nbytes: n as u64,
+        };
+        let addr = usize::try_from(r.offset)
+            .ok()
+            .and_then(|o| r.ptr.0.checked_add(o))
+            .ok_or_else(oob)?;
+        let in_pool = lock(self.allocator(r.device.device_id)?)
+            .find(addr, n)
+            .is_some();
+        let in_unified = || {
+            lock(&self.unified)
+                .range(..=(r.device.device_id, addr))
+                .next_back()
+                .is_some_and(|(&(d, base), &size)| {
+                    d == r.device.device_id && addr.checked_add(n).is_some_and(|e| e <= base + size)
+                })
+        };
+        if in_pool || in_unified() {
+            Ok(addr)
+        } else {
+            Err(oob())
+        }
+    }
+
+    fn side(&self, op: &'static str, r: MemRegion, n: usize) -> DeviceResult<Side> {
+        if r.device.device_type == self.code() {
+            Ok(Side::Dev(r.device.device_id, self.device_range(op, r, n)?))
+        } else {
+            let a = usize::try_from(r.offset)
+                .ok()
+                .and_then(|o| r.ptr.0.checked_add(o))
+                .ok_or_else(|| DeviceError::InvalidTensor("host address overflows".to_owned()))?;
+            Ok(Side::Host(a))
+        }
+    }
+
+    /// A copy between two devices of this plugin without p2p entries: through a host buffer.
+    fn bounce_p2p(
+        &self,
+        sdev: Device,
+        src: usize,
+        ddev: Device,
+        dst: usize,
+        n: usize,
+    ) -> DeviceResult<()> {
+        let mut host = vec![0u8; n];
+        let hp = host.as_mut_ptr().cast::<std::ffi::c_void>();
+        let st = call_req!(
+            self.raw,
+            memory_copy_d2h(sdev.device_id, hp, src as *const std::ffi::c_void, n)
+        );
+        self.check(sdev, "memory_copy_d2h (p2p fallback)", st)?;
+        let st = call_req!(
+            self.raw,
+            memory_copy_h2d(ddev.device_id, dst as *mut std::ffi::c_void, hp, n)
+        );
+        self.check(ddev, "memory_copy_h2d (p2p fallback)", st)
+    }
+
+    fn query_config(&self, id: i32) -> ChunkConfig {
+        let mut c = ChunkConfig::defaults();
+        let get = |r: Option<KilnStatus>, v: usize| {
+            (r == Some(KILN_STATUS_SUCCESS) && v > 0).then_some(v)
+        };
+        let mut v = 0usize;
+        if let Some(x) = get(call_opt!(self.raw, device_min_chunk_size(id, &mut v)), v) {
+            c.min_chunk_size = x;
+        }
+        v = 0;
+        if let Some(x) = get(call_opt!(self.raw, device_max_chunk_size(id, &mut v)), v) {
+            c.max_chunk_size = x;
+        }
+        v = 0;
+        if let Some(x) = get(call_opt!(self.raw, device_realloc_size(id, &mut v)), v) {
+            c.realloc_size = x;
+        }
+        v = 0;
+        if let Some(x) = get(call_opt!(self.raw, device_init_alloc_size(id, &mut v)), v) {
+            c.init_alloc_size = x;
+        }
+        v = 0;
+        if call_opt!(self.raw, device_extra_padding_size(id, &mut v)) == Some(KILN_STATUS_SUCCESS) {
+            c.extra_padding_size = v;
+        }
+        v = 0;
+        if let Some(x) = get(call_opt!(self.raw, device_max_alloc_size(id, &mut v)), v) {
+            c.max_alloc_size = x;
+        } else if let Some((Some(total), _)) = self.device_memory(id) {
+            c.max_alloc_size = total as usize;
+        }
+        c.normalized()
+    }
+
+    /// `(total, free)` from `device_memory_stats`, when present and successful.
+    fn device_memory(&self, id: i32) -> Option<(Option<u64>, Option<u64>)> {
+        let (mut t, mut f) = (0usize, 0usize);
+        match call_opt!(self.raw, device_memory_stats(id, &mut t, &mut f)) {
+            Some(KILN_STATUS_SUCCESS) => Some((Some(t as u64), Some(f as u64))),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for PluginDeviceApi {
+    fn drop(&mut self) {
+        // Registered backends live until the process exits; this tears down one that never was
+        // (registration failed), so its streams and memory go back to the plugin.
+        for (i, s) in lock(&self.default_streams).iter().enumerate() {
+            if let Some(s) = s {
+                let _ = call_req!(self.raw, destroy_stream(i as i32, *s as sys::KilnStream));
+            }
+        }
+        for i in 0..self.allocators.len() {
+            let _ = self.trim(i as i32);
+            let _ = call_opt!(self.raw, deinit_device(i as i32));
+        }
+        let _ = call_opt!(self.raw, finalize());
+    }
+}
+
+impl DeviceApi for PluginDeviceApi {
+    fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    fn device_type(&self) -> DeviceType {
+        self.code()
+    }
+
+    fn device_count(&self) -> DeviceResult<usize> {
+        Ok(self.info.device_count)
+    }
+
+    fn raw_attr(&self, dev: Device, kind: AttrKind) -> DeviceResult<Option<AttrValue>> {
+        let id = dev.device_id;
+        let mut v = sys::attr_value();
+        match call_opt!(self.raw, get_attribute(id, kind.0, &mut v)) {
+            Some(KILN_STATUS_SUCCESS) => {
+                return Ok(match v.type_ {
+                    sys::KILN_ATTR_INT => Some(AttrValue::Int(v.int_value)),
+                    sys::KILN_ATTR_STRING => Some(AttrValue::Str(sys::attr_string(&v))),
+                    _ => None,
+                })
+            }
+            Some(sys::KILN_STATUS_UNSUPPORTED) | None => {}
+            Some(s) => self.check(dev, "get_attribute", s)?,
+        }
+        // Fallbacks from the other entries.
+        let mut n = 0usize;
+        Ok(match kind {
+            AttrKind::DEVICE_NAME => Some(AttrValue::Str(match &self.info.sub_device_type {
+                Some(sub) => format!("{} {sub} #{id}", self.info.name),
+                None => format!("{} #{id}", self.info.name),
+            })),
+            AttrKind::COMPUTE_VERSION => (call_opt!(self.raw, get_compute_capability(id, &mut n))
+                == Some(KILN_STATUS_SUCCESS))
+            .then(|| AttrValue::Str(format!("{}.{}", n / 10, n % 10))),
+            AttrKind::API_VERSION => {
+                let ok =
+                    call_opt!(self.raw, get_runtime_version(&mut n)) == Some(KILN_STATUS_SUCCESS);
+                ok.then_some(AttrValue::Int(n as i64))
+            }
+            AttrKind::DRIVER_VERSION => {
+                let ok =
+                    call_opt!(self.raw, get_driver_version(&mut n)) == Some(KILN_STATUS_SUCCESS);
+                ok.then_some(AttrValue::Int(n as i64))
+            }
+            AttrKind::TOTAL_GLOBAL_MEMORY => self
+                .device_memory(id)
+                .and_then(|(t, _)| t)
+                .map(|t| AttrValue::Int(t as i64)),
+            AttrKind::AVAILABLE_GLOBAL_MEMORY => self
+                .device_memory(id)
+                .and_then(|(_, f)| f)
+                .map(|f| AttrValue::Int(f as i64)),
+            _ => None,
+        })
+    }
+
+    fn raw_set_device(&self, dev: Device) -> DeviceResult<()> {
+        match call_opt!(self.raw, set_device(dev.device_id)) {
+            Some(s) => self.check(dev, "set_device", s),
+            None => Ok(()),
+        }
+    }
+}
+
+impl DeviceMemoryApi for PluginDeviceApi {
+    fn raw_alloc(
+        &self,
+        dev: Device,
+        nbytes: usize,
+        align: usize,
+        _dtype_hint: DLDataType,
+    ) -> DeviceResult<DevicePtr> {
+        let mut a = lock(self.allocator(dev.device_id)?);
+        let mut src = Source {
+            api: self,
+            dev: dev.device_id,
+        };
+        match a.allocate(&mut src, nbytes, align.max(64)) {
+            Ok(p) => Ok(DevicePtr(p)),
+            Err(AllocFailure::TooLarge { max }) => Err(DeviceError::OutOfMemory {
+                device: dev,
+                nbytes: nbytes as u64,
+                align: align as u64,
+                reason: format!(
+                    "plugin `{}` allows at most {max} bytes in one allocation",
+                    self.info.name
+                ),
+            }),
+            Err(AllocFailure::Plugin(msg)) => Err(DeviceError::OutOfMemory {
+                device: dev,
+                nbytes: nbytes as u64,
+                align: align as u64,
+                reason: msg,
+            }),
+        }
+    }
+
+    fn raw_alloc_scoped(
+        &self,
+        dev: Device,
+        nbytes: usize,
+        align: usize,
+        _dtype: DLDataType,
+        scope: &str,
+    ) -> DeviceResult<DevicePtr> {
+        if scope != "global.unified" || self.raw.table().unified_memory_allocate.is_none() {
+            let supported = if self.raw.table().unified_memory_allocate.is_some() {
+                "global, global.unified"
+            } else {
+                "global"
+            };
+            return Err(DeviceError::Unsupported {
+                device: dev,
+                what: format!("memory scope `{scope}` (supported: {supported})"),
+            });
+        }
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        let s = call_opt!(
+            self.raw,
+            unified_memory_allocate(dev.device_id, &mut p, nbytes)
+        )
+        .unwrap_or(sys::KILN_STATUS_UNSUPPORTED);
+        if s != KILN_STATUS_SUCCESS {
+            return Err(DeviceError::OutOfMemory {
+                device: dev,
+                nbytes: nbytes as u64,
+                align: align as u64,
+                reason: self.status_message("unified_memory_allocate", s),
+            });
+        }
+        lock(&self.unified).insert((dev.device_id, p as usize), nbytes);
+        Ok(DevicePtr(p as usize))
+    }
+
+    fn raw_free(&self, dev: Device, ptr: DevicePtr) -> DeviceResult<()> {
+        let failure = lock(self.allocator(dev.device_id)?).free(ptr.0);
+        match failure {
+            Ok(()) => Ok(()),
+            Err(f) => {
+                let unified = lock(&self.unified).remove(&(dev.device_id, ptr.0));
+                if let Some(size) = unified {
+                    let s = call_opt!(
+                        self.raw,
+                        unified_memory_deallocate(dev.device_id, ptr.as_raw(), size)
+                    )
+                    .unwrap_or(sys::KILN_STATUS_UNSUPPORTED);
+                    return self.check(dev, "unified_memory_deallocate", s);
+                }
+                Err(match f {
+                    FreeFailure::DoubleFree => DeviceError::DoubleFree { device: dev, ptr },
+                    FreeFailure::Unknown => DeviceError::UnknownPointer {
+                        device: dev,
+                        ptr,
+                        what: format!("plugin `{}`", self.info.name),
+                    },
+                })
+            }
+        }
+    }
+
+    unsafe fn raw_copy(
+        &self,
+        src: MemRegion,
+        dst: MemRegion,
+        nbytes: usize,
+        stream: StreamHandle,
+    ) -> DeviceResult<()> {
+        use std::ffi::c_void;
+        let (s, d) = (
+            self.side("copy", src, nbytes)?,
+            self.side("copy", dst, nbytes)?,
+        );
+        // The stream belongs to the device side (the source's for device-to-device copies).
+        let sdev = match (&s, &d) {
+            (Side::Dev(id, _), _) | (Side::Host(_), Side::Dev(id, _)) => {
+                Device::new(self.code(), *id)
+            }
+            (Side::Host(_), Side::Host(_)) => {
+                return Err(DeviceError::Unsupported {
+                    device: src.device,
+                    what: "host-to-host copies".to_owned(),
+                })
+            }
+        };
+        let ps = self.plugin_stream(sdev, stream)?;
+        let t = self.raw.table();
+        match (s, d) {
+            (Side::Host(h), Side::Dev(id, a)) => {
+                let (dp, hp) = (a as *mut c_void, h as *const c_void);
+                if let Some(st) = call_opt!(self.raw, async_memory_copy_h2d(id, ps, dp, hp, nbytes))
+                {
+                    return self.check(sdev, "async_memory_copy_h2d", st);
+                }
+                self.sync_plugin_stream(sdev, ps)?;
+                let st = call_req!(self.raw, memory_copy_h2d(id, dp, hp, nbytes));
+                self.check(sdev, "memory_copy_h2d", st)
+            }
+            (Side::Dev(id, a), Side::Host(h)) => {
+                let (hp, dp) = (h as *mut c_void, a as *const c_void);
+                if let Some(st) = call_opt!(self.raw, async_memory_copy_d2h(id, ps, hp, dp, nbytes))
+                {
+                    return self.check(sdev, "async_memory_copy_d2h", st);
+                }
+                self.sync_plugin_stream(sdev, ps)?;
+                let st = call_req!(self.raw, memory_copy_d2h(id, hp, dp, nbytes));
+                self.check(sdev, "memory_copy_d2h", st)
+            }
+            (Side::Dev(si, sa), Side::Dev(di, da)) if si == di => {
+                let (dp, sp) = (da as *mut c_void, sa as *const c_void);
+                if let Some(st) = call_opt!(self.raw, async_memory_copy_d2d(si, ps, dp, sp, nbytes))
+                {
+                    return self.check(sdev, "async_memory_copy_d2d", st);
+                }
+                self.sync_plugin_stream(sdev, ps)?;
+                let st = call_req!(self.raw, memory_copy_d2d(si, dp, sp, nbytes));
+                self.check(sdev, "memory_copy_d2d", st)
+            }
+            (Side::Dev(si, sa), Side::Dev(di, da)) => {
+                let ddev = Device::new(self.code(), di);
+                let (dp, sp) = (da as *mut c_void, sa as *const c_void);
+                if let Some(st) =
+                    call_opt!(self.raw, async_memory_copy_p2p(di, si, ps, dp, sp, nbytes))
+                {
+                    return self.check(sdev, "async_memory_copy_p2p", st);
+                }
+                self.sync_plugin_stream(sdev, ps)?;
+                if t.memory_copy_p2p.is_some() {
+                    let st = call_req!(self.raw, memory_copy_p2p(di, si, dp, sp, nbytes));
+                    return self.check(sdev, "memory_copy_p2p", st);
+                }
+                self.bounce_p2p(sdev, sa, ddev, da, nbytes)
+            }
+            (Side::Host(_), Side::Host(_)) => unreachable!("rejected above"),
+        }
+    }
+
+    fn raw_memset(
+        &self,
+        dev: Device,
+        ptr: DevicePtr,
+        offset: u64,
+        value: u8,
+        nbytes: usize,
+        stream: StreamHandle,
+    ) -> DeviceResult<()> {
+        let r = MemRegion {
+            device: dev,
+            ptr,
+            offset,
+        };
+        let addr = self.device_range("memset", r, nbytes)?;
+        let ps = self.plugin_stream(dev, stream)?;
+        // Memset is synchronous in the ABI: finish the stream's earlier work first.
+        self.sync_plugin_stream(dev, ps)?;
+        let dp = addr as *mut std::ffi::c_void;
+        if let Some(st) = call_opt!(
+            self.raw,
+            device_memory_set(dev.device_id, dp, value, nbytes)
+        ) {
+            return self.check(dev, "device_memory_set", st);
+        }
+        let host = vec![value; nbytes];
+        let hp = host.as_ptr().cast::<std::ffi::c_void>();
+        let st = call_req!(self.raw, memory_copy_h2d(dev.device_id, dp, hp, nbytes));
+        self.check(dev, "memory_copy_h2d (memset fallback)", st)
+    }
+
+    fn raw_memory_stats(&self, dev: Device) -> DeviceResult<MemoryStats> {
+        let a = lock(self.allocator(dev.device_id)?).stats();
+        let unified: u64 = lock(&self.unified)
+            .iter()
+            .filter(|((d, _), _)| *d == dev.device_id)
+            .map(|(_, s)| *s as u64)
+            .sum();
+        let (total, free) = self.device_memory(dev.device_id).unwrap_or((None, None));
+        Ok(MemoryStats {
+            total,
+            free,
+            in_use: a.in_use + unified,
+            peak: a.peak.max(a.in_use + unified),
+            allocations: a.allocations,
+        })
+    }
+}
+
+impl DeviceStreamApi for PluginDeviceApi {
+    fn raw_create_stream(&self, dev: Device) -> DeviceResult<StreamHandle> {
+        let mut s: sys::KilnStream = std::ptr::null_mut();
+        let st = call_req!(self.raw, create_stream(dev.device_id, &mut s));
+        self.check(dev, "create_stream", st)?;
+        Ok(StreamHandle::from_raw(
+            lock(&self.streams).insert((dev.device_id, s as usize)),
+        ))
+    }
+
+    fn raw_free_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
+        let s = self.plugin_stream(dev, stream)?;
+        lock(&self.streams).remove(stream.to_raw());
+        let st = call_req!(self.raw, destroy_stream(dev.device_id, s));
+        self.check(dev, "destroy_stream", st)
+    }
+
+    fn raw_sync_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
+        let s = self.plugin_stream(dev, stream)?;
+        self.sync_plugin_stream(dev, s)
+    }
+
+    fn raw_query_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<bool> {
+        let s = self.plugin_stream(dev, stream)?;
+        match call_opt!(self.raw, query_stream(dev.device_id, s)) {
+            Some(KILN_STATUS_SUCCESS) => Ok(true),
+            Some(KILN_STATUS_NOT_READY) => Ok(false),
+            Some(st) => self.check(dev, "query_stream", st).map(|()| false),
+            None => self.sync_plugin_stream(dev, s).map(|()| true),
+        }
+    }
+
+    fn raw_add_callback(
+        &self,
+        dev: Device,
+        stream: StreamHandle,
+        callback: HostCallback,
+    ) -> DeviceResult<()> {
+        let s = self.plugin_stream(dev, stream)?;
+        if self.raw.table().stream_add_callback.is_none() {
+            self.sync_plugin_stream(dev, s)?;
+            callback();
+            return Ok(());
+        }
+        let name = self.info.name.clone();
+        let boxed: sys::BoxedCallback = Box::new(move |status: KilnStatus| {
+            if status != KILN_STATUS_SUCCESS {
+                log::warn!(
+                    "plugin `{name}`: a stream callback runs after failed work (status {status})"
+                );
+            }
+            callback();
+        });
+        let st = self.raw.add_callback(dev.device_id, s, boxed);
+        self.check(dev, "stream_add_callback", st)
+    }
+
+    fn raw_create_event(&self, dev: Device) -> DeviceResult<EventHandle> {
+        let mut e: sys::KilnEvent = std::ptr::null_mut();
+        let st = call_req!(self.raw, create_event(dev.device_id, &mut e));
+        self.check(dev, "create_event", st)?;
+        Ok(EventHandle::from_raw(
+            lock(&self.events).insert((dev.device_id, e as usize)),
+        ))
+    }
+
+    fn raw_record_event(
+        &self,
+        dev: Device,
+        stream: StreamHandle,
+        event: EventHandle,
+    ) -> DeviceResult<()> {
+        let s = self.plugin_stream(dev, stream)?;
+        let e = self.plugin_event(dev, event)?;
+        let st = call_req!(self.raw, record_event(dev.device_id, s, e));
+        self.check(dev, "record_event", st)
+    }
+
+    fn raw_query_event(&self, dev: Device, event: EventHandle) -> DeviceResult<bool> {
+        let e = self.plugin_event(dev, event)?;
+        match call_opt!(self.raw, query_event(dev.device_id, e)) {
+            Some(KILN_STATUS_SUCCESS) => Ok(true),
+            Some(KILN_STATUS_NOT_READY) => Ok(false),
+            Some(st) => self.check(dev, "query_event", st).map(|()| false),
+            None => {
+                let st = call_req!(self.raw, synchronize_event(dev.device_id, e));
+                self.check(dev, "synchronize_event (query_event fallback)", st)
+                    .map(|()| true)
+            }
+        }
+    }
+
+    fn raw_sync_event(&self, dev: Device, event: EventHandle) -> DeviceResult<()> {
+        let e = self.plugin_event(dev, event)?;
+        let st = call_req!(self.raw, synchronize_event(dev.device_id, e));
+        self.check(dev, "synchronize_event", st)
+    }
+
+    fn raw_stream_wait_event(
+        &self,
+        dev: Device,
+        stream: StreamHandle,
+        event: EventHandle,
+    ) -> DeviceResult<()> {
+        let s = self.plugin_stream(dev, stream)?;
+        let e = self.plugin_event(dev, event)?;
+        let st = call_req!(self.raw, stream_wait_event(dev.device_id, s, e));
+        self.check(dev, "stream_wait_event", st)
+    }
+
+    fn raw_destroy_event(&self, dev: Device, event: EventHandle) -> DeviceResult<()> {
+        let e = self.plugin_event(dev, event)?;
+        lock(&self.events).remove(event.to_raw());
+        let st = call_req!(self.raw, destroy_event(dev.device_id, e));
+        self.check(dev, "destroy_event", st)
+    }
+}
+
+impl PluginDeviceApi {
+    /// Blocks until all work on every stream of `dev` has completed (`synchronize_device`, or
+    /// every live stream of the device when the plugin lacks it).
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidDevice`]; the plugin's failures.
+    pub fn synchronize_device(&self, dev: Device) -> DeviceResult<()> {
+        self.check_device(dev)?;
+        if let Some(st) = call_opt!(self.raw, synchronize_device(dev.device_id)) {
+            return self.check(dev, "synchronize_device", st);
+        }
+        let mut streams: Vec<usize> = Vec::new();
+        if let Some(Some(s)) = lock(&self.default_streams).get(dev.device_id as usize) {
+            streams.push(*s);
+        }
+        {
+            let mut t = lock(&self.streams);
+            streams.extend(
+                t.values_mut()
+                    .filter(|(d, _)| *d == dev.device_id)
+                    .map(|(_, s)| *s),
+            );
+        }
+        for s in streams {
+            self.sync_plugin_stream(dev, s as sys::KilnStream)?;
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------- loading
+
+struct Loaded {
+    path: PathBuf,
+    api: Arc<PluginDeviceApi>,
+}
+
+fn loaded() -> &'static Mutex<Vec<Loaded>> {
+    static LOADED: OnceLock<Mutex<Vec<Loaded>>> = OnceLock::new();
+    LOADED.get_or_init(Default::default)
+}
+
+/// The plugins loaded in this process, in load order.
+pub fn loaded_plugins() -> Vec<Arc<PluginDeviceApi>> {
+    lock(loaded()).iter().map(|l| l.api.clone()).collect()
+}
+
+/// Loads the device plugin at `path` and registers it (see the module docs). Loading the same
+/// file again returns the plugin loaded first.
+///
+/// Loading a plugin runs its code in this process, as any plugin host does: kiln checks what it
+/// can before (that the file is a shared library defining `kiln_device_plugin_init`) and after
+/// (sizes, versions, required entries), but a plugin that corrupts memory cannot be contained.
+///
+/// # Errors
+/// [`PluginError`]: not a library, no entry, a failing entry, a version kiln does not support,
+/// missing required entries, a failing `initialize`/`init_device`, a name already registered.
+pub fn load_plugin(path: impl AsRef<Path>) -> Result<Arc<PluginDeviceApi>, PluginError> {
+    let path = path.as_ref();
+    crate::device_api::init();
+    let canon = std::fs::canonicalize(path).map_err(|e| PluginError::NotALibrary {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let mut all = lock(loaded());
+    if let Some(l) = all.iter().find(|l| l.path == canon) {
+        return Ok(l.api.clone());
+    }
+    let api = Arc::new(open_plugin(&canon)?);
+    register(&api)?;
+    all.push(Loaded {
+        path: canon,
+        api: api.clone(),
+    });
+    Ok(api)
+}
+
+fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
+    let p = path.to_path_buf();
+    let data = std::fs::read(path).map_err(|e| PluginError::NotALibrary {
+        path: p.clone(),
+        reason: e.to_string(),
+    })?;
+    match sys::defines_entry(&data) {
+        Err(reason) => return Err(PluginError::NotALibrary { path: p, reason }),
+        Ok(false) => {
+            return Err(PluginError::NoEntry {
+                path: p,
+                reason: String::new(),
+            })
+        }
+        Ok(true) => {}
+    }
+    drop(data);
+    let (raw, entry) = RawPlugin::open(path)?;
+    let name = entry.device_type.clone();
+    let init_failed = |step: String, message: String| PluginError::InitFailed {
+        path: p.clone(),
+        device_type: name.clone(),
+        step,
+        message,
+    };
+    let msg = |raw: &RawPlugin| {
+        raw.last_error()
+            .unwrap_or_else(|| "the plugin gave no message".to_owned())
+    };
+    if let Some(s) = call_opt!(raw, initialize()) {
+        if s != KILN_STATUS_SUCCESS {
+            return Err(init_failed(format!("initialize (status {s})"), msg(&raw)));
+        }
+    }
+    let mut count = 0usize;
+    let s = call_req!(raw, get_device_count(&mut count));
+    if s != KILN_STATUS_SUCCESS {
+        let m = msg(&raw);
+        let _ = call_opt!(raw, finalize());
+        return Err(init_failed(format!("get_device_count (status {s})"), m));
+    }
+    let count = count.min(i32::MAX as usize);
+    for id in 0..count as i32 {
+        if let Some(s) = call_opt!(raw, init_device(id)) {
+            if s != KILN_STATUS_SUCCESS {
+                let m = msg(&raw);
+                for j in 0..id {
+                    let _ = call_opt!(raw, deinit_device(j));
+                }
+                let _ = call_opt!(raw, finalize());
+                return Err(init_failed(format!("init_device({id}) (status {s})"), m));
+            }
+        }
+    }
+    let device_list = if count > 0 && raw.table().get_device_list.is_some() {
+        let mut ids = vec![0usize; count];
+        match call_opt!(raw, get_device_list(ids.as_mut_ptr())) {
+            Some(KILN_STATUS_SUCCESS) => ids,
+            _ => (0..count).collect(),
+        }
+    } else {
+        (0..count).collect()
+    };
+    let mut api = PluginDeviceApi {
+        info: PluginInfo {
+            name: entry.device_type,
+            sub_device_type: entry.sub_device_type,
+            path: p.clone(),
+            plugin_version: entry.plugin_version,
+            abi: entry.abi,
+            table_size: entry.table_size,
+            code: DeviceType(0),
+            device_count: count,
+            device_list,
+            absent_entries: sys::absent_optional_entries(raw.table()),
+            kernels: Vec::new(),
+            chunk_config: None,
+        },
+        raw,
+        allocators: Vec::new(),
+        unified: Mutex::new(BTreeMap::new()),
+        streams: Mutex::new(HandleTable::new()),
+        events: Mutex::new(HandleTable::new()),
+        default_streams: Mutex::new(vec![None; count]),
+        code: AtomicI32::new(0),
+        kernels: Mutex::new(Vec::new()),
+    };
+    let configs: Vec<ChunkConfig> = (0..count as i32).map(|i| api.query_config(i)).collect();
+    api.info.chunk_config = configs.first().copied();
+    api.allocators = configs
+        .into_iter()
+        .map(|c| Mutex::new(ChunkAllocator::new(c)))
+        .collect();
+    for id in 0..count as i32 {
+        let r = lock(&api.allocators[id as usize]).preallocate(&mut Source { api: &api, dev: id });
+        if let Err(m) = r {
+            // `api` drops here: its Drop returns what was allocated and finalizes.
+            return Err(init_failed(
+                format!("the initial allocation on device {id}"),
+                m,
+            ));
+        }
+    }
+    Ok(api)
+}
+
+fn register(api: &Arc<PluginDeviceApi>) -> Result<(), PluginError> {
+    let path = api.info.path.clone();
+    let name = api.info.name.clone();
+    let prefix = format!("{name}.");
+    let kernels = api
+        .raw
+        .kernels(&prefix)
+        .map_err(|(s, m)| PluginError::InitFailed {
+            path: path.clone(),
+            device_type: name.clone(),
+            step: format!("get_kernels (status {s})"),
+            message: m,
+        })?;
+    if let Some((k, _)) = kernels
+        .iter()
+        .find(|(k, _)| crate::packed_func::registry::get(k).is_some())
+    {
+        return Err(PluginError::Registration {
+            path,
+            source: DeviceError::Registration {
+                name,
+                code: 0,
+                reason: format!(
+                    "the global function `{k}` (a plugin kernel) is already registered"
+                ),
+            },
+        });
+    }
+    // The code is chosen first and may be taken by a concurrent registration: retry then.
+    let mut attempts = 0;
+    loop {
+        let code =
+            super::registry::next_extension_code().map_err(|source| PluginError::Registration {
+                path: path.clone(),
+                source,
+            })?;
+        // `device_type()` must report the code when the registry checks it.
+        api.code.store(code.0, Ordering::SeqCst);
+        let dyn_api: Arc<dyn DeviceApi> = api.clone();
+        match super::registry::register_device_api(&name, code, dyn_api) {
+            Ok(()) => break,
+            Err(source) => {
+                let list = super::registry::list();
+                let lost_race = list.iter().any(|(n, c)| *c == code && *n != name)
+                    && !list.iter().any(|(n, _)| *n == name);
+                attempts += 1;
+                if !lost_race || attempts >= 8 {
+                    api.code.store(0, Ordering::SeqCst);
+                    return Err(PluginError::Registration { path, source });
+                }
+            }
+        }
+    }
+    let mut names = Vec::new();
+    for (k, f) in kernels {
+        match crate::packed_func::registry::register(&k, f, false) {
+            Ok(()) => names.push(k),
+            Err(e) => log::warn!("plugin `{name}`: registering kernel `{k}`: {e}"),
+        }
+    }
+    *lock(&api.kernels) = names;
+    Ok(())
+}
+
+/// The outcome of loading every plugin in some directories.
+#[derive(Debug, Default)]
+pub struct PluginScan {
+    /// The plugins loaded (or found loaded already).
+    pub loaded: Vec<Arc<PluginDeviceApi>>,
+    /// The files (or directories) that failed, with why. They were skipped.
+    pub failed: Vec<(PathBuf, PluginError)>,
+}
+
+fn is_library_name(p: &Path) -> bool {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.ends_with(".so") || name.contains(".so.") || name.ends_with(".dylib")
+}
+
+/// Loads every shared library (`*.so`, `*.so.*`, `*.dylib`) in each of `dirs`, in name order.
+/// Bad files are reported in [`PluginScan::failed`] and skipped; other files are ignored.
+pub fn load_plugins_from_dirs<I, P>(dirs: I) -> PluginScan
+where
+    I: IntoIterator<Item = P>,
+    P: AsRef<Path>,
+{
+    let mut scan = PluginScan::default();
+    for dir in dirs {
+        let dir = dir.as_ref();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) => {
+                scan.failed.push((
+                    dir.to_path_buf(),
+                    PluginError::NotALibrary {
+                        path: dir.to_path_buf(),
+                        reason: format!("cannot read the plugin directory: {e}"),
+                    },
+                ));
+                continue;
+            }
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.is_file() && is_library_name(p))
+            .collect();
+        files.sort();
+        for f in files {
+            match load_plugin(&f) {
+                Ok(api) => scan.loaded.push(api),
+                Err(e) => scan.failed.push((f, e)),
+            }
+        }
+    }
+    scan
+}
+
+/// Loads every plugin in the directories of `KILN_PLUGIN_PATH` (`:`-separated); nothing when it
+/// is unset or empty. See [`load_plugins_from_dirs`].
+pub fn load_plugins_from_env() -> PluginScan {
+    match std::env::var_os(PLUGIN_PATH_VAR) {
+        Some(v) if !v.is_empty() => {
+            load_plugins_from_dirs(std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()))
+        }
+        _ => PluginScan::default(),
+    }
+}
