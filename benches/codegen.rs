@@ -11,14 +11,13 @@
 #[path = "util/mod.rs"]
 mod util;
 
-use std::ffi::c_void;
 use std::hint::black_box;
 use std::time::Instant;
 
 use kiln::codegen::llvm::{export, generate_ir, CodegenOptions, Linkage};
 use kiln::ir::{kernels, IRModule};
-use kiln::packed_func::ffi::{DLDataTypeCode, TVMFFIAny, TVMFFISafeCallType, TypeIndex};
-use kiln::packed_func::{DLDataType, DLDevice, DLDeviceType, DLTensor};
+use kiln::packed_func::ffi::{TVMFFIAny, TVMFFISafeCallType, TypeIndex};
+use kiln::packed_func::DLTensor;
 use kiln::target::Target;
 
 fn main() {
@@ -77,22 +76,7 @@ fn main() {
         unsafe { *lib.get::<TVMFFISafeCallType>(b"__tvm_ffi_vadd\0").unwrap() };
     let mut xs = [[1.0f32; 16]; 3];
     let mut shape = [1i64];
-    let mk = |p: *mut f32, shape: *mut i64| DLTensor {
-        data: p.cast::<c_void>(),
-        device: DLDevice {
-            device_type: DLDeviceType::CPU,
-            device_id: 0,
-        },
-        ndim: 1,
-        dtype: DLDataType {
-            code: DLDataTypeCode::FLOAT,
-            bits: 32,
-            lanes: 1,
-        },
-        shape,
-        strides: std::ptr::null_mut(),
-        byte_offset: 0,
-    };
+    let mk = util::f32_tensor;
     let sp = shape.as_mut_ptr();
     let mut ts = [
         mk(xs[0].as_mut_ptr(), sp),

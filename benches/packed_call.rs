@@ -10,14 +10,10 @@
 #[path = "util/mod.rs"]
 mod util;
 
-use std::ffi::c_void;
 use std::hint::black_box;
 use std::process::Command;
 
-use kiln::packed_func::ffi::DLDataTypeCode;
-use kiln::packed_func::{
-    AnyView, DLDataType, DLDevice, DLDeviceType, DLTensor, LibraryModule, Module, PackedFunc,
-};
+use kiln::packed_func::{AnyView, DLTensor, LibraryModule, Module, PackedFunc};
 
 fn main() {
     let dir = tempfile::tempdir().unwrap();
@@ -39,22 +35,7 @@ fn main() {
 
     let mut x = [0f32; 1];
     let mut shape = [1i64];
-    let mut t = DLTensor {
-        data: x.as_mut_ptr().cast::<c_void>(),
-        device: DLDevice {
-            device_type: DLDeviceType::CPU,
-            device_id: 0,
-        },
-        ndim: 1,
-        dtype: DLDataType {
-            code: DLDataTypeCode::FLOAT,
-            bits: 32,
-            lanes: 1,
-        },
-        shape: shape.as_mut_ptr(),
-        strides: std::ptr::null_mut(),
-        byte_offset: 0,
-    };
+    let mut t = util::f32_tensor(x.as_mut_ptr(), shape.as_mut_ptr());
     let foreign = lib.require_function("nop3").unwrap();
     let closure = PackedFunc::new("nop3_rust", |args| {
         let mut n = 0;

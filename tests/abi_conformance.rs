@@ -407,24 +407,6 @@ fn every_recorded_tvm_call_gets_the_same_error_or_result_in_process() {
     assert_eq!(passed, all.len());
 }
 
-fn python() -> Option<String> {
-    let py = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import tvm_ffi, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert_ne!(
-            std::env::var("KILN_REQUIRE_TVM_FFI").as_deref(),
-            Ok("1"),
-            "KILN_REQUIRE_TVM_FFI=1 but `{py}` cannot import tvm_ffi and numpy"
-        );
-        eprintln!("skipped: `{py}` cannot import tvm_ffi and numpy");
-        return None;
-    }
-    Some(py)
-}
-
 fn export_kernels(dir: &Path) -> PathBuf {
     for (name, (f, fast)) in kernels() {
         let m = IRModule::from_functions(vec![f]);
@@ -437,7 +419,9 @@ fn export_kernels(dir: &Path) -> PathBuf {
 #[test]
 fn every_recorded_tvm_call_gets_the_same_error_or_result_through_python_tvm_ffi() {
     let Some(_) = cases() else { return };
-    let Some(py) = python() else { return };
+    let Some(py) = common::python_with_tvm_ffi() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     export_kernels(dir.path());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/abi_conformance.py");

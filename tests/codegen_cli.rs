@@ -1,5 +1,7 @@
 //! `kiln build` and `kiln run` from the command line, alone and with Python's tvm_ffi.
 
+mod common;
+
 use std::process::Command;
 
 fn kiln() -> Command {
@@ -132,20 +134,9 @@ fn run_generates_inputs_times_and_checks_against_the_interpreter() {
 
 #[test]
 fn built_libraries_run_in_python_tvm_ffi_on_numpy_arrays() {
-    let py = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import tvm_ffi, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert_ne!(
-            std::env::var("KILN_REQUIRE_TVM_FFI").as_deref(),
-            Ok("1"),
-            "KILN_REQUIRE_TVM_FFI=1 but no tvm_ffi"
-        );
-        eprintln!("skipped: {py} has no tvm_ffi/numpy");
+    let Some(py) = common::python_with_tvm_ffi() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/cli_roundtrip.py");
     let out = Command::new(&py)

@@ -48,3 +48,24 @@ pub fn report(name: &str, s: Stats, baseline: Option<Stats>) {
         s.median, s.min, s.max
     );
 }
+
+/// A 1-D float32 CPU `DLTensor` over `data` with extent `*shape` (both must outlive its use).
+pub fn f32_tensor(data: *mut f32, shape: *mut i64) -> kiln::packed_func::DLTensor {
+    use kiln::packed_func::{ffi::DLDataTypeCode, DLDataType, DLDevice, DLDeviceType};
+    kiln::packed_func::DLTensor {
+        data: data.cast(),
+        device: DLDevice {
+            device_type: DLDeviceType::CPU,
+            device_id: 0,
+        },
+        ndim: 1,
+        dtype: DLDataType {
+            code: DLDataTypeCode::FLOAT,
+            bits: 32,
+            lanes: 1,
+        },
+        shape,
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    }
+}

@@ -111,3 +111,23 @@ impl HostArray {
             .collect()
     }
 }
+
+/// The Python (`KILN_PYTHON`, default `python3`) if it can import tvm_ffi and numpy. Without it
+/// the caller skips, except under `KILN_REQUIRE_TVM_FFI=1` (CI), where this panics.
+pub fn python_with_tvm_ffi() -> Option<String> {
+    let py = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py)
+        .args(["-c", "import tvm_ffi, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert_ne!(
+            std::env::var("KILN_REQUIRE_TVM_FFI").as_deref(),
+            Ok("1"),
+            "KILN_REQUIRE_TVM_FFI=1 but `{py}` cannot import tvm_ffi and numpy"
+        );
+        eprintln!("skipped: `{py}` cannot import tvm_ffi and numpy");
+        return None;
+    }
+    Some(py)
+}

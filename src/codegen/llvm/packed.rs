@@ -81,6 +81,23 @@ impl Ctx<'_, '_> {
         acc.map(|a| a.v).unwrap_or_else(|| "false".into())
     }
 
+    /// `strides[k]`, read only when the strides pointer is non-NULL (else from a zero constant).
+    fn stride(&mut self, strides: &str, has_strides: &str, k: usize) -> Val {
+        let sp = self.e.assign(
+            "i64*",
+            format!("getelementptr inbounds i64, i64* {strides}, i64 {k}"),
+        );
+        let safe = self.e.assign(
+            "i64*",
+            format!(
+                "select i1 {has_strides}, i64* {}, i64* @__kiln_zero_i64",
+                sp.v
+            ),
+        );
+        self.e
+            .assign("i64", format!("load i64, i64* {}, align 8", safe.v))
+    }
+
     fn field(&mut self, t: &str, idx: usize, ty: &str) -> Val {
         let p = self.e.assign(
             "",
@@ -294,20 +311,7 @@ pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, Code
                 let mut ok = Val::new("i1", "true");
                 let mut empty = Val::new("i1", "false");
                 for k in (0..dims.len()).rev() {
-                    let sp = c.e.assign(
-                        "i64*",
-                        format!("getelementptr inbounds i64, i64* {}, i64 {k}", strides.v),
-                    );
-                    // Only read strides when the pointer is non-NULL: select a safe address.
-                    let safe = c.e.assign(
-                        "i64*",
-                        format!(
-                            "select i1 {}, i64* {}, i64* {}",
-                            hasst.v, sp.v, "@__kiln_zero_i64"
-                        ),
-                    );
-                    let s =
-                        c.e.assign("i64", format!("load i64, i64* {}, align 8", safe.v));
+                    let s = c.stride(&strides.v, &hasst.v, k);
                     let unit = c.e.assign("i1", format!("icmp eq i64 {}, 1", dims[k].v));
                     let eq =
                         c.e.assign("i1", format!("icmp eq i64 {}, {}", s.v, expect.v));
@@ -334,19 +338,7 @@ pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, Code
                     );
                 }
                 for (k, sexpr) in sexprs.iter().enumerate() {
-                    let sp = c.e.assign(
-                        "i64*",
-                        format!("getelementptr inbounds i64, i64* {}, i64 {k}", strides.v),
-                    );
-                    let safe = c.e.assign(
-                        "i64*",
-                        format!(
-                            "select i1 {}, i64* {}, i64* {}",
-                            hasst.v, sp.v, "@__kiln_zero_i64"
-                        ),
-                    );
-                    let s =
-                        c.e.assign("i64", format!("load i64, i64* {}, align 8", safe.v));
+                    let s = c.stride(&strides.v, &hasst.v, k);
                     let actual = c.e.assign(
                         "i64",
                         format!("select i1 {}, i64 {}, i64 {}", hasst.v, s.v, compact[k].v),
