@@ -411,14 +411,14 @@ pub fn run(out: &mut dyn Write) -> Result<(), BoxError> {
     let code = device_api::next_extension_code()?;
     let api = Arc::new(FooDeviceApi::new(code));
     device_api::register_device_api("foo", code, api.clone())?;
-    let foo: Device = "foo:0".parse()?;
+    let foo0: Device = "foo:0".parse()?;
     let reported: i64 = registry::require("device_api.foo")?.call_typed(())?;
     check(reported == i64::from(code.0), || {
         format!("device_api.foo returned {reported}, expected {}", code.0)
     })?;
     writeln!(
         out,
-        "registered device_api.foo: device type {} ({foo}), {} MiB arena",
+        "registered device_api.foo: device type {} ({foo0}), {} MiB arena",
         code.0,
         ARENA_BYTES >> 20
     )?;
@@ -449,9 +449,9 @@ pub fn run(out: &mut dyn Write) -> Result<(), BoxError> {
     let n = 100_000usize;
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
     let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
-    let ta = Tensor::from_slice(&a, &[n as i64], foo)?;
-    let tb = Tensor::from_slice(&b, &[n as i64], foo)?;
-    let tc = Tensor::zeros(&[n as i64], ta.dtype(), foo)?;
+    let ta = Tensor::from_slice(&a, &[n as i64], foo0)?;
+    let tb = Tensor::from_slice(&b, &[n as i64], foo0)?;
+    let tc = Tensor::zeros(&[n as i64], ta.dtype(), foo0)?;
     rt.require_function("vadd")?.call(&args(&ta, &tb, &tc))?;
     let c: Vec<f32> = tc.to_vec()?;
     let bad = (0..n).find(|&i| c[i] != a[i] + b[i]);
@@ -503,7 +503,7 @@ pub fn run(out: &mut dyn Write) -> Result<(), BoxError> {
 
     // ... and foo refuses to free memory it did not hand out.
     let err = api
-        .free_data_space(foo, ha.data_ptr())
+        .free_data_space(foo0, ha.data_ptr())
         .err()
         .ok_or("foo freed a CPU pointer")?;
     check(matches!(err, DeviceError::UnknownPointer { .. }), || {
@@ -511,7 +511,7 @@ pub fn run(out: &mut dyn Write) -> Result<(), BoxError> {
     })?;
     writeln!(out, "free of a CPU pointer on foo: {err}")?;
 
-    let stats = api.memory_stats(foo)?;
+    let stats = api.memory_stats(foo0)?;
     writeln!(
         out,
         "foo:0 memory: {} bytes in {} blocks, peak {} bytes",

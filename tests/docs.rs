@@ -46,7 +46,10 @@ fn ci_blocks(name: &str, text: &str) -> Vec<Block> {
         }
         let fence = lines.get(i + 1).map(|l| l.trim()).unwrap_or("");
         let lang = fence.strip_prefix("```").unwrap_or_else(|| {
-            panic!("{name}:{}: `{MARK}` must be followed by a fenced block", i + 1)
+            panic!(
+                "{name}:{}: `{MARK}` must be followed by a fenced block",
+                i + 1
+            )
         });
         assert!(
             lang == "sh" || lang == "python",
@@ -183,7 +186,13 @@ fn guide_python_commands_and_snippets_run() {
 /// A guide with ci blocks but no test above would be skipped silently.
 #[test]
 fn every_guide_with_ci_blocks_has_a_test() {
-    let tested = ["targets.md", "devices.md", "ir.md", "codegen.md", "python.md"];
+    let tested = [
+        "targets.md",
+        "devices.md",
+        "ir.md",
+        "codegen.md",
+        "python.md",
+    ];
     for g in guides() {
         let n = ci_blocks(&g, &read_guide(&g)).len();
         assert!(
@@ -199,7 +208,10 @@ fn the_block_parser_finds_marked_blocks_only() {
                 <!-- ci -->\n```python\nprint(1)\n```\n";
     let b = ci_blocks("t.md", text);
     assert_eq!(b.len(), 2, "{b:?}");
-    assert_eq!((b[0].lang.as_str(), b[0].code.as_str()), ("sh", "kiln tags\nkiln kinds\n"));
+    assert_eq!(
+        (b[0].lang.as_str(), b[0].code.as_str()),
+        ("sh", "kiln tags\nkiln kinds\n")
+    );
     assert_eq!((b[1].lang.as_str(), b[1].line), ("python", 11));
 }
 
