@@ -97,6 +97,31 @@ pub fn build(module: &IRModule, target: &Target) -> crate::Result<ModuleRef> {
 
 /// Wraps a Rust code generator as a `target.build.<kind>` packed function: it receives the
 /// module and target and returns a runtime module.
+///
+/// A kind of your own, compiled by kiln's LLVM backend (a complete backend with its own device
+/// is `examples/custom_backend.rs`):
+///
+/// ```
+/// # #[cfg(feature = "llvm")] {
+/// use std::sync::Arc;
+/// use kiln::codegen::{codegen_func, llvm::{CodegenOptions, LlvmModule}, ModuleRef};
+/// use kiln::ir::{kernels, IRModule};
+/// use kiln::target::{Target, TargetKind};
+///
+/// TargetKind::builder("doc_cpu", 1).option::<i64>("opt-level", Some(2)).register()?;
+/// let f = codegen_func("target.build.doc_cpu", |module, target| {
+///     let opts = CodegenOptions::from_target(target)?; // device type 1: CPU tensors
+///     let m: ModuleRef = Arc::new(LlvmModule::jit(module, &opts)?);
+///     Ok(m)
+/// });
+/// kiln::packed_func::registry::register("target.build.doc_cpu", f, false)?;
+///
+/// let module = IRModule::from_functions(vec![kernels::vadd()]);
+/// let rt = kiln::codegen::build(&module, &Target::parse(r#"{"kind": "doc_cpu"}"#)?)?;
+/// assert_eq!(rt.function_names(), ["vadd"]);
+/// # }
+/// # Ok::<(), kiln::Error>(())
+/// ```
 pub fn codegen_func<F>(name: &str, f: F) -> PackedFunc
 where
     F: Fn(&IRModule, &Target) -> crate::Result<ModuleRef> + Send + Sync + 'static,

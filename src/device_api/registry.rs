@@ -87,6 +87,22 @@ fn valid_name(name: &str) -> bool {
 /// extension code in `[DeviceType::EXT_BASE, DeviceType::EXT_END)` (see
 /// [`next_extension_code`]). `api.device_type()` must be `code`.
 ///
+/// ```
+/// use std::sync::Arc;
+/// use kiln::device_api::{self, Device, NullDeviceApi, Tensor};
+///
+/// let code = device_api::next_extension_code()?;
+/// let api = Arc::new(NullDeviceApi::new("docdev", code, 1, 1 << 20));
+/// device_api::register_device_api("docdev", code, api)?;
+///
+/// let dev: Device = "docdev:0".parse()?;
+/// let t = Tensor::from_slice(&[1i32, 2, 3], &[3], dev)?; // allocated and copied by docdev
+/// assert_eq!(t.to_vec::<i32>()?, [1, 2, 3]);
+/// let f = kiln::packed_func::registry::require("device_api.docdev")?;
+/// assert_eq!(f.call_typed::<_, i64>(())?, i64::from(code.0));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+///
 /// # Errors
 /// [`DeviceError::Registration`] for a taken name or code, a malformed name, a code outside the
 /// allowed ranges, or a backend that reports another code.
