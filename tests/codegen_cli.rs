@@ -87,6 +87,32 @@ fn build_reports_bad_targets_and_bad_modules() {
 }
 
 #[test]
+fn run_finds_a_library_named_without_a_directory_in_the_current_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = kiln()
+        .args(["build", VADD, "-o", "vadd.so"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    // dlopen("vadd.so") alone would search the system library path, not the current directory.
+    let st = kiln()
+        .args(["run", "vadd.so", "vadd", "rand:4", "rand:4", "zeros:4"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+}
+
+#[test]
 fn run_generates_inputs_times_and_checks_against_the_interpreter() {
     let dir = tempfile::tempdir().unwrap();
     let st = kiln()

@@ -130,6 +130,9 @@ impl LibraryModule {
         crate::codegen::parallel::register_runtime_symbols();
         crate::device_api::init();
         let path = path.as_ref().to_path_buf();
+        // dlopen searches the system library path for a name without a `/` (`vadd.so` would
+        // not mean the file in the current directory): always open an absolute path.
+        let open_path = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
         let data = std::fs::read(&path).map_err(|e| LibraryError::Read {
             path: path.clone(),
             reason: e.to_string(),
@@ -141,7 +144,7 @@ impl LibraryModule {
         // SAFETY: the caller vouches for the library's initializers (see `# Safety`).
         let lib = unsafe {
             libloading::os::unix::Library::open(
-                Some(&path),
+                Some(&open_path),
                 libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL,
             )
         }
