@@ -148,9 +148,19 @@ impl LibraryModule {
                 libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL,
             )
         }
-        .map_err(|e| LibraryError::Open {
-            path: path.clone(),
-            reason: e.to_string(),
+        .map_err(|e| {
+            // libloading keeps dlerror()'s text as the error's source.
+            let mut reason = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                reason.push_str(": ");
+                reason.push_str(&s.to_string());
+                src = s.source();
+            }
+            LibraryError::Open {
+                path: path.clone(),
+                reason,
+            }
         })?;
         let lib: libloading::Library = lib.into();
         for (slot, addr) in context_symbols() {
