@@ -32,9 +32,8 @@ pub fn run(args: IrArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err(Box::new(last));
     }
     if args.json {
-        println!("{}", module.to_json_string());
+        crate::emit(&format!("{}\n", module.to_json_string()))
     } else {
-        print!("{module}");
+        crate::emit(&module.to_string())
     }
-    Ok(())
 }

@@ -1,7 +1,6 @@
 //! `kiln target`, `kiln kinds`, `kiln tags`: parse and export targets, list kinds and tags.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 
 use clap::Args;
 use kiln::target::{list_kinds, list_tags, lookup_kind, Target, TargetKind};
@@ -34,14 +33,7 @@ pub struct TagsArgs {
     pub json: bool,
 }
 
-/// Writes `text` to stdout; a closed pipe (`kiln tags | head`) is not an error.
-fn emit(text: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
-}
+use crate::emit;
 
 /// Prints the canonical export of the target as one line of JSON.
 pub fn run_target(args: &TargetArgs) -> Result<(), Box<dyn std::error::Error>> {

@@ -39,6 +39,16 @@ enum Command {
     Devices(cmd_devices::DevicesArgs),
 }
 
+/// Writes `text` to stdout; a closed pipe (`kiln tags | head`) is not an error.
+pub(crate) fn emit(text: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
 
 fn main() {
