@@ -6,6 +6,7 @@ pub mod device_api;
 pub mod error;
 pub mod ir;
 pub mod packed_func;
+pub mod schedule;
 pub mod target;
 
 pub use error::{Error, Result};
