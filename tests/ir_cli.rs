@@ -27,7 +27,7 @@ fn prints_a_verified_module_as_text() {
     assert!(ok, "{stderr}");
     assert_eq!(
         stdout,
-        "// kiln-ir/1 module, 1 function(s)\n\nfunc @vadd(A: float32[n], B: float32[n], C: float32[n]) attrs(noalias) {\n  for i: int64 in serial(0i64, n) {\n    C[i] = A[i] + B[i]\n  }\n}\n"
+        "// kiln-ir/1 module, 1 function(s)\n\nfunc @vadd(A: float32[n], B: float32[n], C: float32[n]) attrs(noalias) {\n  for i: int64 in parallel(0i64, n) {\n    C[i] = A[i] + B[i]\n  }\n}\n"
     );
     assert_eq!(stderr, "");
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{all_constructs, check_snapshot, data_path};
-use kiln::ir::{kernels, IRModule, IrError};
+use kiln::ir::{IRModule, IrError};
 
 fn json_error(text: &str) -> (String, String) {
     match IRModule::from_json_str(text) {
@@ -22,13 +22,15 @@ fn vadd_text() -> String {
 }
 
 #[test]
-fn the_example_kernels_are_the_builder_kernels() {
-    // `KILN_BLESS=1` regenerates examples/kernels/*.json from `kiln::ir::kernels`.
+fn the_example_kernels_are_the_scheduled_kernels() {
+    // `KILN_BLESS=1` regenerates examples/kernels/*.json from `kiln::schedule::kernels` (the
+    // builder kernels of `kiln::ir::kernels` with their fast schedules; see tests/schedule.rs).
+    use kiln::schedule::kernels as scheduled;
     for f in [
-        kernels::vadd(),
-        kernels::matmul(),
-        kernels::rowsum(),
-        kernels::softmax(),
+        scheduled::vadd().unwrap(),
+        scheduled::matmul().unwrap(),
+        scheduled::rowsum().unwrap(),
+        scheduled::softmax().unwrap(),
     ] {
         let m = IRModule::from_functions(vec![f]);
         m.verify().unwrap();
