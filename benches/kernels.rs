@@ -9,7 +9,7 @@
 //! with the spread (min - max) beside them; ratios are other / kiln (> 1: kiln is faster).
 //!
 //! Run: `cargo bench --bench kernels` (`KILN_BENCH_QUICK=1` for fewer repetitions,
-//! `KILN_BENCH_DIR=dir` to keep the data files).
+//! `KILN_BENCH_DIR=dir` to keep the data files; `-- --asm <kernel>` prints a kernel's assembly).
 
 use std::hint::black_box;
 use std::path::Path;
@@ -124,6 +124,13 @@ fn max_err(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn main() {
+    // `cargo bench --bench kernels -- --asm <kernel>` prints a kernel's assembly instead.
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(k) = argv.iter().position(|a| a == "--asm") {
+        let name = argv.get(k + 1).map_or("matmul", String::as_str);
+        print!("{}", kernel(name).get_source("asm").unwrap_or_default());
+        return;
+    }
     let quick = std::env::var("KILN_BENCH_QUICK").is_ok_and(|v| v == "1");
     let reps = |n: usize| if quick { n.div_ceil(4).max(3) } else { n };
     // `KILN_BENCH_DIR` keeps the inputs and outputs (for rerunning python/bench_tvm.py alone).

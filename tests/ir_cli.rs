@@ -47,7 +47,7 @@ fn verifier_errors_go_to_stderr_with_node_paths() {
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     let bad = value
         .to_string()
-        .replace(r#""kind":"serial""#, r#""kind":"vectorized""#)
+        .replace(r#""kind":"parallel""#, r#""kind":"vectorized""#)
         .replace(r#""buffer":"C""#, r#""buffer":"A""#);
     std::fs::write(&path, bad).unwrap();
     let (ok, stdout, stderr) = kiln(&["ir", path.to_str().unwrap()]);

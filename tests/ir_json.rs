@@ -103,7 +103,7 @@ fn the_format_version_is_checked() {
 
 #[test]
 fn unknown_fields_are_rejected_with_their_path() {
-    let text = vadd_text().replace(r#""kind":"serial","#, r#""kind":"serial","unroll":4,"#);
+    let text = vadd_text().replace(r#""kind":"parallel","#, r#""kind":"parallel","unroll":4,"#);
     let (path, msg) = json_error(&text);
     assert_eq!(path, "$.functions[0].body.unroll");
     assert!(
@@ -126,7 +126,7 @@ fn bad_values_are_reported_with_their_path() {
     let (path, msg) = json_error(&vadd_text().replace(r#""op":"add""#, r#""op":"plus""#));
     assert_eq!(path, "$.functions[0].body.body.value.op");
     assert!(msg.contains("unknown operator `plus`"), "{msg}");
-    let (path, msg) = json_error(&vadd_text().replace(r#""kind":"serial""#, r#""kind":"simd""#));
+    let (path, msg) = json_error(&vadd_text().replace(r#""kind":"parallel""#, r#""kind":"simd""#));
     assert_eq!(path, "$.functions[0].body.kind");
     assert!(msg.contains("unknown loop kind `simd`"), "{msg}");
     let (path, msg) = json_error(&vadd_text().replace(r#""buffer":"C""#, r#""buffer":"D""#));
