@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 QUICK = "--quick" in sys.argv
-DIR = sys.argv[1]
+DIR = sys.argv[1] if len(sys.argv) > 1 else "."
 OUT = {}
 NOTES = []
 
@@ -57,36 +57,6 @@ def softmax_np(a):
     e = np.exp(a - m)
     return e / e.sum(axis=1, keepdims=True)
 
-
-# ---- numpy and kiln's results ------------------------------------------------------------------
-N = 1 << 24
-a, b = load("vadd_a.bin", (N,)), load("vadd_b.bin", (N,))
-c = aligned((N,))
-OUT["vadd"] = {"numpy": timeit(lambda: np.add(a, b, out=c), 3, 40)}
-OUT["vadd"]["kiln_max_abs_err"] = float(np.abs(load("vadd_out.bin", (N,)) - (a + b)).max())
-inputs = {"vadd": (a, b)}
-
-M = 1024
-a, b = load("matmul_a.bin", (M, M)), load("matmul_b.bin", (M, M))
-c = aligned((M, M))
-OUT["matmul"] = {"numpy": timeit(lambda: np.matmul(a, b, out=c), 3, 30)}
-ref = a.astype(np.float64) @ b.astype(np.float64)
-OUT["matmul"]["kiln_max_abs_err"] = float(np.abs(load("matmul_out.bin", (M, M)) - ref).max())
-inputs["matmul"] = (a, b)
-
-R = 4096
-a = load("rowsum_a.bin", (R, R))
-c = aligned((R,))
-OUT["rowsum"] = {"numpy": timeit(lambda: np.sum(a, axis=1, out=c), 3, 40)}
-ref = a.astype(np.float64).sum(axis=1)
-OUT["rowsum"]["kiln_max_abs_err"] = float(np.abs(load("rowsum_out.bin", (R,)) - ref).max())
-inputs["rowsum"] = (a,)
-
-a = load("softmax_a.bin", (R, R))
-OUT["softmax"] = {"numpy": timeit(lambda: softmax_np(a), 2, 10)}
-ref = softmax_np(a.astype(np.float64))
-OUT["softmax"]["kiln_max_abs_err"] = float(np.abs(load("softmax_out.bin", (R, R)) - ref).max())
-inputs["softmax"] = (a,)
 
 # ---- TVM ---------------------------------------------------------------------------------------
 try:
@@ -196,25 +166,62 @@ def tvm_time(name, mod, args, out_idx, check, warm, reps):
     OUT[name]["tvm_max_abs_err"] = float(err)
 
 
-if tvm is not None:
-    import logging
 
-    logging.disable(logging.WARNING)
-    jobs = [
-        ("vadd", tvm_vadd, lambda: (*inputs["vadd"], aligned((N,))), 2,
-         lambda out: np.abs(out - (inputs["vadd"][0] + inputs["vadd"][1])).max(), 3, 40),
-        ("matmul", tvm_matmul, lambda: (*inputs["matmul"], aligned((M, M))), 2,
-         lambda out: np.abs(out - inputs["matmul"][0] @ inputs["matmul"][1]).max(), 3, 30),
-        ("rowsum", tvm_rowsum, lambda: (inputs["rowsum"][0], aligned((R,))), 1,
-         lambda out: np.abs(out - inputs["rowsum"][0].sum(axis=1)).max(), 3, 40),
-        ("softmax", tvm_softmax, lambda: (inputs["softmax"][0], aligned((R, R))), 1,
-         lambda out: np.abs(out - softmax_np(inputs["softmax"][0])).max(), 2, 20),
-    ]
-    for name, build, args, out_idx, check, warm, reps in jobs:
-        try:
-            tvm_time(name, build(), args(), out_idx, check, warm, reps)
-        except Exception as e:  # noqa: BLE001 - report and go on with the other kernels
-            NOTES.append(f"TVM {name} failed: {type(e).__name__}: {str(e)[:300]}")
 
-OUT["note"] = "; ".join(NOTES)
-print(json.dumps(OUT))
+def main():
+    inputs = {}
+    N = 1 << 24
+    a, b = load("vadd_a.bin", (N,)), load("vadd_b.bin", (N,))
+    c = aligned((N,))
+    OUT["vadd"] = {"numpy": timeit(lambda: np.add(a, b, out=c), 3, 40)}
+    OUT["vadd"]["kiln_max_abs_err"] = float(np.abs(load("vadd_out.bin", (N,)) - (a + b)).max())
+    inputs["vadd"] = (a, b)
+
+    M = 1024
+    a, b = load("matmul_a.bin", (M, M)), load("matmul_b.bin", (M, M))
+    c = aligned((M, M))
+    OUT["matmul"] = {"numpy": timeit(lambda: np.matmul(a, b, out=c), 3, 30)}
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    OUT["matmul"]["kiln_max_abs_err"] = float(np.abs(load("matmul_out.bin", (M, M)) - ref).max())
+    inputs["matmul"] = (a, b)
+
+    R = 4096
+    a = load("rowsum_a.bin", (R, R))
+    c = aligned((R,))
+    OUT["rowsum"] = {"numpy": timeit(lambda: np.sum(a, axis=1, out=c), 3, 40)}
+    ref = a.astype(np.float64).sum(axis=1)
+    OUT["rowsum"]["kiln_max_abs_err"] = float(np.abs(load("rowsum_out.bin", (R,)) - ref).max())
+    inputs["rowsum"] = (a,)
+
+    a = load("softmax_a.bin", (R, R))
+    OUT["softmax"] = {"numpy": timeit(lambda: softmax_np(a), 2, 10)}
+    ref = softmax_np(a.astype(np.float64))
+    OUT["softmax"]["kiln_max_abs_err"] = float(np.abs(load("softmax_out.bin", (R, R)) - ref).max())
+    inputs["softmax"] = (a,)
+
+    if tvm is not None:
+        import logging
+
+        logging.disable(logging.WARNING)
+        jobs = [
+            ("vadd", tvm_vadd, lambda: (*inputs["vadd"], aligned((N,))), 2,
+             lambda out: np.abs(out - (inputs["vadd"][0] + inputs["vadd"][1])).max(), 3, 40),
+            ("matmul", tvm_matmul, lambda: (*inputs["matmul"], aligned((M, M))), 2,
+             lambda out: np.abs(out - inputs["matmul"][0] @ inputs["matmul"][1]).max(), 3, 30),
+            ("rowsum", tvm_rowsum, lambda: (inputs["rowsum"][0], aligned((R,))), 1,
+             lambda out: np.abs(out - inputs["rowsum"][0].sum(axis=1)).max(), 3, 40),
+            ("softmax", tvm_softmax, lambda: (inputs["softmax"][0], aligned((R, R))), 1,
+             lambda out: np.abs(out - softmax_np(inputs["softmax"][0])).max(), 2, 20),
+        ]
+        for name, build, args, out_idx, check, warm, reps in jobs:
+            try:
+                tvm_time(name, build(), args(), out_idx, check, warm, reps)
+            except Exception as e:  # noqa: BLE001 - report and go on with the other kernels
+                NOTES.append(f"TVM {name} failed: {type(e).__name__}: {str(e)[:300]}")
+
+    OUT["note"] = "; ".join(NOTES)
+    print(json.dumps(OUT))
+
+
+if __name__ == "__main__":
+    main()
