@@ -103,11 +103,21 @@ fn kernel(name: &str) -> LlvmModule {
     let path = format!("{}/examples/kernels/{name}.json", env!("CARGO_MANIFEST_DIR"));
     let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     m.verify().unwrap();
-    let t = Target::parse(r#"{"kind": "llvm", "mcpu": "native", "fast-math": true}"#)
-        .unwrap();
+    let t = Target::parse(TARGET).unwrap();
     let o = CodegenOptions::from_target(&t).unwrap().resolved();
     LlvmModule::jit(&m, &o).unwrap()
 }
+
+/// Exports a kernel as `<dir>/<name>.so` for python/bench_tvm.py (kiln through tvm_ffi).
+fn export_kernel(name: &str, dir: &Path) {
+    let path = format!("{}/examples/kernels/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let t = Target::parse(TARGET).unwrap();
+    let o = CodegenOptions::from_target(&t).unwrap();
+    kiln::codegen::llvm::export(&m, &o, &dir.join(format!("{name}.so"))).unwrap();
+}
+
+const TARGET: &str = r#"{"kind": "llvm", "mcpu": "native", "fast-math": true}"#;
 
 fn call(m: &LlvmModule, name: &str, arrays: &mut [&mut Array]) {
     let f = m.require_function(name).unwrap();
@@ -267,7 +277,10 @@ fn main() {
         });
     }
 
-    // numpy and TVM.
+    for k in ["vadd", "matmul", "rowsum", "softmax"] {
+        export_kernel(k, d);
+    }
+    // numpy, TVM, and kiln's exported libraries through tvm_ffi.
     let py = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/bench_tvm.py");
     let mut args = vec![script.to_owned(), d.display().to_string()];
@@ -296,46 +309,52 @@ fn main() {
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("kiln kernels, target llvm -mcpu=native fast-math; load average {}", load.trim());
-    println!("median [min - max] of repeated calls; ratio = other time / kiln time (> 1: kiln faster)\n");
-    println!(
-        "{:<15} {:>8} | {:>26} | {:>26} {:>6} | {:>26} {:>6} | {:>26} {:>6} | {}",
-        "kernel", "unit", "kiln", "Rust loop", "x", "numpy", "x", "TVM 0.27", "x", "check"
-    );
+    println!("median [min-max] of repeated calls; x = other time / kiln time (> 1: kiln faster): Rust loop vs");
+    println!("kiln JIT; numpy and TVM vs kiln .so through tvm_ffi, timed round-robin with them\n");
     let fmt = |r: &Row, t: (f64, f64, f64)| -> String {
         if r.work > 0.0 {
             format!(
-                "{:.1} [{:.1} - {:.1}] ({:.2} ms)",
+                "{:.1} [{:.1}-{:.1}] {:.2}ms",
                 r.work / t.0 / 1e9,
                 r.work / t.2 / 1e9,
                 r.work / t.1 / 1e9,
                 t.0 * 1e3
             )
         } else {
-            format!("{:.2} [{:.2} - {:.2}] ms", t.0 * 1e3, t.1 * 1e3, t.2 * 1e3)
+            format!("{:.2} [{:.2}-{:.2}] ms", t.0 * 1e3, t.1 * 1e3, t.2 * 1e3)
         }
     };
-    let key = |r: &Row| r.name.split_whitespace().next().unwrap_or("").to_owned();
+    println!(
+        "{:<14} {:>7} | {:>28} | {:>28} | {:>28} {:>5} | {:>28} {:>5} | {:>28} {:>5} | check",
+        "kernel", "unit", "kiln JIT (Rust call)", "kiln .so (tvm_ffi)", "Rust loop", "x", "numpy", "x", "TVM 0.27", "x"
+    );
     for r in &rows {
-        let k = key(r);
+        let k = r.name.split_whitespace().next().unwrap_or("").to_owned();
         let get = |who: &str| -> Option<(f64, f64, f64)> {
             let v = other.get(&k)?.get(who)?;
             Some((v.get("median")?.as_f64()?, v.get("min")?.as_f64()?, v.get("max")?.as_f64()?))
         };
+        // numpy and TVM are compared with kiln called the same way, in the same rounds.
+        let kffi = get("kiln_ffi");
+        let base = kffi.map_or(r.kiln.0, |t| t.0);
         let cell = |t: Option<(f64, f64, f64)>| match t {
-            Some(t) => (fmt(r, t), format!("{:.2}", t.0 / r.kiln.0)),
+            Some(t) => (fmt(r, t), format!("{:.2}", t.0 / base)),
             None => ("-".into(), "-".into()),
         };
         let (np, npx) = cell(get("numpy"));
         let (tvm, tvmx) = cell(get("tvm"));
-        let check = match other.get(&k).and_then(|v| v.get("kiln_max_abs_err")).and_then(|v| v.as_f64()) {
-            Some(e) => format!("vs numpy max|err| {e:.1e}"),
-            None => format!("vs Rust max|err| {:.1e}", r.kiln_vs_rust_err),
+        let err = |key: &str| other.get(&k).and_then(|v| v.get(key)).and_then(|v| v.as_f64());
+        let check = match (err("kiln_max_abs_err"), err("kiln_ffi_max_abs_err")) {
+            (Some(a), Some(b)) => format!("max|kiln-numpy| {a:.1e} / .so {b:.1e}"),
+            (Some(a), None) => format!("max|kiln-numpy| {a:.1e}"),
+            _ => format!("max|kiln-Rust| {:.1e}", r.kiln_vs_rust_err),
         };
         println!(
-            "{:<15} {:>8} | {:>26} | {:>26} {:>6} | {:>26} {:>6} | {:>26} {:>6} | {}",
+            "{:<14} {:>7} | {:>28} | {:>28} | {:>28} {:>5} | {:>28} {:>5} | {:>28} {:>5} | {}",
             r.name,
             r.unit,
             fmt(r, r.kiln),
+            kffi.map_or("-".into(), |t| fmt(r, t)),
             fmt(r, r.rust),
             format!("{:.2}", r.rust.0 / r.kiln.0),
             np,

@@ -3,11 +3,16 @@
 Usage: bench_tvm.py DIR [--quick]
 
 DIR holds the inputs and kiln's outputs written by the Rust harness (`<kernel>_a.bin`,
-`<kernel>_b.bin`, `<kernel>_out.bin`, raw little-endian float32). Prints one JSON object:
-{"<kernel>": {"numpy": {"median": s, "min": s, "max": s}, "tvm": {...},
-"kiln_max_abs_err": e}, "note": "..."}. TVM is skipped (with a note) when `tvm` does not import.
-TVM kernels use their best hand schedules (the same tiling ideas as kiln's) and are compiled for
-the host CPU with fast math; inputs are 64-byte aligned.
+`<kernel>_b.bin`, `<kernel>_out.bin`, raw little-endian float32). It also holds kiln's kernels exported
+as `<kernel>.so`, which are loaded with `tvm_ffi.load_module` like any tvm-ffi library. Prints one
+JSON object: {"<kernel>": {"numpy": {"median": s, "min": s, "max": s}, "tvm": {...},
+"kiln_ffi": {...}, "kiln_max_abs_err": e, ...}, "note": "..."}.
+
+numpy, TVM and kiln-through-tvm_ffi are timed round-robin (one call of each per round), so load
+from other processes on this shared machine hits all of them alike. TVM is skipped (with a note)
+when `tvm` does not import. TVM kernels use hand schedules (packing, register tiling, rfactor,
+parallel, vectorize: the same ideas as kiln's) and are compiled for the host CPU (`KILN_TVM_MCPU`,
+default znver5) with fast math; all inputs are 64-byte aligned.
 """
 
 import json
@@ -21,18 +26,6 @@ QUICK = "--quick" in sys.argv
 DIR = sys.argv[1] if len(sys.argv) > 1 else "."
 OUT = {}
 NOTES = []
-
-
-def timeit(f, warm, reps):
-    for _ in range(warm):
-        f()
-    t = []
-    for _ in range(reps if not QUICK else max(3, reps // 4)):
-        s = time.perf_counter()
-        f()
-        t.append(time.perf_counter() - s)
-    t.sort()
-    return {"median": t[len(t) // 2], "min": t[0], "max": t[-1]}
 
 
 def aligned(shape, src=None):
@@ -156,68 +149,87 @@ def tvm_softmax(n=4096):
     return s.mod
 
 
-def tvm_time(name, mod, args, out_idx, check, warm, reps):
-    lib = tvm.compile(mod, target=tvm_target())
-    f = lib["main"]
-    ts = [tvm.runtime.tensor(x) for x in args]
-    f(*ts)
-    err = check(ts[out_idx].numpy())
-    OUT[name]["tvm"] = timeit(lambda: f(*ts), warm, reps)
-    OUT[name]["tvm_max_abs_err"] = float(err)
 
 
+def interleaved(fns, warm, reps):
+    """Times every callable of `fns` round-robin (one call each per round), so that load from
+    other processes hits all of them alike. Returns {name: {"median", "min", "max"}}."""
+    for f in fns.values():
+        for _ in range(warm):
+            f()
+    reps = reps if not QUICK else max(3, reps // 4)
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            s = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - s)
+    out = {}
+    for k, t in times.items():
+        t.sort()
+        out[k] = {"median": t[len(t) // 2], "min": t[0], "max": t[-1]}
+    return out
 
 
 def main():
-    inputs = {}
-    N = 1 << 24
-    a, b = load("vadd_a.bin", (N,)), load("vadd_b.bin", (N,))
-    c = aligned((N,))
-    OUT["vadd"] = {"numpy": timeit(lambda: np.add(a, b, out=c), 3, 40)}
-    OUT["vadd"]["kiln_max_abs_err"] = float(np.abs(load("vadd_out.bin", (N,)) - (a + b)).max())
-    inputs["vadd"] = (a, b)
-
-    M = 1024
-    a, b = load("matmul_a.bin", (M, M)), load("matmul_b.bin", (M, M))
-    c = aligned((M, M))
-    OUT["matmul"] = {"numpy": timeit(lambda: np.matmul(a, b, out=c), 3, 30)}
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    OUT["matmul"]["kiln_max_abs_err"] = float(np.abs(load("matmul_out.bin", (M, M)) - ref).max())
-    inputs["matmul"] = (a, b)
-
-    R = 4096
-    a = load("rowsum_a.bin", (R, R))
-    c = aligned((R,))
-    OUT["rowsum"] = {"numpy": timeit(lambda: np.sum(a, axis=1, out=c), 3, 40)}
-    ref = a.astype(np.float64).sum(axis=1)
-    OUT["rowsum"]["kiln_max_abs_err"] = float(np.abs(load("rowsum_out.bin", (R,)) - ref).max())
-    inputs["rowsum"] = (a,)
-
-    a = load("softmax_a.bin", (R, R))
-    OUT["softmax"] = {"numpy": timeit(lambda: softmax_np(a), 2, 10)}
-    ref = softmax_np(a.astype(np.float64))
-    OUT["softmax"]["kiln_max_abs_err"] = float(np.abs(load("softmax_out.bin", (R, R)) - ref).max())
-    inputs["softmax"] = (a,)
-
+    N, M, R = 1 << 24, 1024, 4096
+    kernels = {
+        "vadd": ([load("vadd_a.bin", (N,)), load("vadd_b.bin", (N,))], (N,), 40),
+        "matmul": ([load("matmul_a.bin", (M, M)), load("matmul_b.bin", (M, M))], (M, M), 30),
+        "rowsum": ([load("rowsum_a.bin", (R, R))], (R,), 40),
+        "softmax": ([load("softmax_a.bin", (R, R))], (R, R), 20),
+    }
+    refs = {
+        "vadd": lambda x: x[0].astype(np.float64) + x[1],
+        "matmul": lambda x: x[0].astype(np.float64) @ x[1].astype(np.float64),
+        "rowsum": lambda x: x[0].astype(np.float64).sum(axis=1),
+        "softmax": lambda x: softmax_np(x[0].astype(np.float64)),
+    }
+    numpy_fns = {
+        "vadd": lambda x, o: np.add(x[0], x[1], out=o),
+        "matmul": lambda x, o: np.matmul(x[0], x[1], out=o),
+        "rowsum": lambda x, o: np.sum(x[0], axis=1, out=o),
+        "softmax": lambda x, o: softmax_np(x[0]),
+    }
+    tvm_builders = {}
     if tvm is not None:
         import logging
 
         logging.disable(logging.WARNING)
-        jobs = [
-            ("vadd", tvm_vadd, lambda: (*inputs["vadd"], aligned((N,))), 2,
-             lambda out: np.abs(out - (inputs["vadd"][0] + inputs["vadd"][1])).max(), 3, 40),
-            ("matmul", tvm_matmul, lambda: (*inputs["matmul"], aligned((M, M))), 2,
-             lambda out: np.abs(out - inputs["matmul"][0] @ inputs["matmul"][1]).max(), 3, 30),
-            ("rowsum", tvm_rowsum, lambda: (inputs["rowsum"][0], aligned((R,))), 1,
-             lambda out: np.abs(out - inputs["rowsum"][0].sum(axis=1)).max(), 3, 40),
-            ("softmax", tvm_softmax, lambda: (inputs["softmax"][0], aligned((R, R))), 1,
-             lambda out: np.abs(out - softmax_np(inputs["softmax"][0])).max(), 2, 20),
-        ]
-        for name, build, args, out_idx, check, warm, reps in jobs:
+        tvm_builders = {"vadd": tvm_vadd, "matmul": tvm_matmul, "rowsum": tvm_rowsum, "softmax": tvm_softmax}
+    try:
+        import tvm_ffi
+    except Exception as e:  # noqa: BLE001 - no tvm_ffi: no kiln-through-tvm_ffi column
+        tvm_ffi = None
+        NOTES.append(f"tvm_ffi not available ({e})")
+
+    for name, (ins, out_shape, reps) in kernels.items():
+        ref = refs[name](ins)
+        OUT[name] = {}
+        OUT[name]["kiln_max_abs_err"] = float(np.abs(load(name + "_out.bin", out_shape) - ref).max())
+        fns = {}
+        o_np = aligned(out_shape)
+        fns["numpy"] = lambda ins=ins, o=o_np, f=numpy_fns[name]: f(ins, o)
+        if tvm_ffi is not None:
             try:
-                tvm_time(name, build(), args(), out_idx, check, warm, reps)
+                f = tvm_ffi.load_module(os.path.join(DIR, name + ".so"))[name]
+                args = [tvm_ffi.from_dlpack(x) for x in (*ins, aligned(out_shape))]
+                f(*args)
+                OUT[name]["kiln_ffi_max_abs_err"] = float(np.abs(np.from_dlpack(args[-1]) - ref).max())
+                fns["kiln_ffi"] = lambda f=f, a=args: f(*a)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                NOTES.append(f"kiln {name} through tvm_ffi failed: {type(e).__name__}: {str(e)[:200]}")
+        if name in tvm_builders:
+            try:
+                lib = tvm.compile(tvm_builders[name](), target=tvm_target())
+                f = lib["main"]
+                ts = [tvm.runtime.tensor(x) for x in (*ins, aligned(out_shape))]
+                f(*ts)
+                OUT[name]["tvm_max_abs_err"] = float(np.abs(ts[-1].numpy() - ref).max())
+                fns["tvm"] = lambda f=f, a=ts: f(*a)
             except Exception as e:  # noqa: BLE001 - report and go on with the other kernels
                 NOTES.append(f"TVM {name} failed: {type(e).__name__}: {str(e)[:300]}")
+        OUT[name].update(interleaved(fns, 3, reps))
 
     OUT["note"] = "; ".join(NOTES)
     print(json.dumps(OUT))
