@@ -100,7 +100,10 @@ struct Row {
 }
 
 fn kernel(name: &str) -> LlvmModule {
-    let path = format!("{}/examples/kernels/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/examples/kernels/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     m.verify().unwrap();
     let t = Target::parse(TARGET).unwrap();
@@ -110,7 +113,10 @@ fn kernel(name: &str) -> LlvmModule {
 
 /// Exports a kernel as `<dir>/<name>.so` for python/bench_tvm.py (kiln through tvm_ffi).
 fn export_kernel(name: &str, dir: &Path) {
-    let path = format!("{}/examples/kernels/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/examples/kernels/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let t = Target::parse(TARGET).unwrap();
     let o = CodegenOptions::from_target(&t).unwrap();
@@ -153,7 +159,9 @@ fn main() {
     let mut rows = Vec::new();
     let rnd = |seed: u32| {
         move |i: usize| {
-            let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed * 97);
+            let x = (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed * 97);
             ((x >> 8) % 2000) as f32 / 1000.0 - 1.0
         }
     };
@@ -192,7 +200,9 @@ fn main() {
         let sh = [n as i64, n as i64];
         let (mut a, mut b) = (Array::new(&sh, rnd(3)), Array::new(&sh, rnd(4)));
         let mut c = Array::new(&sh, |_| 0.0);
-        let kt = time(3, reps(30), || call(&m, "matmul", &mut [&mut a, &mut b, &mut c]));
+        let kt = time(3, reps(30), || {
+            call(&m, "matmul", &mut [&mut a, &mut b, &mut c])
+        });
         let mut r = vec![0f32; n * n];
         let rt = time(1, reps(3), || {
             r.iter_mut().for_each(|x| *x = 0.0);
@@ -277,6 +287,29 @@ fn main() {
         });
     }
 
+    // Thread pool launch latency: a 64-element vadd, parallel (2 tasks) against serial.
+    let launch = {
+        let t = Target::parse(TARGET).unwrap();
+        let o = CodegenOptions::from_target(&t).unwrap().resolved();
+        let jit = |f| LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
+        let (par, ser) = (
+            jit(kiln::schedule::kernels::vadd().unwrap()),
+            jit(kiln::ir::kernels::vadd()),
+        );
+        let mut arrs: Vec<Array> = (0..3).map(|_| Array::new(&[64], |i| i as f32)).collect();
+        let per_call = |m: &LlvmModule, arrs: &mut Vec<Array>| {
+            let [a, b, c] = &mut arrs[..] else {
+                unreachable!()
+            };
+            let t = time(100, reps(31), || {
+                for _ in 0..1000 {
+                    call(m, "vadd", &mut [&mut *a, &mut *b, &mut *c]);
+                }
+            });
+            (t.0 / 1e3, t.1 / 1e3, t.2 / 1e3)
+        };
+        (per_call(&par, &mut arrs), per_call(&ser, &mut arrs))
+    };
     for k in ["vadd", "matmul", "rowsum", "softmax"] {
         export_kernel(k, d);
     }
@@ -288,14 +321,18 @@ fn main() {
         args.push("--quick".into());
     }
     let other: serde_json::Value = match Command::new(&py).args(&args).output() {
-        Ok(o) if o.status.success() => {
-            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-                eprintln!("bench_tvm.py printed no JSON ({e}): {}", String::from_utf8_lossy(&o.stdout));
-                serde_json::Value::Null
-            })
-        }
+        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            eprintln!(
+                "bench_tvm.py printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&o.stdout)
+            );
+            serde_json::Value::Null
+        }),
         Ok(o) => {
-            eprintln!("`{py} {script}` failed: {}", String::from_utf8_lossy(&o.stderr));
+            eprintln!(
+                "`{py} {script}` failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
             serde_json::Value::Null
         }
         Err(e) => {
@@ -308,7 +345,10 @@ fn main() {
     }
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("kiln kernels, target llvm -mcpu=native fast-math; load average {}", load.trim());
+    println!(
+        "kiln kernels, target llvm -mcpu=native fast-math; load average {}",
+        load.trim()
+    );
     println!("median [min-max] of repeated calls; x = other time / kiln time (> 1: kiln faster): Rust loop vs");
     println!("kiln JIT; numpy and TVM vs kiln .so through tvm_ffi, timed round-robin with them\n");
     let fmt = |r: &Row, t: (f64, f64, f64)| -> String {
@@ -326,13 +366,26 @@ fn main() {
     };
     println!(
         "{:<14} {:>7} | {:>28} | {:>28} | {:>28} {:>5} | {:>28} {:>5} | {:>28} {:>5} | check",
-        "kernel", "unit", "kiln JIT (Rust call)", "kiln .so (tvm_ffi)", "Rust loop", "x", "numpy", "x", "TVM 0.27", "x"
+        "kernel",
+        "unit",
+        "kiln JIT (Rust call)",
+        "kiln .so (tvm_ffi)",
+        "Rust loop",
+        "x",
+        "numpy",
+        "x",
+        "TVM 0.27",
+        "x"
     );
     for r in &rows {
         let k = r.name.split_whitespace().next().unwrap_or("").to_owned();
         let get = |who: &str| -> Option<(f64, f64, f64)> {
             let v = other.get(&k)?.get(who)?;
-            Some((v.get("median")?.as_f64()?, v.get("min")?.as_f64()?, v.get("max")?.as_f64()?))
+            Some((
+                v.get("median")?.as_f64()?,
+                v.get("min")?.as_f64()?,
+                v.get("max")?.as_f64()?,
+            ))
         };
         // numpy and TVM are compared with kiln called the same way, in the same rounds.
         let kffi = get("kiln_ffi");
@@ -343,7 +396,12 @@ fn main() {
         };
         let (np, npx) = cell(get("numpy"));
         let (tvm, tvmx) = cell(get("tvm"));
-        let err = |key: &str| other.get(&k).and_then(|v| v.get(key)).and_then(|v| v.as_f64());
+        let err = |key: &str| {
+            other
+                .get(&k)
+                .and_then(|v| v.get(key))
+                .and_then(|v| v.as_f64())
+        };
         let check = match (err("kiln_max_abs_err"), err("kiln_ffi_max_abs_err")) {
             (Some(a), Some(b)) => format!("max|kiln-numpy| {a:.1e} / .so {b:.1e}"),
             (Some(a), None) => format!("max|kiln-numpy| {a:.1e}"),
@@ -364,4 +422,13 @@ fn main() {
             check
         );
     }
+    println!(
+        "\nthread pool ({} threads): vadd n=64 per call {:.2} us [{:.2}-{:.2}] parallel vs {:.2} us serial: launch cost {:.2} us",
+        kiln::codegen::parallel::ThreadPool::global().num_threads(),
+        launch.0 .0 * 1e6,
+        launch.0 .1 * 1e6,
+        launch.0 .2 * 1e6,
+        launch.1 .0 * 1e6,
+        (launch.0 .0 - launch.1 .0) * 1e6
+    );
 }

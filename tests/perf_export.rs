@@ -109,12 +109,8 @@ fn a_failing_task_fails_the_call() {
             Some(y.store([i.clone()], x.load([i.clone()]))),
         )
     });
-    let f = PrimFunc::new(
-        "check",
-        vec![Param::Buffer(x), Param::Buffer(y)],
-        body,
-    )
-    .with_noalias(true);
+    let f =
+        PrimFunc::new("check", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true);
     let dir = tempfile::tempdir().unwrap();
     let so = export_so(f, dir.path());
     // SAFETY: a kiln-exported library.
@@ -122,10 +118,7 @@ fn a_failing_task_fails_the_call() {
     for bad in [0usize, 63] {
         let mut v = vec![1.0f32; 64];
         v[bad] = -1.0;
-        let mut arrays = vec![
-            HostArray::f32(&[64], &v),
-            HostArray::f32(&[64], &[0.0; 64]),
-        ];
+        let mut arrays = vec![HostArray::f32(&[64], &v), HostArray::f32(&[64], &[0.0; 64])];
         assert_ne!(call_raw(&lib, "check", &mut arrays), 0, "bad element {bad}");
     }
     let mut arrays = vec![

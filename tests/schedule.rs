@@ -70,7 +70,12 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 fn same_results(plain: &PrimFunc, f: &PrimFunc, shapes: &[Vec<i64>]) {
     f.verify().unwrap();
     let want = interp_last(plain, shapes);
-    close(&format!("{} interp", f.name), &interp_last(f, shapes), &want, 1e-5);
+    close(
+        &format!("{} interp", f.name),
+        &interp_last(f, shapes),
+        &want,
+        1e-5,
+    );
     close(
         &format!("{} jit", f.name),
         &jit_last(f, shapes, &CodegenOptions::host()),

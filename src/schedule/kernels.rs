@@ -130,12 +130,7 @@ pub fn softmax_algorithm(rows: i64, cols: i64) -> PrimFunc {
         ]);
         maxv.allocate(sum.allocate(body))
     });
-    PrimFunc::new(
-        "softmax",
-        vec![Param::Buffer(a), Param::Buffer(b)],
-        body,
-    )
-    .with_noalias(true)
+    PrimFunc::new("softmax", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true)
 }
 
 /// Scheduled `softmax(A[rows, cols], B[rows, cols])`; `cols` must be a multiple of 64.

@@ -373,8 +373,8 @@ impl Schedule {
                 ),
             });
         }
-        let body = edit_loop(&self.func.body, name, &mut Vec::new(), f)?
-            .expect("the loop was counted");
+        let body =
+            edit_loop(&self.func.body, name, &mut Vec::new(), f)?.expect("the loop was counted");
         self.func.body = body;
         Ok(())
     }
@@ -456,17 +456,14 @@ impl Schedule {
             let mut chain: Vec<(Var, Expr, Expr, ForKind)> = Vec::new();
             let mut cur = s;
             let mut seen = 0;
-            loop {
-                let Stmt::For {
-                    var,
-                    min,
-                    extent,
-                    kind,
-                    body,
-                } = cur
-                else {
-                    break;
-                };
+            while let Stmt::For {
+                var,
+                min,
+                extent,
+                kind,
+                body,
+            } = cur
+            {
                 chain.push((var.clone(), min.clone(), extent.clone(), *kind));
                 if order.contains(&&*var.name) {
                     seen += 1;
@@ -609,13 +606,22 @@ impl Schedule {
                 };
                 let v = Var::new(&n, var.dtype);
                 let map = HashMap::from([(var.id, Expr::Var(v.clone()))]);
-                loops.push(for_(v, min.clone(), extent.clone(), kind, subst_stmt(st, &map)));
+                loops.push(for_(
+                    v,
+                    min.clone(),
+                    extent.clone(),
+                    kind,
+                    subst_stmt(st, &map),
+                ));
                 out.push(n);
             }
             Ok(Stmt::Seq(loops))
         })?;
         if bad {
-            return Err(self.form("fission", format!("needs loop `{name}` to have a sequence as its body")));
+            return Err(self.form(
+                "fission",
+                format!("needs loop `{name}` to have a sequence as its body"),
+            ));
         }
         Ok(out)
     }
@@ -628,11 +634,21 @@ impl Schedule {
             {
                 bad = true;
             }
-            Ok(for_(var.clone(), min.clone(), extent.clone(), kind, body.clone()))
+            Ok(for_(
+                var.clone(),
+                min.clone(),
+                extent.clone(),
+                kind,
+                body.clone(),
+            ))
         })?;
         if bad {
             return Err(self.form(
-                if kind == ForKind::Vectorized { "vectorize" } else { "unroll" },
+                if kind == ForKind::Vectorized {
+                    "vectorize"
+                } else {
+                    "unroll"
+                },
                 format!("needs loop `{name}` to have a constant extent"),
             ));
         }
@@ -683,24 +699,42 @@ impl Schedule {
         into: &str,
         dims: &[AxisMap],
     ) -> ScheduleResult<Vec<String>> {
-        let old = self
-            .find_buffer(buffer)
-            .ok_or_else(|| self.form("transform_layout", format!("found no parameter buffer `{buffer}`")))?;
+        let old = self.find_buffer(buffer).ok_or_else(|| {
+            self.form(
+                "transform_layout",
+                format!("found no parameter buffer `{buffer}`"),
+            )
+        })?;
         let (mut loads, mut stores) = (vec![], vec![]);
         rewrite::accesses(&self.func.body, buffer, &mut loads, &mut stores);
         if !stores.is_empty() {
-            return Err(self.form("transform_layout", format!("needs `{buffer}` to be read-only")));
+            return Err(self.form(
+                "transform_layout",
+                format!("needs `{buffer}` to be read-only"),
+            ));
         }
         let shape: Vec<i64> = old
             .shape
             .iter()
             .map(|e| e.as_int())
             .collect::<Option<_>>()
-            .ok_or_else(|| self.form("transform_layout", format!("needs `{buffer}` to have a constant shape")))?;
+            .ok_or_else(|| {
+                self.form(
+                    "transform_layout",
+                    format!("needs `{buffer}` to have a constant shape"),
+                )
+            })?;
         let mut new_shape = Vec::new();
         for m in dims {
             let Some(&e) = shape.get(m.axis) else {
-                return Err(self.form("transform_layout", format!("axis {} is out of range for `{buffer}` of rank {}", m.axis, shape.len())));
+                return Err(self.form(
+                    "transform_layout",
+                    format!(
+                        "axis {} is out of range for `{buffer}` of rank {}",
+                        m.axis,
+                        shape.len()
+                    ),
+                ));
             };
             let q = (e + m.div - 1) / m.div.max(1);
             new_shape.push(m.modulo.map_or(q, |md| md.min(q)));
@@ -722,15 +756,24 @@ impl Schedule {
                 next = hi;
             }
             if next < e {
-                return Err(self.form("transform_layout", format!("map {dims:?} does not keep every index of axis {a} of `{buffer}` apart")));
+                return Err(self.form(
+                    "transform_layout",
+                    format!(
+                        "map {dims:?} does not keep every index of axis {a} of `{buffer}` apart"
+                    ),
+                ));
             }
         }
         let names: Vec<String> = (0..shape.len())
             .map(|d| self.fresh(&format!("{into}_l{d}"), &[]))
             .collect();
         let t = DataType::i64();
-        let nb = Buffer::new(into, old.dtype, new_shape.iter().map(|&e| imm(t, e)).collect())
-            .with_scope(StorageScope::Workspace);
+        let nb = Buffer::new(
+            into,
+            old.dtype,
+            new_shape.iter().map(|&e| imm(t, e)).collect(),
+        )
+        .with_scope(StorageScope::Workspace);
         let map_idx = |ix: &[Expr]| -> Vec<Expr> {
             dims.iter()
                 .map(|m| {
@@ -791,9 +834,12 @@ impl Schedule {
     /// Non-affine indices, accesses with different offsets outside `at`, or symbolic inner
     /// bounds.
     pub fn cache_write(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
-        let target = self
-            .find_buffer(buffer)
-            .ok_or_else(|| self.form("cache_write", format!("found no parameter buffer `{buffer}`")))?;
+        let target = self.find_buffer(buffer).ok_or_else(|| {
+            self.form(
+                "cache_write",
+                format!("found no parameter buffer `{buffer}`"),
+            )
+        })?;
         let cname = format!("{buffer}_local");
         let mut problem: Option<String> = None;
         let prefix = self.fresh(&format!("{buffer}_c"), &[]);
@@ -981,7 +1027,11 @@ impl Schedule {
         let rfname = {
             let mut k = 0;
             loop {
-                let n = if k == 0 { "rf".to_owned() } else { format!("rf{k}") };
+                let n = if k == 0 {
+                    "rf".to_owned()
+                } else {
+                    format!("rf{k}")
+                };
                 if self.find_buffer(&n).is_none() && !names.contains(&n) {
                     break n;
                 }
@@ -1073,7 +1123,12 @@ impl Schedule {
                 }
                 Step::Kind { loop_, kind } => {
                     let k = ForKind::from_name(kind).ok_or_else(|| {
-                        self.form("kind", format!("expects serial, parallel, vectorized or unrolled, found `{kind}`"))
+                        self.form(
+                            "kind",
+                            format!(
+                                "expects serial, parallel, vectorized or unrolled, found `{kind}`"
+                            ),
+                        )
                     })?;
                     self.set_kind(loop_, k)?;
                 }

@@ -315,7 +315,12 @@ pub(crate) fn allocated(s: &Stmt, out: &mut Vec<String>) {
 }
 
 /// Every buffer (by name) accessed in `s`, with whether it is stored to.
-pub(crate) fn accesses(s: &Stmt, name: &str, loads: &mut Vec<Vec<Expr>>, stores: &mut Vec<Vec<Expr>>) {
+pub(crate) fn accesses(
+    s: &Stmt,
+    name: &str,
+    loads: &mut Vec<Vec<Expr>>,
+    stores: &mut Vec<Vec<Expr>>,
+) {
     struct Acc<'a> {
         name: &'a str,
         loads: &'a mut Vec<Vec<Expr>>,

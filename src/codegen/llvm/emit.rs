@@ -378,7 +378,7 @@ impl<'m> Emitter<'m> {
                 let align = buffer.dtype.bytes().max(1);
                 let g = self.access_groups();
                 let raw = self.assign(&mt, format!("load {mt}, {mt}* {}, align {align}{g}", addr));
-                self.from_mem(buffer.dtype, raw)
+                self.mem_to_reg(buffer.dtype, raw)
             }
             Expr::Let { var, value, body } => {
                 let v = self.expr(value)?;
@@ -432,7 +432,7 @@ impl<'m> Emitter<'m> {
         self.assign("float", format!("bitcast i32 {} to float", sel.v))
     }
 
-    fn from_mem(&mut self, t: DataType, raw: Val) -> Val {
+    fn mem_to_reg(&mut self, t: DataType, raw: Val) -> Val {
         match t.code {
             TypeCode::Bool => self.assign("i1", format!("icmp ne i8 {}, 0", raw.v)),
             TypeCode::BFloat => {
@@ -444,7 +444,7 @@ impl<'m> Emitter<'m> {
         }
     }
 
-    fn to_mem(&mut self, t: DataType, v: Val) -> Val {
+    fn reg_to_mem(&mut self, t: DataType, v: Val) -> Val {
         match t.code {
             TypeCode::Bool => self.assign("i8", format!("zext i1 {} to i8", v.v)),
             TypeCode::BFloat => {
@@ -933,7 +933,7 @@ impl<'m> Emitter<'m> {
                 value,
             } => {
                 let v = self.expr(value)?;
-                let v = self.to_mem(buffer.dtype, v);
+                let v = self.reg_to_mem(buffer.dtype, v);
                 let addr = self.address(buffer, indices)?;
                 let align = buffer.dtype.bytes().max(1);
                 let g = self.access_groups();
@@ -1256,12 +1256,11 @@ impl<'m> Emitter<'m> {
             }
             let ntp = sub.assign(
                 "i32*",
-                "getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %penv, i32 0, i32 1"
-                    .to_string(),
+                "getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %penv, i32 0, i32 1",
             );
             let nt32 = sub.assign("i32", format!("load i32, i32* {}, align 4", ntp.v));
             let nt = sub.assign("i64", format!("sext i32 {} to i64", nt32.v));
-            let task = sub.assign("i64", "sext i32 %task to i64".to_string());
+            let task = sub.assign("i64", "sext i32 %task to i64");
             let nm1 = sub.assign("i64", format!("add i64 {}, {}", n.v, nt.v));
             let nm2 = sub.assign("i64", format!("sub i64 {}, 1", nm1.v));
             let step = sub.assign("i64", format!("sdiv i64 {}, {}", nm2.v, nt.v));
@@ -1634,10 +1633,8 @@ impl Emitter<'_> {
                 if let Some(addr) = self.contiguous(var, lo, buffer, indices)? {
                     let mt = mem_ty(buffer.dtype);
                     let vt = Self::vty(n, &mt);
-                    let p = self.assign(
-                        &format!("{vt}*"),
-                        format!("bitcast {mt}* {addr} to {vt}*"),
-                    );
+                    let p =
+                        self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
                     let align = buffer.dtype.bytes().max(1);
                     let v = self.assign(&vt, format!("load {vt}, {vt}* {}, align {align}", p.v));
                     return Ok(Lanes::Vector(v));
@@ -1734,7 +1731,10 @@ impl Emitter<'_> {
         );
         let nan = self.assign(&bt, format!("fcmp uno {}, {}", x.typed(), y.v));
         let q = Self::splat_const(n, sty, "0x7FF8000000000000");
-        self.assign(&vt, format!("select {bt} {}, {vt} {q}, {}", nan.v, r.typed()))
+        self.assign(
+            &vt,
+            format!("select {bt} {}, {vt} {q}, {}", nan.v, r.typed()),
+        )
     }
 
     /// Whether `exp` on float32 may use the polynomial (fast math that allows approximations).
@@ -1777,15 +1777,29 @@ impl Emitter<'_> {
         }
         let fm = self.fm();
         let hi = self.assign(&bty, format!("fcmp {fm}ogt {ty} {}, {}", x.v, c(88.0)));
-        let x1 = self.assign(ty, format!("select {bty} {}, {ty} {}, {ty} {}", hi.v, c(88.0), x.v));
+        let x1 = self.assign(
+            ty,
+            format!("select {bty} {}, {ty} {}, {ty} {}", hi.v, c(88.0), x.v),
+        );
         let lo = self.assign(&bty, format!("fcmp {fm}olt {ty} {}, {}", x1.v, c(-87.0)));
-        let x2 = self.assign(ty, format!("select {bty} {}, {ty} {}, {ty} {}", lo.v, c(-87.0), x1.v));
+        let x2 = self.assign(
+            ty,
+            format!("select {bty} {}, {ty} {}, {ty} {}", lo.v, c(-87.0), x1.v),
+        );
         // k = floor(x * log2(e) + 0.5)
         let fx = self.assign(
             ty,
-            format!("call {fm}{ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})", x2.v, c(std::f64::consts::LOG2_E), c(0.5)),
+            format!(
+                "call {fm}{ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                x2.v,
+                c(std::f64::consts::LOG2_E),
+                c(0.5)
+            ),
         );
-        let k = self.assign(ty, format!("call {fm}{ty} @llvm.floor.{sfx}({ty} {})", fx.v));
+        let k = self.assign(
+            ty,
+            format!("call {fm}{ty} @llvm.floor.{sfx}({ty} {})", fx.v),
+        );
         let fma = |e: &mut Self, a: &str, b: &str, cc: &str| -> Val {
             e.assign(
                 ty,
@@ -1796,7 +1810,12 @@ impl Emitter<'_> {
         let r1 = fma(self, &k.v, &c(-0.693359375), &x2.v);
         let r = fma(self, &k.v, &c(2.12194440e-4), &r1.v);
         let mut p = fma(self, &c(1.987_569_150_0E-4), &r.v, &c(1.398_199_950_7E-3));
-        for coef in [8.333_451_907_3E-3, 4.166_579_589_4E-2, 1.666_666_545_9E-1, 5.000_000_120_1E-1] {
+        for coef in [
+            8.333_451_907_3E-3,
+            4.166_579_589_4E-2,
+            1.666_666_545_9E-1,
+            5.000_000_120_1E-1,
+        ] {
             p = fma(self, &p.v, &r.v, &c(coef));
         }
         let rr = self.assign(ty, format!("fmul {ty} {}, {}", r.v, r.v));
@@ -1825,7 +1844,11 @@ impl Emitter<'_> {
                     self.vstmt(var, lo, n, s)?;
                 }
             }
-            Stmt::Let { var: lv, value, body } => {
+            Stmt::Let {
+                var: lv,
+                value,
+                body,
+            } => {
                 let v = self.expr(value)?;
                 let old = self.vars.insert(lv.id, v);
                 self.vstmt(var, lo, n, body)?;
@@ -1863,10 +1886,8 @@ impl Emitter<'_> {
                 let align = buffer.dtype.bytes().max(1);
                 if let Some(addr) = self.contiguous(var, lo, buffer, indices)? {
                     let vt = Self::vty(n, &mt);
-                    let p = self.assign(
-                        &format!("{vt}*"),
-                        format!("bitcast {mt}* {addr} to {vt}*"),
-                    );
+                    let p =
+                        self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
                     self.line(format!("store {}, {vt}* {}, align {align}", v.typed(), p.v));
                 } else {
                     for l in 0..n {

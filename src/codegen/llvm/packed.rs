@@ -104,8 +104,7 @@ pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, Code
     let m = format!("Expected {n} arguments when calling:\n  `{sig}`");
     c.e.check(&ok.v, "TypeError", &m);
     if n > 0 {
-        let nn =
-            c.e.assign("i1", "icmp ne %ffi.any* %args, null".to_string());
+        let nn = c.e.assign("i1", "icmp ne %ffi.any* %args, null");
         let m = format!("args pointer is NULL when calling:\n  `{sig}`");
         c.e.check(&nn.v, "TypeError", &m);
     }
@@ -414,8 +413,7 @@ pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, Code
     }
     compute_params.push("i8* %ret_slot".into());
     compute_args.push("i8* %ret_any".into());
-    let rp =
-        c.e.assign("i8*", "bitcast %ffi.any* %ret to i8*".to_string());
+    let rp = c.e.assign("i8*", "bitcast %ffi.any* %ret to i8*");
     let args_text = compute_args.join(", ").replace("%ret_any", &rp.v);
     let cname = format!("{}_compute_", f.name);
     let rc =
