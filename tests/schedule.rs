@@ -258,3 +258,59 @@ fn layout_transform_cache_write_and_rfactor_from_json_steps() {
         .unwrap_err();
     assert!(err.to_string().contains("apart"), "{err}");
 }
+
+#[test]
+fn scheduled_kernels_are_correct_for_unaligned_data() {
+    // Data pointers 4 bytes past an 8-byte boundary (never 16-, 32- or 64-byte aligned).
+    let o = fast_opts();
+    for (plain, f, shapes) in [
+        (kernels::vadd(), sk::vadd().unwrap(), vec![vec![77i64]; 3]),
+        (
+            kernels::matmul_sized(24, 64, 17),
+            sk::matmul_sized(24, 64, 17).unwrap(),
+            vec![vec![24, 17], vec![17, 64], vec![24, 64]],
+        ),
+        (
+            kernels::rowsum_sized(3, 128),
+            sk::rowsum_sized(3, 128).unwrap(),
+            vec![vec![3, 128], vec![3]],
+        ),
+        (
+            kernels::softmax_sized(3, 64),
+            sk::softmax_sized(3, 64).unwrap(),
+            vec![vec![3, 64], vec![3, 64]],
+        ),
+    ] {
+        let want = interp_last(&plain, &shapes);
+        let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &o).unwrap();
+        let pf = m.require_function(&f.name).unwrap();
+        // One extra element in front; the tensor starts at element 1.
+        let mut arrays: Vec<HostArray> = inputs(&shapes)
+            .iter()
+            .zip(&shapes)
+            .map(|(v, s)| {
+                let mut padded = vec![0.0f32];
+                padded.extend_from_slice(v);
+                HostArray::f32(&[padded.len() as i64], &padded)
+            })
+            .collect();
+        let mut shape_store: Vec<Vec<i64>> = shapes.clone();
+        let dls: Vec<_> = arrays
+            .iter_mut()
+            .zip(shape_store.iter_mut())
+            .map(|(a, s)| {
+                let mut d = a.dl();
+                // SAFETY: the array holds one element more than the shape covers.
+                d.data = unsafe { d.data.cast::<f32>().add(1) }.cast();
+                d.ndim = s.len() as i32;
+                d.shape = s.as_mut_ptr();
+                assert_eq!(d.data as usize % 8, 4);
+                d
+            })
+            .collect();
+        let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+        pf.call(&views).unwrap();
+        let got = arrays.last().unwrap().to_f32()[1..].to_vec();
+        close(&format!("{} unaligned", f.name), &got, &want, 1e-5);
+    }
+}
