@@ -350,7 +350,7 @@ fn main() {
         load.trim()
     );
     println!("median [min-max] of repeated calls; x = other time / kiln time (> 1: kiln faster): Rust loop vs");
-    println!("kiln JIT; numpy and TVM vs kiln .so through tvm_ffi, timed round-robin with them\n");
+    println!("kiln JIT; numpy and TVM vs kiln .so through tvm_ffi, timed in interleaved blocks with them\n");
     let fmt = |r: &Row, t: (f64, f64, f64)| -> String {
         if r.work > 0.0 {
             format!(

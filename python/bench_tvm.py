@@ -8,8 +8,8 @@ as `<kernel>.so`, which are loaded with `tvm_ffi.load_module` like any tvm-ffi l
 JSON object: {"<kernel>": {"numpy": {"median": s, "min": s, "max": s}, "tvm": {...},
 "kiln_ffi": {...}, "kiln_max_abs_err": e, ...}, "note": "..."}.
 
-numpy, TVM and kiln-through-tvm_ffi are timed round-robin (one call of each per round), so load
-from other processes on this shared machine hits all of them alike. TVM is skipped (with a note)
+numpy, TVM and kiln-through-tvm_ffi are timed in interleaved blocks (3 rounds; in each, a block of
+calls of each), so load from other processes on this shared machine hits all of them alike. TVM is skipped (with a note)
 when `tvm` does not import. TVM kernels use hand schedules (packing, register tiling, rfactor,
 parallel, vectorize: the same ideas as kiln's) and are compiled for the host CPU (`KILN_TVM_MCPU`,
 default znver5) with fast math; all inputs are 64-byte aligned.
@@ -21,6 +21,11 @@ import sys
 import time
 
 import numpy as np
+
+# TVM's runtime assumes hyper-threading on x86 and uses half the logical CPUs by default: one
+# thread on this 2-core VM. Give its pool (which kiln's libraries use too once `tvm` is imported,
+# through the `__TVMBackendParallelLaunch` slot) every CPU, like numpy's and kiln's.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 QUICK = "--quick" in sys.argv
 DIR = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -146,19 +151,24 @@ def tvm_softmax(n=4096):
     return s.mod
 
 
-def interleaved(fns, warm, reps):
-    """Times every callable of `fns` round-robin (one call each per round), so that load from
-    other processes hits all of them alike. Returns {name: {"median", "min", "max"}}."""
-    for f in fns.values():
-        for _ in range(warm):
-            f()
+def interleaved(fns, warm, reps, rounds=3):
+    """Times the callables of `fns` in `rounds` rounds; in each round every callable runs a block
+    of `reps / rounds` timed calls (after `warm` untimed ones), then the process sleeps briefly so
+    that its thread pool stops spinning before the next one starts (OpenBLAS, TVM and kiln workers
+    spin after a call and would slow whatever runs next). Interleaving the blocks spreads load
+    from other processes over all of them. Returns {name: {"median", "min", "max"}}."""
     reps = reps if not QUICK else max(3, reps // 4)
+    per = max(1, reps // rounds)
     times = {k: [] for k in fns}
-    for _ in range(reps):
+    for _ in range(rounds):
         for k, f in fns.items():
-            s = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - s)
+            for _ in range(warm):
+                f()
+            for _ in range(per):
+                s = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - s)
+            time.sleep(0.05)
     out = {}
     for k, t in times.items():
         t.sort()
@@ -224,7 +234,7 @@ def main():
                 fns["tvm"] = lambda f=f, a=ts: f(*a)
             except Exception as e:  # noqa: BLE001 - report and go on with the other kernels
                 NOTES.append(f"TVM {name} failed: {type(e).__name__}: {str(e)[:300]}")
-        OUT[name].update(interleaved(fns, 3, reps))
+        OUT[name].update(interleaved(fns, 2, reps))
 
     OUT["note"] = "; ".join(NOTES)
     print(json.dumps(OUT))
