@@ -287,8 +287,7 @@ fn scheduled_kernels_are_correct_for_unaligned_data() {
         // One extra element in front; the tensor starts at element 1.
         let mut arrays: Vec<HostArray> = inputs(&shapes)
             .iter()
-            .zip(&shapes)
-            .map(|(v, s)| {
+            .map(|v| {
                 let mut padded = vec![0.0f32];
                 padded.extend_from_slice(v);
                 HostArray::f32(&[padded.len() as i64], &padded)
