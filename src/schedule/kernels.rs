@@ -50,6 +50,9 @@ pub fn matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
         &[AxisMap::outer(1, nr), AxisMap::id(0), AxisMap::inner(1, nr)],
     )?;
     s.parallel(&fill[0])?;
+    // Fill one panel row (nr contiguous floats of B into nr contiguous floats of Bp) at a time.
+    let (_, fill_j) = s.split(&fill[1], nr)?;
+    s.vectorize(&fill_j)?;
     let (io, ii) = s.split("i", MATMUL_MB.min(m))?;
     let (it, ir) = s.split(&ii, MATMUL_MR)?;
     let (jo, ji) = s.split("j", nr)?;
