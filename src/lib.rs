@@ -69,6 +69,7 @@ pub mod error;
 pub mod ir;
 pub mod npy;
 pub mod packed_func;
+pub mod schedule;
 pub mod target;
 
 pub use error::{Error, Result};

@@ -27,7 +27,7 @@ fn prints_a_verified_module_as_text() {
     assert!(ok, "{stderr}");
     assert_eq!(
         stdout,
-        "// kiln-ir/1 module, 1 function(s)\n\nfunc @vadd(A: float32[n], B: float32[n], C: float32[n]) attrs(noalias) {\n  for i: int64 in serial(0i64, n) {\n    C[i] = A[i] + B[i]\n  }\n}\n"
+        "// kiln-ir/1 module, 1 function(s)\n\nfunc @vadd(A: float32[n], B: float32[n], C: float32[n]) attrs(noalias) {\n  for i: int64 in parallel(0i64, n) {\n    C[i] = A[i] + B[i]\n  }\n}\n"
     );
     assert_eq!(stderr, "");
 }
@@ -47,7 +47,7 @@ fn verifier_errors_go_to_stderr_with_node_paths() {
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     let bad = value
         .to_string()
-        .replace(r#""kind":"serial""#, r#""kind":"vectorized""#)
+        .replace(r#""kind":"parallel""#, r#""kind":"vectorized""#)
         .replace(r#""buffer":"C""#, r#""buffer":"A""#);
     std::fs::write(&path, bad).unwrap();
     let (ok, stdout, stderr) = kiln(&["ir", path.to_str().unwrap()]);

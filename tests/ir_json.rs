@@ -4,7 +4,7 @@
 mod common;
 
 use common::{all_constructs, check_snapshot, data_path};
-use kiln::ir::{kernels, IRModule, IrError};
+use kiln::ir::{IRModule, IrError};
 
 fn json_error(text: &str) -> (String, String) {
     match IRModule::from_json_str(text) {
@@ -22,13 +22,15 @@ fn vadd_text() -> String {
 }
 
 #[test]
-fn the_example_kernels_are_the_builder_kernels() {
-    // `KILN_BLESS=1` regenerates examples/kernels/*.json from `kiln::ir::kernels`.
+fn the_example_kernels_are_the_scheduled_kernels() {
+    // `KILN_BLESS=1` regenerates examples/kernels/*.json from `kiln::schedule::kernels` (the
+    // builder kernels of `kiln::ir::kernels` with their fast schedules; see tests/schedule.rs).
+    use kiln::schedule::kernels as scheduled;
     for f in [
-        kernels::vadd(),
-        kernels::matmul(),
-        kernels::rowsum(),
-        kernels::softmax(),
+        scheduled::vadd().unwrap(),
+        scheduled::matmul().unwrap(),
+        scheduled::rowsum().unwrap(),
+        scheduled::softmax().unwrap(),
     ] {
         let m = IRModule::from_functions(vec![f]);
         m.verify().unwrap();
@@ -101,7 +103,7 @@ fn the_format_version_is_checked() {
 
 #[test]
 fn unknown_fields_are_rejected_with_their_path() {
-    let text = vadd_text().replace(r#""kind":"serial","#, r#""kind":"serial","unroll":4,"#);
+    let text = vadd_text().replace(r#""kind":"parallel","#, r#""kind":"parallel","unroll":4,"#);
     let (path, msg) = json_error(&text);
     assert_eq!(path, "$.functions[0].body.unroll");
     assert!(
@@ -124,7 +126,7 @@ fn bad_values_are_reported_with_their_path() {
     let (path, msg) = json_error(&vadd_text().replace(r#""op":"add""#, r#""op":"plus""#));
     assert_eq!(path, "$.functions[0].body.body.value.op");
     assert!(msg.contains("unknown operator `plus`"), "{msg}");
-    let (path, msg) = json_error(&vadd_text().replace(r#""kind":"serial""#, r#""kind":"simd""#));
+    let (path, msg) = json_error(&vadd_text().replace(r#""kind":"parallel""#, r#""kind":"simd""#));
     assert_eq!(path, "$.functions[0].body.kind");
     assert!(msg.contains("unknown loop kind `simd`"), "{msg}");
     let (path, msg) = json_error(&vadd_text().replace(r#""buffer":"C""#, r#""buffer":"D""#));

@@ -14,6 +14,9 @@
 //! rayon, measured) costs more than the work. So, as TVM's and XNNPACK's pools do:
 //! - persistent workers, `KILN_NUM_THREADS` of them in all (default: the physical cores), the
 //!   caller being one of them: it runs tasks too;
+//! - a launch that leaves the task count to the pool (generated code does) gets
+//!   [`TASKS_PER_THREAD`] tasks per thread, claimed dynamically, so a thread that another process
+//!   delays does not hold up the launch;
 //! - workers spin on a generation counter for a bounded time (`KILN_THREAD_POOL_SPIN`
 //!   iterations, default 100000, 0 = park at once), then park on a condition variable;
 //! - tasks are claimed from a counter tagged with the launch generation, so a worker that wakes
@@ -70,6 +73,10 @@ struct Shared {
     wake: Condvar,
     spin: u32,
 }
+
+/// Tasks per thread of a launch that leaves the count to the pool (`num_task <= 0`, what kiln's
+/// generated code asks for).
+pub const TASKS_PER_THREAD: usize = 4;
 
 /// The process-wide pool.
 pub struct ThreadPool {
@@ -165,19 +172,22 @@ impl ThreadPool {
         self.num_threads
     }
 
-    /// Runs `lambda(task, env, cdata)` for `task` in `0..num_task` (`num_task <= 0`: one task per
-    /// thread) and returns 0, or the first failing task's code with its error raised on this
+    /// Runs `lambda(task, env, cdata)` for `task` in `0..num_task` (`num_task <= 0`:
+    /// [`TASKS_PER_THREAD`] tasks per thread, or one when the launch runs serially) and returns 0, or the first failing task's code with its error raised on this
     /// thread.
     ///
     /// # Safety
     /// - `lambda` may be called concurrently from several threads with `cdata`.
     pub unsafe fn launch(&self, lambda: ParallelLambda, cdata: *mut c_void, num_task: i32) -> i32 {
-        let num_task = if num_task <= 0 {
-            self.num_threads as i32
-        } else {
-            num_task
+        let serial = self.num_threads <= 1 || IN_TASK.with(Cell::get);
+        let num_task = match (num_task, serial) {
+            (n, _) if n > 0 => n,
+            (_, true) => 1,
+            // More tasks than threads, claimed dynamically: when another process takes a core
+            // for a while, the other threads take over its share instead of waiting for it.
+            (_, false) => (self.num_threads * TASKS_PER_THREAD).min(i32::MAX as usize) as i32,
         };
-        if self.num_threads <= 1 || num_task == 1 || IN_TASK.with(Cell::get) {
+        if serial || num_task == 1 {
             // SAFETY: forwarded from the caller.
             return unsafe { run_serial(lambda, cdata, num_task) };
         }
@@ -414,6 +424,28 @@ mod tests {
                 "round {round}"
             );
         }
+    }
+
+    #[test]
+    fn a_default_launch_splits_into_several_tasks_per_thread() {
+        let pool = ThreadPool::new(2, 1000);
+        let sum = AtomicI64::new(0);
+        // SAFETY: `add_task` is thread-safe over an AtomicI64.
+        let code =
+            unsafe { pool.launch(add_task, (&sum as *const AtomicI64).cast_mut().cast(), 0) };
+        assert_eq!(code, 0);
+        let n = (2 * TASKS_PER_THREAD) as i64;
+        assert_eq!(
+            sum.load(Ordering::SeqCst),
+            (0..n).sum::<i64>() + n * n * 1000
+        );
+        let pool = ThreadPool::new(1, 0);
+        let sum = AtomicI64::new(0);
+        // SAFETY: as above.
+        let code =
+            unsafe { pool.launch(add_task, (&sum as *const AtomicI64).cast_mut().cast(), 0) };
+        assert_eq!(code, 0);
+        assert_eq!(sum.load(Ordering::SeqCst), 1000, "one thread: one task");
     }
 
     #[test]

@@ -344,9 +344,17 @@ fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
     );
     if mt.uses_parallel {
         slot(&mut s, "__TVMBackendParallelLaunch");
+        // Without a loader's pool: JIT modules run the tasks serially (kiln always fills the
+        // slot), exported libraries use their own pthread fork-join (emit.rs).
+        let serial = if weak {
+            s.push_str(&emit::export_parallel_runtime(attrs));
+            "  %s = call i32 @__kiln_parallel_threads(i32 (i32, { i8*, i32 }*, i8*)* %lambda, i8* %cdata, i32 %n)\n  ret i32 %s\n"
+        } else {
+            "  %env = alloca { i8*, i32 }, align 8\n  %e0 = getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %env, i32 0, i32 0\n  store i8* null, i8** %e0, align 8\n  %e1 = getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %env, i32 0, i32 1\n  store i32 1, i32* %e1, align 8\n  %s = call i32 %lambda(i32 0, { i8*, i32 }* %env, i8* %cdata)\n  ret i32 %s\n"
+        };
         let _ = writeln!(
             s,
-            "define internal i32 @__kiln_parallel_launch(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n) {attrs} {{\nentry:\n  %f = load i8*, i8** @__TVMBackendParallelLaunch, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %serial, label %launch\nlaunch:\n  %fp = bitcast i8* %f to i32 (i32 (i32, {{ i8*, i32 }}*, i8*)*, i8*, i32)*\n  %r = call i32 %fp(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n)\n  ret i32 %r\nserial:\n  %env = alloca {{ i8*, i32 }}, align 8\n  %e0 = getelementptr inbounds {{ i8*, i32 }}, {{ i8*, i32 }}* %env, i32 0, i32 0\n  store i8* null, i8** %e0, align 8\n  %e1 = getelementptr inbounds {{ i8*, i32 }}, {{ i8*, i32 }}* %env, i32 0, i32 1\n  store i32 1, i32* %e1, align 8\n  %s = call i32 %lambda(i32 0, {{ i8*, i32 }}* %env, i8* %cdata)\n  ret i32 %s\n}}"
+            "define internal i32 @__kiln_parallel_launch(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n) {attrs} {{\nentry:\n  %f = load i8*, i8** @__TVMBackendParallelLaunch, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %serial, label %launch\nlaunch:\n  %fp = bitcast i8* %f to i32 (i32 (i32, {{ i8*, i32 }}*, i8*)*, i8*, i32)*\n  %r = call i32 %fp(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n)\n  ret i32 %r\nserial:\n{serial}}}"
         );
     }
     if mt.uses_workspace {

@@ -1,0 +1,130 @@
+//! Exported libraries run parallel loops on their own threads when no loader fills the
+//! `__TVMBackendParallelLaunch` slot (a plain `dlopen`, as Python `tvm_ffi` does without TVM).
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::HostArray;
+use kiln::codegen::llvm::{export, CodegenOptions};
+use kiln::ir::builder::{for_range, if_then_else};
+use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt};
+use kiln::packed_func::ffi::{TVMFFIAny, TVMFFISafeCallType};
+use kiln::packed_func::AnyView;
+use kiln::schedule::kernels as sk;
+
+fn export_so(f: PrimFunc, dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join(format!("lib{}.so", f.name));
+    let mut o = CodegenOptions::host();
+    o.fast_math = "fast".into();
+    export(&IRModule::from_functions(vec![f]), &o, &path).unwrap();
+    path
+}
+
+/// Calls `__tvm_ffi_<name>` of a library opened with plain `dlopen` (no context slot filled).
+fn call_raw(lib: &libloading::Library, name: &str, arrays: &mut [HostArray]) -> i32 {
+    let sym = format!("__tvm_ffi_{name}");
+    // SAFETY: kiln exports `__tvm_ffi_<name>` with the tvm-ffi safe-call signature.
+    let f: libloading::Symbol<TVMFFISafeCallType> = unsafe { lib.get(sym.as_bytes()) }.unwrap();
+    let dls: Vec<_> = arrays.iter_mut().map(|a| a.dl()).collect();
+    let args: Vec<TVMFFIAny> = dls.iter().map(|d| *AnyView::from(d).as_raw()).collect();
+    let mut ret = TVMFFIAny::NONE;
+    // SAFETY: the arguments are DLTensors that outlive the call; the result slot is writable.
+    unsafe {
+        f(
+            std::ptr::null_mut::<c_void>(),
+            args.as_ptr(),
+            args.len() as i32,
+            &mut ret,
+        )
+    }
+}
+
+fn dynamic_imports(path: &std::path::Path) -> Vec<String> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.dynamic_symbols()
+        .filter(|s| s.is_undefined())
+        .filter_map(|s| s.name().ok().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn exported_parallel_kernels_use_threads_without_a_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = export_so(sk::matmul_sized(96, 64, 33).unwrap(), dir.path());
+    assert!(
+        dynamic_imports(&so).iter().any(|s| s == "pthread_create"),
+        "the library does not start threads"
+    );
+    // SAFETY: a kiln-exported library; its constructors do nothing unsafe.
+    let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+    let (m, n, k) = (96usize, 64usize, 33usize);
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5).collect();
+    let mut arrays = vec![
+        HostArray::f32(&[m as i64, k as i64], &a),
+        HostArray::f32(&[k as i64, n as i64], &b),
+        HostArray::f32(&[m as i64, n as i64], &vec![0.0; m * n]),
+    ];
+    assert_eq!(call_raw(&lib, "matmul", &mut arrays), 0);
+    let c = arrays[2].to_f32();
+    for i in 0..m {
+        for j in 0..n {
+            let want: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            assert!((c[i * n + j] - want).abs() < 1e-3, "C[{i},{j}]");
+        }
+    }
+    // vadd (symbolic n) through the same path, twice (threads are joined after each call).
+    let so = export_so(sk::vadd().unwrap(), dir.path());
+    // SAFETY: as above.
+    let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+    for len in [1usize, 3, 100_003] {
+        let x: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let mut arrays = vec![
+            HostArray::f32(&[len as i64], &x),
+            HostArray::f32(&[len as i64], &x),
+            HostArray::f32(&[len as i64], &vec![0.0; len]),
+        ];
+        assert_eq!(call_raw(&lib, "vadd", &mut arrays), 0);
+        let want: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+        assert_eq!(arrays[2].to_f32(), want);
+    }
+}
+
+#[test]
+fn a_failing_task_fails_the_call() {
+    // for i in parallel(n): if X[i] < 0 { assert false } else { Y[i] = X[i] }
+    let n = Expr::from(64i64);
+    let x = Buffer::new("X", DataType::f32(), vec![n.clone()]);
+    let y = Buffer::new("Y", DataType::f32(), vec![n.clone()]);
+    let body = for_range("i", n, ForKind::Parallel, |i| {
+        if_then_else(
+            x.load([i.clone()]).lt(Expr::from(0.0f32)),
+            Stmt::Assert {
+                cond: Expr::from(false),
+                message: "negative input".into(),
+            },
+            Some(y.store([i.clone()], x.load([i.clone()]))),
+        )
+    });
+    let f =
+        PrimFunc::new("check", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true);
+    let dir = tempfile::tempdir().unwrap();
+    let so = export_so(f, dir.path());
+    // SAFETY: a kiln-exported library.
+    let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+    for bad in [0usize, 63] {
+        let mut v = vec![1.0f32; 64];
+        v[bad] = -1.0;
+        let mut arrays = vec![HostArray::f32(&[64], &v), HostArray::f32(&[64], &[0.0; 64])];
+        assert_ne!(call_raw(&lib, "check", &mut arrays), 0, "bad element {bad}");
+    }
+    let mut arrays = vec![
+        HostArray::f32(&[64], &[2.0; 64]),
+        HostArray::f32(&[64], &[0.0; 64]),
+    ];
+    assert_eq!(call_raw(&lib, "check", &mut arrays), 0);
+    assert_eq!(arrays[1].to_f32(), vec![2.0; 64]);
+}

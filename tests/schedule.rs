@@ -1,0 +1,315 @@
+//! Schedule primitives: each transform verifies and computes what the plain loop nest computes
+//! (interpreter and JIT), the scheduled benchmark kernels are `examples/kernels/*.json`, and
+//! their hot loops are vector code.
+
+mod common;
+#[path = "ir/common.rs"]
+mod ir_common;
+
+use common::HostArray;
+use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::ir::interp::{self, HostBuffer, InterpArg};
+use kiln::ir::{kernels, IRModule, PrimFunc};
+use kiln::packed_func::{AnyView, Module};
+use kiln::schedule::{kernels as sk, AxisMap, Schedule, ScheduleError, Step};
+
+fn inputs(shapes: &[Vec<i64>]) -> Vec<Vec<f32>> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let n: i64 = s.iter().product();
+            (0..n)
+                .map(|i| ((i * 7 + k as i64 * 3) % 11) as f32 * 0.25 - 1.0)
+                .collect()
+        })
+        .collect()
+}
+
+fn interp_last(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
+    let mut args: Vec<InterpArg> = inputs(shapes)
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| InterpArg::Buffer(HostBuffer::from_slice(s, v)))
+        .collect();
+    interp::run(f, &mut args).unwrap();
+    args.last().unwrap().to_vec::<f32>().unwrap()
+}
+
+fn fast_opts() -> CodegenOptions {
+    let mut o = CodegenOptions::host();
+    o.fast_math = "fast".into();
+    o
+}
+
+fn jit_last(f: &PrimFunc, shapes: &[Vec<i64>], o: &CodegenOptions) -> Vec<f32> {
+    let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), o).unwrap();
+    let pf = m.require_function(&f.name).unwrap();
+    let mut arrays: Vec<HostArray> = inputs(shapes)
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| HostArray::f32(s, v))
+        .collect();
+    let dls: Vec<_> = arrays.iter_mut().map(|a| a.dl()).collect();
+    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+    pf.call(&views).unwrap();
+    arrays.last().unwrap().to_f32()
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * w.abs().max(1.0),
+            "{what}: [{i}] {g} vs {w}"
+        );
+    }
+}
+
+/// Scheduled `f` agrees with `plain` in the interpreter, and JIT-compiled (IEEE and fast math).
+fn same_results(plain: &PrimFunc, f: &PrimFunc, shapes: &[Vec<i64>]) {
+    f.verify().unwrap();
+    let want = interp_last(plain, shapes);
+    close(
+        &format!("{} interp", f.name),
+        &interp_last(f, shapes),
+        &want,
+        1e-5,
+    );
+    close(
+        &format!("{} jit", f.name),
+        &jit_last(f, shapes, &CodegenOptions::host()),
+        &want,
+        1e-5,
+    );
+    close(
+        &format!("{} jit fast-math", f.name),
+        &jit_last(f, shapes, &fast_opts()),
+        &want,
+        1e-5,
+    );
+}
+
+#[test]
+fn scheduled_benchmark_kernels_compute_what_the_plain_ones_do() {
+    same_results(&kernels::vadd(), &sk::vadd().unwrap(), &vec![vec![1003]; 3]);
+    // m = 72 leaves a partial row block and a partial register block; k = 9 is odd.
+    same_results(
+        &kernels::matmul_sized(72, 64, 9),
+        &sk::matmul_sized(72, 64, 9).unwrap(),
+        &[vec![72, 9], vec![9, 64], vec![72, 64]],
+    );
+    same_results(
+        &kernels::matmul_sized(13, 32, 40),
+        &sk::matmul_sized(13, 32, 40).unwrap(),
+        &[vec![13, 40], vec![40, 32], vec![13, 32]],
+    );
+    same_results(
+        &kernels::rowsum_sized(7, 192),
+        &sk::rowsum_sized(7, 192).unwrap(),
+        &[vec![7, 192], vec![7]],
+    );
+    same_results(
+        &kernels::softmax_sized(5, 128),
+        &sk::softmax_sized(5, 128).unwrap(),
+        &[vec![5, 128], vec![5, 128]],
+    );
+}
+
+#[test]
+fn the_example_kernels_are_the_scheduled_kernels() {
+    // `KILN_BLESS=1` regenerates examples/kernels/*.json from `kiln::schedule::kernels`.
+    for f in [sk::vadd(), sk::matmul(), sk::rowsum(), sk::softmax()] {
+        let m = IRModule::from_functions(vec![f.unwrap()]);
+        m.verify().unwrap();
+        let name = &m.functions[0].name;
+        ir_common::check_snapshot(
+            &format!("examples/kernels/{name}.json"),
+            &(m.to_json_string() + "\n"),
+        );
+    }
+}
+
+fn asm_of(f: PrimFunc) -> String {
+    let m = LlvmModule::jit(&IRModule::from_functions(vec![f]), &fast_opts()).unwrap();
+    m.get_source("asm").unwrap()
+}
+
+/// The instructions of the innermost loop that contains `needle` (the block ending in a backward
+/// jump), as a rough view of the hot loop.
+fn hot_loop_with(asm: &str, needle: &str) -> Option<String> {
+    let lines: Vec<&str> = asm.lines().collect();
+    let mut label_at = std::collections::HashMap::new();
+    for (i, l) in lines.iter().enumerate() {
+        if let Some(lbl) = l.strip_suffix(':') {
+            label_at.insert(lbl.trim().to_owned(), i);
+        }
+    }
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim();
+        if !t.starts_with('j') {
+            continue;
+        }
+        let Some(target) = t.split_whitespace().nth(1) else {
+            continue;
+        };
+        if let Some(&start) = label_at.get(target) {
+            if start < i {
+                let body = lines[start..=i].join("\n");
+                if body.contains(needle) {
+                    return Some(body);
+                }
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn hot_loops_are_vector_code() {
+    let host = CodegenOptions::host();
+    let wide = if host.features.contains("+avx512f") {
+        "zmm"
+    } else if host.features.contains("+avx2") {
+        "ymm"
+    } else {
+        eprintln!("no AVX2 on this host: only checking for xmm");
+        "xmm"
+    };
+    let asm = asm_of(sk::matmul_sized(128, 128, 128).unwrap());
+    let l = hot_loop_with(&asm, "vfmadd").expect("matmul has an FMA loop");
+    assert!(l.contains(wide), "matmul FMA loop is not {wide} code:\n{l}");
+    let n_fma = l.lines().filter(|x| x.contains("vfmadd")).count();
+    assert!(n_fma >= 8, "matmul inner loop has {n_fma} FMAs:\n{l}");
+    let asm = asm_of(sk::vadd().unwrap());
+    let l = hot_loop_with(&asm, "vaddps").expect("vadd has a vector add loop");
+    assert!(l.contains(wide), "vadd loop is not {wide} code:\n{l}");
+    let asm = asm_of(sk::softmax_sized(64, 256).unwrap());
+    assert!(
+        !asm.contains("expf"),
+        "softmax calls libm expf instead of the vector polynomial"
+    );
+}
+
+#[test]
+fn split_with_a_remainder_guards_the_tail() {
+    let f = kernels::vadd();
+    let mut s = Schedule::new(f.clone());
+    let (o, i) = s.split("i", 8).unwrap();
+    assert_eq!((o.as_str(), i.as_str()), ("i_o", "i_i"));
+    let text = s.func().to_string();
+    assert!(text.contains("if i_o * 8i64 + i_i < n"), "{text}");
+    s.vectorize("i_i").unwrap();
+    same_results(&f, &s.finish().unwrap(), &vec![vec![21]; 3]);
+}
+
+#[test]
+fn tile_fuse_and_reorder_keep_results() {
+    let f = kernels::matmul_sized(12, 10, 7);
+    let shapes = [vec![12, 7], vec![7, 10], vec![12, 10]];
+    let mut s = Schedule::new(f.clone());
+    let [io, jo, ii, ji] = s.tile("i", "j", 4, 5).unwrap();
+    let fused = s.fuse(&io, &jo).unwrap();
+    s.parallel(&fused).unwrap();
+    s.unroll(&ii).unwrap();
+    let _ = ji;
+    same_results(&f, &s.finish().unwrap(), &shapes);
+}
+
+#[test]
+fn reorder_rejects_loops_that_are_not_one_nest() {
+    let mut s = Schedule::new(kernels::matmul_sized(4, 4, 4));
+    // `k0` sits below a sequence (the init store), so `i, j, k0` is not a perfect nest.
+    let err = s.reorder(&["k0", "i"]).unwrap_err();
+    assert!(matches!(err, ScheduleError::Form { .. }), "{err}");
+    let err = s.split("nope", 4).unwrap_err().to_string();
+    assert!(err.contains("exactly one loop named `nope`"), "{err}");
+}
+
+#[test]
+fn layout_transform_cache_write_and_rfactor_from_json_steps() {
+    let f = kernels::matmul_sized(16, 32, 8);
+    let shapes = [vec![16, 8], vec![8, 32], vec![16, 32]];
+    let steps: Vec<Step> = serde_json::from_str(
+        r#"[
+          {"transform_layout": {"buffer": "B", "into": "Bt", "dims": [{"axis": 1, "div": 8}, {"axis": 0}, {"axis": 1, "modulo": 8}]}},
+          {"split": {"loop": "j", "factor": 8}},
+          {"cache_write": {"buffer": "C", "at": "j_o"}},
+          {"kind": {"loop": "i", "kind": "parallel"}}
+        ]"#,
+    )
+    .unwrap();
+    let mut s = Schedule::new(f.clone());
+    s.apply(&steps).unwrap();
+    let g = s.finish().unwrap();
+    assert!(g.to_string().contains("C_local"), "{g}");
+    same_results(&f, &g, &shapes);
+    // rfactor on a max reduction.
+    let f = sk::softmax_algorithm(3, 32);
+    let mut s = Schedule::new(f.clone());
+    let (o, i) = s.split("jm", 8).unwrap();
+    s.rfactor(&o, &i).unwrap();
+    s.vectorize(&i).unwrap();
+    same_results(&f, &s.finish().unwrap(), &[vec![3, 32], vec![3, 32]]);
+    // A layout map that merges indices is refused.
+    let mut s = Schedule::new(kernels::matmul_sized(4, 8, 4));
+    let err = s
+        .transform_layout("B", "Bx", &[AxisMap::inner(1, 4), AxisMap::id(0)])
+        .unwrap_err();
+    assert!(err.to_string().contains("apart"), "{err}");
+}
+
+#[test]
+fn scheduled_kernels_are_correct_for_unaligned_data() {
+    // Data pointers 4 bytes past an 8-byte boundary (never 16-, 32- or 64-byte aligned).
+    let o = fast_opts();
+    for (plain, f, shapes) in [
+        (kernels::vadd(), sk::vadd().unwrap(), vec![vec![77i64]; 3]),
+        (
+            kernels::matmul_sized(24, 64, 17),
+            sk::matmul_sized(24, 64, 17).unwrap(),
+            vec![vec![24, 17], vec![17, 64], vec![24, 64]],
+        ),
+        (
+            kernels::rowsum_sized(3, 128),
+            sk::rowsum_sized(3, 128).unwrap(),
+            vec![vec![3, 128], vec![3]],
+        ),
+        (
+            kernels::softmax_sized(3, 64),
+            sk::softmax_sized(3, 64).unwrap(),
+            vec![vec![3, 64], vec![3, 64]],
+        ),
+    ] {
+        let want = interp_last(&plain, &shapes);
+        let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &o).unwrap();
+        let pf = m.require_function(&f.name).unwrap();
+        // One extra element in front; the tensor starts at element 1.
+        let mut arrays: Vec<HostArray> = inputs(&shapes)
+            .iter()
+            .map(|v| {
+                let mut padded = vec![0.0f32];
+                padded.extend_from_slice(v);
+                HostArray::f32(&[padded.len() as i64], &padded)
+            })
+            .collect();
+        let mut shape_store: Vec<Vec<i64>> = shapes.clone();
+        let dls: Vec<_> = arrays
+            .iter_mut()
+            .zip(shape_store.iter_mut())
+            .map(|(a, s)| {
+                let mut d = a.dl();
+                // SAFETY: the array holds one element more than the shape covers.
+                d.data = unsafe { d.data.cast::<f32>().add(1) }.cast();
+                d.ndim = s.len() as i32;
+                d.shape = s.as_mut_ptr();
+                assert_eq!(d.data as usize % 8, 4);
+                d
+            })
+            .collect();
+        let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+        pf.call(&views).unwrap();
+        let got = arrays.last().unwrap().to_f32()[1..].to_vec();
+        close(&format!("{} unaligned", f.name), &got, &want, 1e-5);
+    }
+}
