@@ -148,6 +148,19 @@ impl<'a> Printer<'a> {
         Ok(())
     }
 
+    /// `e` printed on its own (the value of a `let`, printed before its name is bound).
+    fn render(&mut self, e: &Expr) -> Result<String, fmt::Error> {
+        let mut text = String::new();
+        let mut p = Printer {
+            out: &mut text,
+            namer: std::mem::take(&mut self.namer),
+            indent: 0,
+        };
+        let r = p.expr(e);
+        self.namer = p.namer;
+        r.map(|()| text)
+    }
+
     pub(crate) fn expr(&mut self, e: &Expr) -> fmt::Result {
         match e {
             Expr::IntImm { dtype, value } => self.int(*dtype, *value),
@@ -210,16 +223,7 @@ impl<'a> Printer<'a> {
             }
             Expr::Let { var, value, body } => {
                 let mark = self.namer.mark();
-                let mut rhs = String::new();
-                {
-                    let mut p = Printer {
-                        out: &mut rhs,
-                        namer: std::mem::take(&mut self.namer),
-                        indent: 0,
-                    };
-                    p.expr(value)?;
-                    self.namer = p.namer;
-                }
+                let rhs = self.render(value)?;
                 let n = self.namer.bind(var);
                 write!(self.out, "(let {n}: {} = {rhs} in ", var.dtype)?;
                 self.expr(body)?;
@@ -381,16 +385,7 @@ impl<'a> Printer<'a> {
             Stmt::Let { var, value, body } => {
                 self.line_start()?;
                 let mark = self.namer.mark();
-                let mut rhs = String::new();
-                {
-                    let mut p = Printer {
-                        out: &mut rhs,
-                        namer: std::mem::take(&mut self.namer),
-                        indent: 0,
-                    };
-                    p.expr(value)?;
-                    self.namer = p.namer;
-                }
+                let rhs = self.render(value)?;
                 let n = self.namer.bind(var);
                 writeln!(self.out, "let {n}: {} = {rhs}", var.dtype)?;
                 self.stmt(body)?;

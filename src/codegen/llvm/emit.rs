@@ -395,6 +395,33 @@ impl<'m> Emitter<'m> {
         })
     }
 
+    /// `if cond { then } else { other }` with blocks named `<prefix>then<k>`..., each arm
+    /// emitted by `arm` (scalar or vector statements).
+    fn if_then_else(
+        &mut self,
+        cond: &str,
+        prefix: &str,
+        then_case: &Stmt,
+        else_case: Option<&Stmt>,
+        mut arm: impl FnMut(&mut Self, &Stmt) -> R<()>,
+    ) -> R<()> {
+        let th = self.new_label(&format!("{prefix}then"));
+        let el = self.new_label(&format!("{prefix}else"));
+        let end = self.new_label(&format!("{prefix}endif"));
+        let other = if else_case.is_some() { &el } else { &end };
+        self.line(format!("br i1 {cond}, label %{th}, label %{other}"));
+        self.start_block(&th);
+        arm(self, then_case)?;
+        self.line(format!("br label %{end}"));
+        if let Some(e) = else_case {
+            self.start_block(&el);
+            arm(self, e)?;
+            self.line(format!("br label %{end}"));
+        }
+        self.start_block(&end);
+        Ok(())
+    }
+
     fn restore(&mut self, id: VarId, old: Option<Val>) {
         match old {
             Some(v) => {
@@ -955,20 +982,7 @@ impl<'m> Emitter<'m> {
                 else_case,
             } => {
                 let c = self.expr(cond)?;
-                let th = self.new_label("then");
-                let el = self.new_label("else");
-                let end = self.new_label("endif");
-                let other = if else_case.is_some() { &el } else { &end };
-                self.line(format!("br i1 {}, label %{th}, label %{other}", c.v));
-                self.start_block(&th);
-                self.stmt(then_case)?;
-                self.line(format!("br label %{end}"));
-                if let Some(e) = else_case {
-                    self.start_block(&el);
-                    self.stmt(e)?;
-                    self.line(format!("br label %{end}"));
-                }
-                self.start_block(&end);
+                self.if_then_else(&c.v, "", then_case, else_case.as_deref(), Self::stmt)?;
             }
             Stmt::Assert { cond, message } => {
                 let c = self.expr(cond)?;
@@ -1860,20 +1874,9 @@ impl Emitter<'_> {
                 else_case,
             } => {
                 let c = self.expr(cond)?;
-                let th = self.new_label("vthen");
-                let el = self.new_label("velse");
-                let end = self.new_label("vendif");
-                let other = if else_case.is_some() { &el } else { &end };
-                self.line(format!("br i1 {}, label %{th}, label %{other}", c.v));
-                self.start_block(&th);
-                self.vstmt(var, lo, n, then_case)?;
-                self.line(format!("br label %{end}"));
-                if let Some(e) = else_case {
-                    self.start_block(&el);
-                    self.vstmt(var, lo, n, e)?;
-                    self.line(format!("br label %{end}"));
-                }
-                self.start_block(&end);
+                self.if_then_else(&c.v, "v", then_case, else_case.as_deref(), |e, s| {
+                    e.vstmt(var, lo, n, s)
+                })?;
             }
             Stmt::Store {
                 buffer,
