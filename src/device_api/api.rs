@@ -155,6 +155,15 @@ thread_local! {
     static CURRENT_STREAM: RefCell<Vec<((i32, i32), StreamHandle)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Records a failed result as the backend's last error (DIOPI's `get_last_error_string`) and
+/// passes the result on: every provided method of [`DeviceApi`] ends with it.
+fn noted<T, A: DeviceApi + ?Sized>(api: &A, r: DeviceResult<T>) -> DeviceResult<T> {
+    if let Err(e) = &r {
+        api.set_last_error(e.to_string());
+    }
+    r
+}
+
 fn set_entry<K: PartialEq, V>(v: &mut Vec<(K, V)>, k: K, val: V) -> Option<V> {
     match v.iter_mut().find(|(key, _)| *key == k) {
         Some(e) => Some(std::mem::replace(&mut e.1, val)),
@@ -270,13 +279,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
             let ok = self.check_device(dev).is_ok();
             return Ok(Some(AttrValue::Int(i64::from(ok))));
         }
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_attr(dev, kind));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_attr(dev, kind)),
+        )
     }
 
     /// Makes `dev` the current device of this backend on this thread.
@@ -326,31 +333,30 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         align: usize,
         dtype_hint: DLDataType,
     ) -> DeviceResult<DevicePtr> {
-        let r = (|| {
-            self.check_device(dev)?;
-            if nbytes == 0 {
-                return Err(DeviceError::ZeroSize { device: dev });
-            }
-            if !align.is_power_of_two() {
-                return Err(DeviceError::BadAlignment {
-                    device: dev,
-                    align: align as u64,
-                });
-            }
-            if nbytes > isize::MAX as usize - align {
-                return Err(DeviceError::OutOfMemory {
-                    device: dev,
-                    nbytes: nbytes as u64,
-                    align: align as u64,
-                    reason: "the size exceeds isize::MAX".to_owned(),
-                });
-            }
-            self.raw_alloc(dev, nbytes, align, dtype_hint)
-        })();
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            (|| {
+                self.check_device(dev)?;
+                if nbytes == 0 {
+                    return Err(DeviceError::ZeroSize { device: dev });
+                }
+                if !align.is_power_of_two() {
+                    return Err(DeviceError::BadAlignment {
+                        device: dev,
+                        align: align as u64,
+                    });
+                }
+                if nbytes > isize::MAX as usize - align {
+                    return Err(DeviceError::OutOfMemory {
+                        device: dev,
+                        nbytes: nbytes as u64,
+                        align: align as u64,
+                        reason: "the size exceeds isize::MAX".to_owned(),
+                    });
+                }
+                self.raw_alloc(dev, nbytes, align, dtype_hint)
+            })(),
+        )
     }
 
     /// Allocates room for a tensor of `shape` and `dtype` in memory scope `scope` (`None`, `""`
@@ -381,19 +387,16 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         let nbytes = usize::try_from(nbytes).unwrap_or(usize::MAX);
         match scope {
             None | Some("") | Some("global") => self.alloc_data_space(dev, nbytes, align, dtype),
-            Some(s) => {
-                let r = self.check_device(dev).and_then(|()| {
+            Some(s) => noted(
+                self,
+                self.check_device(dev).and_then(|()| {
                     if nbytes == 0 {
                         Err(DeviceError::ZeroSize { device: dev })
                     } else {
                         self.raw_alloc_scoped(dev, nbytes, align, dtype, s)
                     }
-                });
-                if let Err(e) = &r {
-                    self.set_last_error(e.to_string());
-                }
-                r
-            }
+                }),
+            ),
         }
     }
 
@@ -403,13 +406,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// [`DeviceError::UnknownPointer`], [`DeviceError::DoubleFree`],
     /// [`DeviceError::InvalidDevice`].
     fn free_data_space(&self, dev: Device, ptr: DevicePtr) -> DeviceResult<()> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_free(dev, ptr));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_free(dev, ptr)),
+        )
     }
 
     /// The number of bytes of a tensor's elements (TVM's `GetDataSize`).
@@ -440,14 +441,13 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         dtype_hint: DLDataType,
     ) -> DeviceResult<DevicePtr> {
         let me = self as *const Self as *const ();
-        let r = match super::workspace::thread_alloc_for(me, dev, nbytes) {
-            Some(r) => r,
-            None => self.alloc_data_space(dev, nbytes, ALLOC_ALIGNMENT, dtype_hint),
-        };
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            match super::workspace::thread_alloc_for(me, dev, nbytes) {
+                Some(r) => r,
+                None => self.alloc_data_space(dev, nbytes, ALLOC_ALIGNMENT, dtype_hint),
+            },
+        )
     }
 
     /// Frees a buffer from [`DeviceApi::alloc_workspace`].
@@ -456,14 +456,13 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// [`DeviceError::UnknownPointer`] (including a pointer allocated on another thread).
     fn free_workspace(&self, dev: Device, ptr: DevicePtr) -> DeviceResult<()> {
         let me = self as *const Self as *const ();
-        let r = match super::workspace::thread_free_for(me, dev, ptr) {
-            Some(r) => r,
-            None => self.free_data_space(dev, ptr),
-        };
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            match super::workspace::thread_free_for(me, dev, ptr) {
+                Some(r) => r,
+                None => self.free_data_space(dev, ptr),
+            },
+        )
     }
 
     /// Copies the elements of `from` into `to` (TVM's `CopyDataFromTo`): host to device, device
@@ -491,11 +490,9 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         stream: StreamHandle,
     ) -> DeviceResult<()> {
         // SAFETY: forwarded from this function's contract.
-        let r = unsafe { super::copy::copy_tensor(self, from, to, stream) };
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(self, unsafe {
+            super::copy::copy_tensor(self, from, to, stream)
+        })
     }
 
     /// Sets `nbytes` bytes at `ptr + offset` on `dev` to `value`, ordered on `stream`.
@@ -511,17 +508,16 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         nbytes: usize,
         stream: StreamHandle,
     ) -> DeviceResult<()> {
-        let r = self.check_device(dev).and_then(|()| {
-            if nbytes == 0 {
-                Ok(())
-            } else {
-                self.raw_memset(dev, ptr, offset, value, nbytes, stream)
-            }
-        });
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev).and_then(|()| {
+                if nbytes == 0 {
+                    Ok(())
+                } else {
+                    self.raw_memset(dev, ptr, offset, value, nbytes, stream)
+                }
+            }),
+        )
     }
 
     /// Memory statistics of `dev`.
@@ -529,13 +525,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidDevice`]; backend failures.
     fn memory_stats(&self, dev: Device) -> DeviceResult<MemoryStats> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_memory_stats(dev));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_memory_stats(dev)),
+        )
     }
 
     // ------------------------------------------------------------------ provided: streams
@@ -545,13 +539,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidDevice`]; backend failures.
     fn create_stream(&self, dev: Device) -> DeviceResult<StreamHandle> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_create_stream(dev));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_create_stream(dev)),
+        )
     }
 
     /// Frees a stream (after its queued work completes). If it is this thread's current stream
@@ -592,23 +584,22 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidStream`] for a dead handle.
     fn set_current_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<StreamHandle> {
-        let r = self.check_device(dev).and_then(|()| {
-            if !stream.is_default() {
-                self.raw_query_stream(dev, stream)?;
-            }
-            Ok(CURRENT_STREAM.with(|c| {
-                set_entry(
-                    &mut c.borrow_mut(),
-                    (dev.device_type.0, dev.device_id),
-                    stream,
-                )
-                .unwrap_or_default()
-            }))
-        });
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev).and_then(|()| {
+                if !stream.is_default() {
+                    self.raw_query_stream(dev, stream)?;
+                }
+                Ok(CURRENT_STREAM.with(|c| {
+                    set_entry(
+                        &mut c.borrow_mut(),
+                        (dev.device_type.0, dev.device_id),
+                        stream,
+                    )
+                    .unwrap_or_default()
+                }))
+            }),
+        )
     }
 
     /// This thread's current stream for `dev` ([`StreamHandle::DEFAULT`] until set).
@@ -626,13 +617,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidStream`]; the first failure of the queued work.
     fn sync_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_sync_stream(dev, stream));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_sync_stream(dev, stream)),
+        )
     }
 
     /// Whether the work queued on `stream` has completed (never blocks).
@@ -640,13 +629,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidStream`].
     fn query_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<bool> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_query_stream(dev, stream));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_query_stream(dev, stream)),
+        )
     }
 
     /// Makes work queued on `dst` from now on wait for the work queued on `src` so far (TVM's
@@ -660,21 +647,20 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         src: StreamHandle,
         dst: StreamHandle,
     ) -> DeviceResult<()> {
-        let r = self.check_device(dev).and_then(|()| {
-            // Check both handles before creating anything.
-            self.raw_query_stream(dev, src)?;
-            self.raw_query_stream(dev, dst)?;
-            let ev = self.raw_create_event(dev)?;
-            let res = self
-                .raw_record_event(dev, src, ev)
-                .and_then(|()| self.raw_stream_wait_event(dev, dst, ev));
-            let destroyed = self.raw_destroy_event(dev, ev);
-            res.and(destroyed)
-        });
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev).and_then(|()| {
+                // Check both handles before creating anything.
+                self.raw_query_stream(dev, src)?;
+                self.raw_query_stream(dev, dst)?;
+                let ev = self.raw_create_event(dev)?;
+                let res = self
+                    .raw_record_event(dev, src, ev)
+                    .and_then(|()| self.raw_stream_wait_event(dev, dst, ev));
+                let destroyed = self.raw_destroy_event(dev, ev);
+                res.and(destroyed)
+            }),
+        )
     }
 
     /// Queues a host callback on `stream`: it runs once, after the work queued before it. A
@@ -693,13 +679,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
                 log::error!("a stream host callback panicked: {}", panic_message(&*p));
             }
         });
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_add_callback(dev, stream, guarded));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_add_callback(dev, stream, guarded)),
+        )
     }
 
     // ------------------------------------------------------------------ provided: events
@@ -709,13 +693,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidDevice`]; backend failures.
     fn create_event(&self, dev: Device) -> DeviceResult<EventHandle> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_create_event(dev));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_create_event(dev)),
+        )
     }
 
     /// Records `event` at the current end of `stream`.
@@ -728,13 +710,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         stream: StreamHandle,
         event: EventHandle,
     ) -> DeviceResult<()> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_record_event(dev, stream, event));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_record_event(dev, stream, event)),
+        )
     }
 
     /// Whether `event` has completed (never blocks).
@@ -742,13 +722,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidEvent`].
     fn query_event(&self, dev: Device, event: EventHandle) -> DeviceResult<bool> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_query_event(dev, event));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_query_event(dev, event)),
+        )
     }
 
     /// Blocks until `event` has completed.
@@ -756,13 +734,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidEvent`].
     fn sync_event(&self, dev: Device, event: EventHandle) -> DeviceResult<()> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_sync_event(dev, event));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_sync_event(dev, event)),
+        )
     }
 
     /// Makes work queued on `stream` from now on wait for `event`.
@@ -775,13 +751,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         stream: StreamHandle,
         event: EventHandle,
     ) -> DeviceResult<()> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_stream_wait_event(dev, stream, event));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_stream_wait_event(dev, stream, event)),
+        )
     }
 
     /// Destroys `event`.
@@ -789,13 +763,11 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
     /// # Errors
     /// [`DeviceError::InvalidEvent`].
     fn destroy_event(&self, dev: Device, event: EventHandle) -> DeviceResult<()> {
-        let r = self
-            .check_device(dev)
-            .and_then(|()| self.raw_destroy_event(dev, event));
-        if let Err(e) = &r {
-            self.set_last_error(e.to_string());
-        }
-        r
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_destroy_event(dev, event)),
+        )
     }
 }
 
