@@ -945,40 +945,31 @@ pub fn intrinsic(op: Intrinsic, args: &[Scalar]) -> Scalar {
     let a = first.as_f64();
     let b = args.get(1).map_or(0.0, Scalar::as_f64);
     let c = args.get(2).map_or(0.0, Scalar::as_f64);
-    if t.bits == 64 {
-        let r = match op {
-            Intrinsic::Exp => a.exp(),
-            Intrinsic::Log => a.ln(),
-            Intrinsic::Sqrt => a.sqrt(),
-            Intrinsic::Rsqrt => 1.0 / a.sqrt(),
-            Intrinsic::Tanh => a.tanh(),
-            Intrinsic::Sigmoid => 1.0 / (1.0 + (-a).exp()),
-            Intrinsic::Pow => a.powf(b),
-            Intrinsic::Abs => a.abs(),
-            Intrinsic::Floor => a.floor(),
-            Intrinsic::Ceil => a.ceil(),
-            Intrinsic::Round => a.round_ties_even(),
-            Intrinsic::Erf => erf(a),
-            Intrinsic::Fma => a.mul_add(b, c),
-        };
-        return Scalar::Float(t, r);
+    // One table for both widths: f64 for float64, f32 (then rounded to the type) otherwise.
+    macro_rules! apply {
+        ($a:expr, $b:expr, $c:expr, $erf:expr) => {{
+            let (a, b, c) = ($a, $b, $c);
+            match op {
+                Intrinsic::Exp => a.exp(),
+                Intrinsic::Log => a.ln(),
+                Intrinsic::Sqrt => a.sqrt(),
+                Intrinsic::Rsqrt => 1.0 / a.sqrt(),
+                Intrinsic::Tanh => a.tanh(),
+                Intrinsic::Sigmoid => 1.0 / (1.0 + (-a).exp()),
+                Intrinsic::Pow => a.powf(b),
+                Intrinsic::Abs => a.abs(),
+                Intrinsic::Floor => a.floor(),
+                Intrinsic::Ceil => a.ceil(),
+                Intrinsic::Round => a.round_ties_even(),
+                Intrinsic::Erf => $erf(a),
+                Intrinsic::Fma => a.mul_add(b, c),
+            }
+        }};
     }
-    let (a, b, c) = (a as f32, b as f32, c as f32);
-    let r = match op {
-        Intrinsic::Exp => a.exp(),
-        Intrinsic::Log => a.ln(),
-        Intrinsic::Sqrt => a.sqrt(),
-        Intrinsic::Rsqrt => 1.0 / a.sqrt(),
-        Intrinsic::Tanh => a.tanh(),
-        Intrinsic::Sigmoid => 1.0 / (1.0 + (-a).exp()),
-        Intrinsic::Pow => a.powf(b),
-        Intrinsic::Abs => a.abs(),
-        Intrinsic::Floor => a.floor(),
-        Intrinsic::Ceil => a.ceil(),
-        Intrinsic::Round => a.round_ties_even(),
-        Intrinsic::Erf => erf(a as f64) as f32,
-        Intrinsic::Fma => a.mul_add(b, c),
-    };
+    if t.bits == 64 {
+        return Scalar::Float(t, apply!(a, b, c, erf));
+    }
+    let r: f32 = apply!(a as f32, b as f32, c as f32, |x: f32| erf(x as f64) as f32);
     Scalar::from_float(t, r as f64)
 }
 
