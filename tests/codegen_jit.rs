@@ -144,3 +144,94 @@ fn workspaces_are_freed_on_every_exit_path_errors_included() {
     assert!(e.to_string().contains("integer division by zero"), "{e}");
     assert_eq!(live(), before, "freed after a division by zero");
 }
+
+/// `vadd` with its body replaced by `c = a - b` (same name, same signature).
+fn vsub() -> kiln::ir::PrimFunc {
+    use kiln::ir::builder::compute;
+    use kiln::ir::{Buffer, DataType, Param, PrimFunc};
+    let n = kiln::ir::builder::size_var("n");
+    let mk = |s: &str| Buffer::new(s, DataType::f32(), vec![n.clone().into()]);
+    let (a, b, c) = (mk("A"), mk("B"), mk("C"));
+    let body = compute(&c, |i| a.load(i) - b.load(i));
+    PrimFunc::new(
+        "vadd",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+}
+
+#[test]
+fn jit_modules_with_the_same_function_names_live_side_by_side_and_die_alone() {
+    let add = jit(kernels::vadd());
+    let sub = jit(vsub());
+    let (fa, fs) = (
+        add.require_function("vadd").unwrap(),
+        sub.require_function("vadd").unwrap(),
+    );
+    let run = |f: &kiln::packed_func::PackedFunc| {
+        let (mut ta, mut tb, mut tc) = (
+            HostArray::f32(&[3], &[1.0, 2.0, 3.0]),
+            HostArray::f32(&[3], &[10.0, 20.0, 30.0]),
+            HostArray::f32(&[3], &[0.0; 3]),
+        );
+        let (da, db, dc) = (ta.dl(), tb.dl(), tc.dl());
+        f.call(&[AnyView::from(&da), AnyView::from(&db), AnyView::from(&dc)])
+            .unwrap();
+        tc.to_f32()
+    };
+    assert_eq!(run(&fa), vec![11.0, 22.0, 33.0]);
+    assert_eq!(run(&fs), vec![-9.0, -18.0, -27.0]);
+    // Dropping one module (and its function) leaves the other's code in place.
+    drop(fa);
+    drop(add);
+    let again = jit(kernels::vadd());
+    assert_eq!(run(&fs), vec![-9.0, -18.0, -27.0]);
+    assert_eq!(
+        run(&again.require_function("vadd").unwrap()),
+        vec![11.0, 22.0, 33.0]
+    );
+    // A function outlives its module.
+    drop(sub);
+    assert_eq!(run(&fs), vec![-9.0, -18.0, -27.0]);
+}
+
+#[test]
+fn the_first_failing_calls_from_many_threads_all_get_the_precise_error() {
+    // The checkers of a JIT module are compiled when a call first fails: concurrent first
+    // failures share that compilation and each gets TVM's message.
+    let m = jit(kernels::vadd());
+    let f = m.require_function("vadd").unwrap();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..=4i64)
+            .map(|k| {
+                let f = f.clone();
+                s.spawn(move || {
+                    let mut ta = HostArray::f32(&[3], &[0.0; 3]);
+                    let mut tb = HostArray::f32(&[3 + k], &vec![0.0; 3 + k as usize]);
+                    let mut tc = HostArray::f32(&[3], &[0.0; 3]);
+                    let (da, db, dc) = (ta.dl(), tb.dl(), tc.dl());
+                    f.call(&[AnyView::from(&da), AnyView::from(&db), AnyView::from(&dc)])
+                        .unwrap_err()
+                        .to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let want = "ValueError: Mismatched B.shape[0] on argument #1 when calling:\n  \
+                `vadd(A: Tensor([n], float32), B: Tensor([n], float32), C: Tensor([n], float32))`,\n  \
+                expected to match A.shape[0]";
+    for e in errors {
+        assert_eq!(e, want);
+    }
+    // And a good call still runs after the error path was compiled.
+    let (mut ta, mut tb, mut tc) = (
+        HostArray::f32(&[2], &[1.0, 2.0]),
+        HostArray::f32(&[2], &[3.0, 4.0]),
+        HostArray::f32(&[2], &[0.0; 2]),
+    );
+    let (da, db, dc) = (ta.dl(), tb.dl(), tc.dl());
+    f.call(&[AnyView::from(&da), AnyView::from(&db), AnyView::from(&dc)])
+        .unwrap();
+    assert_eq!(tc.to_f32(), vec![4.0, 6.0]);
+}

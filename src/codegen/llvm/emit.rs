@@ -27,17 +27,56 @@ use crate::ir::{
 
 use super::super::CodegenError;
 
-/// How runtime services are reached.
+/// How runtime services are reached, and how the module's symbols are named.
 #[derive(Clone, Debug)]
 pub enum Linkage {
-    /// In-process JIT: the context slots are constants holding the addresses of the services
-    /// registered in this process (`library::context_symbols`), so LLVM folds them into direct
-    /// calls.
-    Jit(Vec<(String, usize)>),
+    /// In-process JIT: the context slots (`slots`, from `library::context_symbols`) are
+    /// constants holding the addresses of the services registered in this process, so LLVM
+    /// folds them into direct calls. The argument checkers (the error path of each wrapper)
+    /// are not compiled with the module: a failed check calls `check.0`
+    /// (`jit::kiln_jit_check_args`) with `check.1` as its context, which compiles them on first
+    /// use ([`Linkage::Checkers`]). Every exported symbol ends with `suffix`, unique per module
+    /// in the process.
+    Jit {
+        /// The context slots and their addresses.
+        slots: Vec<(String, usize)>,
+        /// The lazy checker entry point and its context.
+        check: (usize, usize),
+        /// Appended to every exported symbol.
+        suffix: String,
+    },
+    /// The argument checkers of a [`Linkage::Jit`] module alone, as
+    /// `__kiln_check_<symbol><suffix>` functions with the safe-call signature that return 0, or
+    /// raise the error and return -1.
+    Checkers {
+        /// The context slots and their addresses.
+        slots: Vec<(String, usize)>,
+        /// Appended to every exported symbol.
+        suffix: String,
+    },
     /// An exported library: exported, zero-initialized context slots that the loader fills,
     /// with fallbacks when it does not (a weak `TVMFFIErrorSetRaisedFromCStr`, serial parallel
-    /// loops, `aligned_alloc`/`free` workspaces).
+    /// loops, `aligned_alloc`/`free` workspaces). The checkers are internal functions of the
+    /// library.
     Export,
+}
+
+impl Linkage {
+    /// The context slots of an in-process module (`None` for an exported one).
+    pub fn slots(&self) -> Option<&[(String, usize)]> {
+        match self {
+            Linkage::Jit { slots, .. } | Linkage::Checkers { slots, .. } => Some(slots),
+            Linkage::Export => None,
+        }
+    }
+
+    /// What follows the name of every exported symbol.
+    pub fn suffix(&self) -> &str {
+        match self {
+            Linkage::Jit { suffix, .. } | Linkage::Checkers { suffix, .. } => suffix,
+            Linkage::Export => "",
+        }
+    }
 }
 
 /// What the emitter needs to know about the target.

@@ -7,16 +7,15 @@
 //! the code generator never queries a device.
 
 mod emit;
+mod jit;
 mod packed;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::mem::ManuallyDrop;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use inkwell::context::Context;
-use inkwell::execution_engine::ExecutionEngine;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::module::Module as LlvmIrModule;
 use inkwell::passes::PassBuilderOptions;
@@ -167,7 +166,7 @@ fn init_llvm() {
         let cfg = InitializationConfig::default();
         LlvmTarget::initialize_x86(&cfg);
         LlvmTarget::initialize_aarch64(&cfg);
-        // `initialize_native` also sets up the host's asm printer, which MCJIT needs.
+        // `initialize_native` also sets up the host's asm printer, which emitting objects needs.
         let _ = LlvmTarget::initialize_native(&cfg);
     });
 }
@@ -226,15 +225,51 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
                 f.name
             )));
         }
-        // The packed wrapper.
+        let sfx = linkage.suffix();
+        let safe_params = "i8* %self, %ffi.any* %args, i32 %num_args, %ffi.any* %ret";
+        if let Linkage::Checkers { .. } = linkage {
+            // The error path of a JIT wrapper, with TVM's messages.
+            let body = {
+                let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
+                packed::emit(f, &mut e, packed::Mode::Checker)?;
+                e.finish()
+            };
+            mt.functions.push(format!(
+                "define i32 @\"__kiln_check_{symbol}{sfx}\"({safe_params}) {attrs} cold {{\n{body}}}\n"
+            ));
+            exported.push(symbol);
+            continue;
+        }
+        // The packed wrapper. Exported: every check branches to its error (the fastest calls).
+        // In the JIT: built for compile speed, the checks and-ed without their messages, a
+        // failure handed to the lazily compiled checker; LLVM skips it (`optnone`) and selects
+        // its instructions without optimizing (FastISel), which halves the cold build of a
+        // one-function module and costs about 3 ns a call.
+        let (mode_slow, quick) = match linkage {
+            Linkage::Jit {
+                check: (entry, cx), ..
+            } => (
+                Some(format!(
+                    "call i32 inttoptr (i64 {entry} to i32 (i8*, %ffi.any*, i32, i32)*)(i8* inttoptr (i64 {cx} to i8*), %ffi.any* %args, i32 %num_args, i32 {index})",
+                    index = exported.len()
+                )),
+                " noinline optnone",
+            ),
+            _ => (None, ""),
+        };
+        let mode = match &mode_slow {
+            Some(slow) => packed::Mode::Fast { slow },
+            None => packed::Mode::Full,
+        };
         let (wrapper, sig) = {
             let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
-            let sig = packed::emit_packed(f, &mut e)?;
+            let sig = packed::emit(f, &mut e, mode)?;
             (e.finish(), sig)
         };
         let na = if f.attrs.noalias { "noalias " } else { "" };
         mt.functions.push(format!(
-            "define i32 @\"__tvm_ffi_{symbol}\"(i8* %self, %ffi.any* {na}%args, i32 %num_args, %ffi.any* {na}%ret) {attrs} {{\n{wrapper}}}\n"
+            "define i32 @\"__tvm_ffi_{symbol}{sfx}\"({}) {attrs}{quick} {{\n{wrapper}}}\n",
+            format_args!("i8* %self, %ffi.any* {na}%args, i32 %num_args, %ffi.any* {na}%ret")
         ));
         // The compute function.
         let body = {
@@ -280,7 +315,7 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
         ));
         if f.attrs.entry {
             mt.functions.push(format!(
-                "define i32 @__tvm_ffi_main(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret) {attrs} {{\nentry:\n  %r = tail call i32 @\"__tvm_ffi_{symbol}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret)\n  ret i32 %r\n}}\n"
+                "define i32 @\"__tvm_ffi_main{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret) {attrs} {{\nentry:\n  %r = tail call i32 @\"__tvm_ffi_{symbol}{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret)\n  ret i32 %r\n}}\n"
             ));
         }
         exported.push(symbol);
@@ -314,8 +349,8 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
 /// The context slots and the internal helpers that reach them (`__kiln_raise`, ...).
 fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
     let mut s = String::new();
-    let slot = |s: &mut String, name: &str| match linkage {
-        Linkage::Jit(syms) => {
+    let slot = |s: &mut String, name: &str| match linkage.slots() {
+        Some(syms) => {
             let addr = syms.iter().find(|(n, _)| n == name).map_or(0, |(_, a)| *a);
             let init = if addr == 0 {
                 "null".to_string()
@@ -324,7 +359,7 @@ fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
             };
             let _ = writeln!(s, "@{name} = internal constant i8* {init}, align 8");
         }
-        Linkage::Export => {
+        None => {
             let _ = writeln!(s, "@{name} = global i8* null, align 8");
         }
     };
@@ -427,26 +462,11 @@ fn exported_names(module: &IRModule) -> Vec<String> {
     v
 }
 
-/// What a JIT module owns. Drop order matters: the execution engine (which owns the LLVM module
-/// and the machine code) goes first, then the context it was built in.
+/// What a JIT module owns. Field order is drop order: the module's code goes first, then the
+/// checkers its error path may have compiled.
 struct JitInner {
-    ee: ManuallyDrop<ExecutionEngine<'static>>,
-    ctx: *mut Context,
-}
-
-// SAFETY: after construction nothing touches the engine or the context except `Drop`; the
-// function addresses were resolved eagerly, and machine code may run on any thread.
-unsafe impl Send for JitInner {}
-// SAFETY: as above: no method of `JitInner` reads the LLVM objects through `&self`.
-unsafe impl Sync for JitInner {}
-
-impl Drop for JitInner {
-    fn drop(&mut self) {
-        // SAFETY: the engine is dropped exactly once, here, before the context it borrows.
-        unsafe { ManuallyDrop::drop(&mut self.ee) };
-        // SAFETY: `ctx` came from `Box::into_raw` in `LlvmModule::jit` and nothing borrows it now.
-        drop(unsafe { Box::from_raw(self.ctx) });
-    }
+    _code: jit::JitCode,
+    _checks: Box<jit::LazyChecks>,
 }
 
 /// A module compiled by the LLVM backend: its functions run in-process (JIT), and it can be
@@ -456,8 +476,6 @@ pub struct LlvmModule {
     opts: CodegenOptions,
     functions: BTreeMap<String, usize>,
     inner: Arc<JitInner>,
-    /// The unoptimized LLVM IR the JIT compiled (optimized again on demand for `get_source`).
-    ir_text: String,
 }
 
 impl std::fmt::Debug for LlvmModule {
@@ -479,46 +497,24 @@ impl LlvmModule {
         let opts = opts.clone().resolved();
         crate::codegen::parallel::register_runtime_symbols();
         crate::device_api::init();
-        let linkage = Linkage::Jit(crate::packed_func::library::context_symbols());
-        let text = generate_ir(module, &opts, &linkage)?;
-        let tm = target_machine(&opts)?;
-        let ctx: *mut Context = Box::into_raw(Box::new(Context::create()));
-        // SAFETY: the context lives until `JitInner::drop`, after everything built in it.
-        let ctx_ref: &'static Context = unsafe { &*ctx };
-        let built = (|| {
-            let m = parse_and_optimize(ctx_ref, &text, &opts, &tm)?;
-            let ee = m
-                .create_jit_execution_engine(opts.llvm_opt())
-                .map_err(|e| {
-                    CodegenError::Llvm(format!("cannot create the JIT: {}", e.to_string()))
-                })?;
-            let mut functions = BTreeMap::new();
-            for name in exported_names(module) {
-                let sym = format!("__tvm_ffi_{name}");
-                let addr = ee.get_function_address(&sym).map_err(|e| {
-                    CodegenError::Llvm(format!("JIT lookup of `{sym}` failed: {e:?}"))
-                })?;
-                functions.insert(name, addr);
-            }
-            Ok::<_, CodegenError>((ee, functions))
-        })();
-        match built {
-            Ok((ee, functions)) => Ok(LlvmModule {
-                ir: module.clone(),
-                opts,
-                functions,
-                inner: Arc::new(JitInner {
-                    ee: ManuallyDrop::new(ee),
-                    ctx,
-                }),
-                ir_text: text,
+        let suffix = jit::unique_suffix();
+        let checks = Box::new(jit::LazyChecks::new(module, &opts, &suffix));
+        let object = compile_object(module, &opts, &checks.linkage(), FileType::Object)?;
+        let names = exported_names(module);
+        let symbols: Vec<String> = names
+            .iter()
+            .map(|n| format!("__tvm_ffi_{n}{suffix}"))
+            .collect();
+        let (code, addrs) = jit::load_object(&object, &symbols)?;
+        Ok(LlvmModule {
+            ir: module.clone(),
+            opts,
+            functions: names.into_iter().zip(addrs).collect(),
+            inner: Arc::new(JitInner {
+                _code: code,
+                _checks: checks,
             }),
-            Err(e) => {
-                // SAFETY: everything built in the context was dropped inside the closure.
-                drop(unsafe { Box::from_raw(ctx) });
-                Err(e)
-            }
-        }
+        })
     }
 
     /// The options the module was compiled with (`native` resolved).
@@ -564,12 +560,7 @@ impl Module for LlvmModule {
 
     fn get_source(&self, format: &str) -> Option<String> {
         match format {
-            "ll" | "llvm" => {
-                let tm = target_machine(&self.opts).ok()?;
-                let ctx = Context::create();
-                let m = parse_and_optimize(&ctx, &self.ir_text, &self.opts, &tm).ok()?;
-                Some(m.print_to_string().to_string())
-            }
+            "ll" | "llvm" => optimized_ll(&self.ir, &self.opts).ok(),
             "asm" | "s" => compile_to(&self.ir, &self.opts, FileType::Assembly)
                 .ok()
                 .map(|b| String::from_utf8_lossy(&b).into_owned()),
@@ -578,17 +569,39 @@ impl Module for LlvmModule {
     }
 }
 
-/// Compiles for export and returns the object or assembly bytes.
-fn compile_to(module: &IRModule, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
+/// Generates `module`'s LLVM IR for `linkage`, optimizes it and emits an object or assembly,
+/// with a target machine from the process's pool.
+fn compile_object(
+    module: &IRModule,
+    o: &CodegenOptions,
+    linkage: &Linkage,
+    ft: FileType,
+) -> R<Vec<u8>> {
+    let text = generate_ir(module, o, linkage)?;
+    jit::with_target_machine(o, |tm| {
+        let ctx = Context::create();
+        let m = parse_and_optimize(&ctx, &text, o, tm)?;
+        let buf = tm.write_to_memory_buffer(&m, ft).map_err(|e| {
+            CodegenError::Llvm(format!("LLVM code emission failed: {}", e.to_string()))
+        })?;
+        Ok(buf.as_slice().to_vec())
+    })?
+}
+
+/// The optimized LLVM IR of `module` as exported.
+fn optimized_ll(module: &IRModule, o: &CodegenOptions) -> R<String> {
     let o = o.clone().resolved();
     let text = generate_ir(module, &o, &Linkage::Export)?;
-    let tm = target_machine(&o)?;
-    let ctx = Context::create();
-    let m = parse_and_optimize(&ctx, &text, &o, &tm)?;
-    let buf = tm
-        .write_to_memory_buffer(&m, ft)
-        .map_err(|e| CodegenError::Llvm(format!("LLVM code emission failed: {}", e.to_string())))?;
-    Ok(buf.as_slice().to_vec())
+    jit::with_target_machine(&o, |tm| {
+        let ctx = Context::create();
+        let m = parse_and_optimize(&ctx, &text, &o, tm)?;
+        Ok(m.print_to_string().to_string())
+    })?
+}
+
+/// Compiles for export and returns the object or assembly bytes.
+fn compile_to(module: &IRModule, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
+    compile_object(module, &o.clone().resolved(), &Linkage::Export, ft)
 }
 
 /// Writes `module` compiled with `o` to `path` (`.so`, `.o`, `.ll`, `.s`).
@@ -601,14 +614,7 @@ pub fn export(module: &IRModule, o: &CodegenOptions, path: &Path) -> R<()> {
     match ext {
         "o" => std::fs::write(path, compile_to(module, o, FileType::Object)?).map_err(io),
         "s" => std::fs::write(path, compile_to(module, o, FileType::Assembly)?).map_err(io),
-        "ll" => {
-            let o = o.clone().resolved();
-            let text = generate_ir(module, &o, &Linkage::Export)?;
-            let tm = target_machine(&o)?;
-            let ctx = Context::create();
-            let m = parse_and_optimize(&ctx, &text, &o, &tm)?;
-            std::fs::write(path, m.print_to_string().to_string()).map_err(io)
-        }
+        "ll" => std::fs::write(path, optimized_ll(module, o)?).map_err(io),
         "so" => {
             let obj = compile_to(module, o, FileType::Object)?;
             let dir = tempfile::tempdir().map_err(|e| CodegenError::Io(format!("creating a temporary directory: {e}")))?;

@@ -46,12 +46,76 @@ fn shape_text(e: &Expr) -> String {
     }
 }
 
+/// How [`emit`] writes the checks.
+pub enum Mode<'a> {
+    /// The wrapper of an exported library: every check branches to a block that raises its
+    /// error, then the compute function is called.
+    Full,
+    /// The checker: every check branches to a block that raises its error; `ret i32 0` when
+    /// all pass.
+    Checker,
+    /// The fast wrapper: checks are and-ed without messages; at each barrier (before reading
+    /// memory the checks so far vouch for) one branch leads to `slow`, which calls the
+    /// checker, which raises the precise error; then the compute function is called.
+    Fast {
+        /// The checker call: an `i32`-valued instruction that reads `%args` and `%num_args`.
+        slow: &'a str,
+    },
+}
+
 struct Ctx<'a, 'm> {
     e: &'a mut Emitter<'m>,
     sig: String,
+    /// `Some(conjunction so far)` in the fast wrapper.
+    pending: Option<String>,
+    slow: String,
 }
 
 impl Ctx<'_, '_> {
+    /// A check: in the checker a branch to its error; in the fast wrapper one more conjunct.
+    fn require(&mut self, ok: &str, kind: &str, m: impl FnOnce() -> String) {
+        match &self.pending {
+            None => {
+                let m = m();
+                self.e.check(ok, kind, &m);
+            }
+            Some(acc) if acc == "true" => self.pending = Some(ok.to_owned()),
+            Some(acc) => {
+                let acc = acc.clone();
+                let a = self.e.assign("i1", format!("and i1 {acc}, {ok}"));
+                self.pending = Some(a.v);
+            }
+        }
+    }
+
+    /// Before reading memory that the checks so far vouch for: in the fast wrapper, one branch
+    /// to the checker when any failed. Should the checker find no error after all, the fast
+    /// path goes on where it left off.
+    fn barrier(&mut self) {
+        let Some(acc) = self.pending.as_mut() else {
+            return;
+        };
+        let acc = std::mem::replace(acc, "true".into());
+        if acc == "true" {
+            return;
+        }
+        let slow = self.e.new_label("slow");
+        let cont = self.e.new_label("checked");
+        let out = self.e.new_label("slowret");
+        self.e.line(format!(
+            "br i1 {acc}, label %{cont}, label %{slow}, !prof !0"
+        ));
+        self.e.start_block(&slow);
+        let call = self.slow.clone();
+        let r = self.e.assign("i32", call);
+        let z = self.e.assign("i1", format!("icmp eq i32 {}, 0", r.v));
+        self.e
+            .line(format!("br i1 {}, label %{cont}, label %{out}", z.v));
+        self.e.start_block(&out);
+        self.e.line(format!("ret i32 {}", r.v));
+        self.e.start_block(&cont);
+    }
+
     fn msg(&self, prefix: &str, index: usize, expected: Option<&str>) -> String {
         let mut m = format!(
             "{prefix} on argument #{index} when calling:\n  `{}`",
@@ -64,8 +128,13 @@ impl Ctx<'_, '_> {
     }
 
     fn check(&mut self, ok: &str, kind: &str, prefix: &str, index: usize, expected: Option<&str>) {
-        let m = self.msg(prefix, index, expected);
-        self.e.check(ok, kind, &m);
+        let m = || self.msg(prefix, index, expected);
+        let m = if self.pending.is_none() {
+            m()
+        } else {
+            String::new()
+        };
+        self.require(ok, kind, || m);
     }
 
     /// `a || b || ...` over `icmp eq i32 %ti, k`.
@@ -108,24 +177,40 @@ impl Ctx<'_, '_> {
     }
 }
 
-/// Emits `__tvm_ffi_<symbol>` (and its compute function) for `f` into the emitter's module.
-pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, CodegenError> {
+/// Emits the body of `__tvm_ffi_<symbol>` ([`Mode::Full`] or [`Mode::Fast`], which call the
+/// compute function, whose signature they return) or of its checker ([`Mode::Checker`]) for
+/// `f`.
+///
+/// Every mode runs the same checks in the same order, so all accept the same arguments: the
+/// fast wrapper evaluates them without a branch each and without messages (less code for LLVM
+/// to compile), and leaves the error, with TVM's message, to the checker.
+pub fn emit(f: &PrimFunc, e: &mut Emitter<'_>, mode: Mode<'_>) -> Result<ComputeSig, CodegenError> {
     let sig = signature(f);
     let n = f.params.len();
     let opts = e.opts;
+    let checker = matches!(mode, Mode::Checker);
+    let (pending, slow) = match mode {
+        Mode::Full | Mode::Checker => (None, String::new()),
+        Mode::Fast { slow } => (Some("true".to_owned()), slow.to_owned()),
+    };
     let mut c = Ctx {
         e,
         sig: sig.clone(),
+        pending,
+        slow,
     };
     // 1. Count.
     let ok = c.e.assign("i1", format!("icmp eq i32 %num_args, {n}"));
-    let m = format!("Expected {n} arguments when calling:\n  `{sig}`");
-    c.e.check(&ok.v, "TypeError", &m);
+    c.require(&ok.v, "TypeError", || {
+        format!("Expected {n} arguments when calling:\n  `{sig}`")
+    });
     if n > 0 {
         let nn = c.e.assign("i1", "icmp ne %ffi.any* %args, null");
-        let m = format!("args pointer is NULL when calling:\n  `{sig}`");
-        c.e.check(&nn.v, "TypeError", &m);
+        c.require(&nn.v, "TypeError", || {
+            format!("args pointer is NULL when calling:\n  `{sig}`")
+        });
     }
+    c.barrier();
     // 2. Type indices and handles.
     let mut tensors: Vec<(usize, String)> = Vec::new();
     let mut compute_args: Vec<String> = Vec::new();
@@ -218,6 +303,7 @@ pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, Code
             }
         }
     }
+    c.barrier();
     // 3. Per-tensor ndim, dtype, device type.
     let mut tinfo: Vec<(usize, String, Val, Val, Val)> = Vec::new(); // (i, t, shape*, strides*, dev_id)
     for (i, t) in &tensors {
@@ -265,6 +351,7 @@ pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, Code
             c.e.assign("i64*", format!("load i64*, i64** {}, align 8", stp.v));
         tinfo.push((*i, t.clone(), shape, strides, devid));
     }
+    c.barrier();
     // Scalars bind their variables first (in parameter order they come before or after tensors;
     // either way a shape variable that is also a scalar parameter is checked against it).
     for (i, val) in &scalars {
@@ -393,6 +480,16 @@ pub fn emit_packed(f: &PrimFunc, e: &mut Emitter<'_>) -> Result<ComputeSig, Code
         compute_params.push(format!("{mt}*{na} %buf{}", b.data.id.0));
         buffer_params.push((b.data.id, format!("{mt}*")));
         compute_args.push(typed.typed());
+    }
+    c.barrier();
+    if checker {
+        c.e.line("ret i32 0");
+        return Ok(ComputeSig {
+            name: String::new(),
+            params: String::new(),
+            buffers: Vec::new(),
+            vars: Vec::new(),
+        });
     }
     // 5. Call the compute function with every bound variable the body may use.
     let mut ids: Vec<&VarId> = bound.keys().collect();
