@@ -168,6 +168,25 @@ fn init_llvm() {
         LlvmTarget::initialize_aarch64(&cfg);
         // `initialize_native` also sets up the host's asm printer, which emitting objects needs.
         let _ = LlvmTarget::initialize_native(&cfg);
+        // Innermost loops start on a 64-byte boundary (LLVM's default is 16): where a hot loop
+        // starts within a cache line moves kernels by up to 10% between builds (TVM's exported
+        // matmul runs 9% slower than the same code JIT-compiled for that reason alone). LLVM 14
+        // has no per-function or C-API setting for it, only this process-wide option of the x86
+        // backend (`--align-loops` reaches only llc's target options); it is parsed once, before
+        // kiln's first compilation.
+        let args = [
+            c"kiln".as_ptr(),
+            c"--x86-experimental-pref-innermost-loop-alignment=6".as_ptr(),
+        ];
+        // SAFETY: two valid NUL-terminated strings that outlive the call; LLVM copies what it
+        // keeps. Called once per process (OnceLock).
+        unsafe {
+            inkwell::llvm_sys::support::LLVMParseCommandLineOptions(
+                args.len() as i32,
+                args.as_ptr(),
+                std::ptr::null(),
+            )
+        };
     });
 }
 
