@@ -155,15 +155,15 @@ pub fn register_builtin_codegens() {
         {
             let f = codegen_func("target.build.llvm", |m, t| {
                 let opts = llvm::CodegenOptions::from_target(t)?.resolved();
-                let cache = cache::CompileCache::from_env();
+                let Some(cache) = cache::CompileCache::from_env() else {
+                    return Ok(Arc::new(llvm::LlvmModule::jit(m, &opts)?) as ModuleRef);
+                };
                 let key = cache::CompileCache::key(m, &opts);
-                if let Some(hit) = cache.as_ref().and_then(|c| c.lookup(&key, m, &opts)) {
+                if let Some(hit) = cache.lookup(&key, m, &opts) {
                     return Ok(hit);
                 }
                 let module: ModuleRef = Arc::new(llvm::LlvmModule::jit(m, &opts)?);
-                if let Some(c) = cache {
-                    c.store_in_background(key, m.clone(), opts);
-                }
+                cache.store_in_background(key, m.clone(), opts);
                 Ok(module)
             });
             // A user may have registered their own first: theirs wins.

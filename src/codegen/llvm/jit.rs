@@ -131,26 +131,29 @@ pub(crate) fn unique_suffix() -> String {
     format!(".k{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Links `object` into the JIT and returns its code with the addresses of `symbols`.
-pub(crate) fn load_object(object: &[u8], symbols: &[String]) -> R<(JitCode, Vec<usize>)> {
+/// Links `objects` (which may refer to each other's symbols) into the JIT as one piece of code,
+/// and returns it with the addresses of `symbols`.
+pub(crate) fn load_objects(objects: &[Vec<u8>], symbols: &[String]) -> R<(JitCode, Vec<usize>)> {
     let eng = engine()?;
     let llvm = |what: &str, e: String| CodegenError::Llvm(format!("JIT {what}: {e}"));
     // SAFETY: `main` is the engine's live JITDylib; the new tracker is owned by `code` from
     // here on, so it is removed on every path.
     let rt = unsafe { LLVMOrcJITDylibCreateResourceTracker(eng.main) };
     let code = JitCode { rt };
-    // SAFETY: the buffer copies `object`; LLVMOrcLLJITAddObjectFileWithRT takes ownership of
-    // it, whether it succeeds or not.
-    let err = unsafe {
-        let buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(
-            object.as_ptr().cast::<c_char>(),
-            object.len(),
-            c"kiln".as_ptr(),
-        );
-        LLVMOrcLLJITAddObjectFileWithRT(eng.jit, code.rt, buf)
-    };
-    if let Some(e) = take_error(err) {
-        return Err(llvm("cannot add the object", e));
+    for object in objects {
+        // SAFETY: the buffer copies `object`; LLVMOrcLLJITAddObjectFileWithRT takes ownership of
+        // it, whether it succeeds or not.
+        let err = unsafe {
+            let buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(
+                object.as_ptr().cast::<c_char>(),
+                object.len(),
+                c"kiln".as_ptr(),
+            );
+            LLVMOrcLLJITAddObjectFileWithRT(eng.jit, code.rt, buf)
+        };
+        if let Some(e) = take_error(err) {
+            return Err(llvm("cannot add the object", e));
+        }
     }
     let mut addrs = Vec::with_capacity(symbols.len());
     for s in symbols {
@@ -262,7 +265,7 @@ impl LazyChecks {
             inkwell::targets::FileType::Object,
         )
         .map_err(|e| e.to_string())?;
-        load_object(&object, &self.names).map_err(|e| e.to_string())
+        load_objects(&[object], &self.names).map_err(|e| e.to_string())
     }
 
     fn check(&self, args: *const TVMFFIAny, num_args: i32, index: i32) -> i32 {

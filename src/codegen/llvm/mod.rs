@@ -173,10 +173,12 @@ fn init_llvm() {
         // matmul runs 9% slower than the same code JIT-compiled for that reason alone). LLVM 14
         // has no per-function or C-API setting for it, only this process-wide option of the x86
         // backend (`--align-loops` reaches only llc's target options); it is parsed once, before
-        // kiln's first compilation.
+        // kiln's first compilation. Vectorized epilogues are off: they double the code LLVM
+        // generates for an auto-vectorized loop (compile time) for the last few iterations.
         let args = [
             c"kiln".as_ptr(),
             c"--x86-experimental-pref-innermost-loop-alignment=6".as_ptr(),
+            c"--enable-epilogue-vectorization=false".as_ptr(),
         ];
         // SAFETY: two valid NUL-terminated strings that outlive the call; LLVM copies what it
         // keeps. Called once per process (OnceLock).
@@ -215,6 +217,25 @@ fn target_machine(o: &CodegenOptions) -> R<TargetMachine> {
 
 /// Generates the LLVM IR text of a (verified) module.
 pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> R<String> {
+    let [one] = generate(module, o, linkage, false)?;
+    Ok(one)
+}
+
+/// The LLVM IR of a JIT module as two modules that compile in parallel: the wrappers (not
+/// optimized: quick to compile) and everything else (the compute functions, optimized).
+fn generate_jit(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> R<[String; 2]> {
+    let [wrappers, rest] = generate(module, o, linkage, true)?;
+    Ok([wrappers, rest])
+}
+
+/// `N == 1`: one module. `N == 2` (`split`): the wrappers, and the rest, whose compute functions
+/// are then external (with the linkage's suffix) for the wrappers to call.
+fn generate<const N: usize>(
+    module: &IRModule,
+    o: &CodegenOptions,
+    linkage: &Linkage,
+    split: bool,
+) -> R<[String; N]> {
     let eo = EmitOptions {
         cpu: o.cpu.clone(),
         features: o.features.clone(),
@@ -229,6 +250,9 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
     ];
     let mut md_next = 2usize;
     let attrs = fn_attrs(&eo);
+    // With `split`: the wrapper module's functions and its declarations of compute functions.
+    let mut wrapper_fns: Vec<String> = Vec::new();
+    let mut compute_decls: Vec<String> = Vec::new();
     let mut exported = Vec::new();
     for f in &module.functions {
         let Some(symbol) = f.attrs.global_symbol.clone() else {
@@ -250,7 +274,7 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
             // The error path of a JIT wrapper, with TVM's messages.
             let body = {
                 let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
-                packed::emit(f, &mut e, packed::Mode::Checker)?;
+                packed::emit(f, &mut e, packed::Mode::Checker, "")?;
                 e.finish()
             };
             mt.functions.push(format!(
@@ -280,16 +304,26 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
             Some(slow) => packed::Mode::Fast { slow },
             None => packed::Mode::Full,
         };
+        let cname = if split {
+            format!("{}_compute_{sfx}", f.name)
+        } else {
+            format!("{}_compute_", f.name)
+        };
         let (wrapper, sig) = {
             let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
-            let sig = packed::emit(f, &mut e, mode)?;
+            let sig = packed::emit(f, &mut e, mode, &cname)?;
             (e.finish(), sig)
         };
         let na = if f.attrs.noalias { "noalias " } else { "" };
-        mt.functions.push(format!(
+        let wrapper = format!(
             "define i32 @\"__tvm_ffi_{symbol}{sfx}\"({}) {attrs}{quick} {{\n{wrapper}}}\n",
             format_args!("i8* %self, %ffi.any* {na}%args, i32 %num_args, %ffi.any* {na}%ret")
-        ));
+        );
+        if split {
+            wrapper_fns.push(wrapper);
+        } else {
+            mt.functions.push(wrapper);
+        }
         // The compute function.
         let body = {
             let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
@@ -328,22 +362,38 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
             e.line("ret i32 0");
             e.finish()
         };
+        let vis = if split { "" } else { "internal " };
         mt.functions.push(format!(
-            "define internal i32 @\"{}\"({}) {attrs} {{\n{body}}}\n",
+            "define {vis}i32 @\"{}\"({}) {attrs} {{\n{body}}}\n",
             sig.name, sig.params
         ));
-        if f.attrs.entry {
-            mt.functions.push(format!(
-                "define i32 @\"__tvm_ffi_main{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret) {attrs} {{\nentry:\n  %r = tail call i32 @\"__tvm_ffi_{symbol}{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret)\n  ret i32 %r\n}}\n"
+        if split {
+            // The same parameter list without the names.
+            let types: Vec<&str> = sig
+                .params
+                .split(", ")
+                .map(|p| p.rsplit_once(" %").map_or(p, |(ty, _)| ty))
+                .collect();
+            compute_decls.push(format!(
+                "declare i32 @\"{}\"({})",
+                sig.name,
+                types.join(", ")
             ));
+        }
+        if f.attrs.entry {
+            let main = format!(
+                "define i32 @\"__tvm_ffi_main{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret) {attrs} {{\nentry:\n  %r = tail call i32 @\"__tvm_ffi_{symbol}{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret)\n  ret i32 %r\n}}\n"
+            );
+            if split {
+                wrapper_fns.push(main);
+            } else {
+                mt.functions.push(main);
+            }
         }
         exported.push(symbol);
     }
-    let mut out = String::new();
-    out.push_str("; generated by kiln\n");
-    out.push_str("%ffi.any = type { i32, i32, i64 }\n");
-    out.push_str("%dl.tensor = type { i8*, i32, i32, i32, i8, i8, i16, i64*, i64*, i64 }\n\n");
-    out.push_str("@__kiln_zero_i64 = private constant i64 0, align 8\n");
+    let header = "; generated by kiln\n%ffi.any = type { i32, i32, i64 }\n%dl.tensor = type { i8*, i32, i32, i32, i8, i8, i16, i64*, i64*, i64 }\n\n@__kiln_zero_i64 = private constant i64 0, align 8\n";
+    let mut out = String::from(header);
     out.push_str(&runtime_glue(linkage, &mt, &attrs));
     for g in &mt.globals {
         out.push_str(g);
@@ -362,7 +412,28 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
         out.push_str(m);
         out.push('\n');
     }
-    Ok(out)
+    let mut texts = Vec::with_capacity(2);
+    if split {
+        // The wrappers use the branch weights (`!0`, `!1`) and nothing of the runtime glue.
+        let mut w = String::from(header);
+        for d in &compute_decls {
+            w.push_str(d);
+            w.push('\n');
+        }
+        for f in &wrapper_fns {
+            w.push_str(f);
+            w.push('\n');
+        }
+        for m in &metadata[..2] {
+            w.push_str(m);
+            w.push('\n');
+        }
+        texts.push(w);
+    }
+    texts.push(out);
+    texts.try_into().map_err(|v: Vec<String>| {
+        CodegenError::Llvm(format!("kiln bug: {} module texts, expected {N}", v.len()))
+    })
 }
 
 /// The context slots and the internal helpers that reach them (`__kiln_raise`, ...).
@@ -518,13 +589,26 @@ impl LlvmModule {
         crate::device_api::init();
         let suffix = jit::unique_suffix();
         let checks = Box::new(jit::LazyChecks::new(module, &opts, &suffix));
-        let object = compile_object(module, &opts, &checks.linkage(), FileType::Object)?;
+        // The wrappers (unoptimized) compile on a second thread while this one optimizes and
+        // compiles the compute functions: the wrappers' time is hidden on a 2-core machine.
+        let [wrappers, rest] = generate_jit(module, &opts, &checks.linkage())?;
+        let (w, r) = std::thread::scope(|s| {
+            let h = s.spawn(|| compile_text(&wrappers, &opts, FileType::Object));
+            let r = compile_text(&rest, &opts, FileType::Object);
+            let w = h.join().unwrap_or_else(|_| {
+                Err(CodegenError::Llvm(
+                    "kiln bug: compiling the wrappers panicked".into(),
+                ))
+            });
+            (w, r)
+        });
+        let objects = [w?, r?];
         let names = exported_names(module);
         let symbols: Vec<String> = names
             .iter()
             .map(|n| format!("__tvm_ffi_{n}{suffix}"))
             .collect();
-        let (code, addrs) = jit::load_object(&object, &symbols)?;
+        let (code, addrs) = jit::load_objects(&objects, &symbols)?;
         Ok(LlvmModule {
             ir: module.clone(),
             opts,
@@ -596,10 +680,15 @@ fn compile_object(
     linkage: &Linkage,
     ft: FileType,
 ) -> R<Vec<u8>> {
-    let text = generate_ir(module, o, linkage)?;
+    compile_text(&generate_ir(module, o, linkage)?, o, ft)
+}
+
+/// Parses, optimizes and emits LLVM IR text as an object or assembly, with a target machine
+/// from the process's pool.
+fn compile_text(text: &str, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
     jit::with_target_machine(o, |tm| {
         let ctx = Context::create();
-        let m = parse_and_optimize(&ctx, &text, o, tm)?;
+        let m = parse_and_optimize(&ctx, text, o, tm)?;
         let buf = tm.write_to_memory_buffer(&m, ft).map_err(|e| {
             CodegenError::Llvm(format!("LLVM code emission failed: {}", e.to_string()))
         })?;

@@ -184,7 +184,12 @@ impl Ctx<'_, '_> {
 /// Every mode runs the same checks in the same order, so all accept the same arguments: the
 /// fast wrapper evaluates them without a branch each and without messages (less code for LLVM
 /// to compile), and leaves the error, with TVM's message, to the checker.
-pub fn emit(f: &PrimFunc, e: &mut Emitter<'_>, mode: Mode<'_>) -> Result<ComputeSig, CodegenError> {
+pub fn emit(
+    f: &PrimFunc,
+    e: &mut Emitter<'_>,
+    mode: Mode<'_>,
+    cname: &str,
+) -> Result<ComputeSig, CodegenError> {
     let sig = signature(f);
     let n = f.params.len();
     let opts = e.opts;
@@ -505,12 +510,11 @@ pub fn emit(f: &PrimFunc, e: &mut Emitter<'_>, mode: Mode<'_>) -> Result<Compute
     compute_args.push("i8* %ret_any".into());
     let rp = c.e.assign("i8*", "bitcast %ffi.any* %ret to i8*");
     let args_text = compute_args.join(", ").replace("%ret_any", &rp.v);
-    let cname = format!("{}_compute_", f.name);
     let rc =
         c.e.assign("i32", format!("call i32 @\"{cname}\"({args_text})"));
     c.e.line(format!("ret i32 {}", rc.v));
     Ok(ComputeSig {
-        name: cname,
+        name: cname.to_owned(),
         params: compute_params.join(", "),
         buffers: buffer_params,
         vars: var_params,
