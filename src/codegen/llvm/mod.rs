@@ -180,7 +180,7 @@ fn init_llvm() {
             c"--x86-experimental-pref-innermost-loop-alignment=6".as_ptr(),
             c"--enable-epilogue-vectorization=false".as_ptr(),
         ];
-        // SAFETY: two valid NUL-terminated strings that outlive the call; LLVM copies what it
+        // SAFETY: valid NUL-terminated strings that outlive the call; LLVM copies what it
         // keeps. Called once per process (OnceLock).
         unsafe {
             inkwell::llvm_sys::support::LLVMParseCommandLineOptions(
