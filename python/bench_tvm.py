@@ -8,8 +8,10 @@ as `<kernel>.so`, which are loaded with `tvm_ffi.load_module` like any tvm-ffi l
 JSON object: {"<kernel>": {"numpy": {"median": s, "min": s, "max": s}, "tvm": {...},
 "kiln_ffi": {...}, "kiln_max_abs_err": e, ...}, "note": "..."}.
 
-numpy, TVM and kiln-through-tvm_ffi are timed in interleaved blocks (3 rounds; in each, a block of
-calls of each), so load from other processes on this shared machine hits all of them alike. TVM is skipped (with a note)
+numpy, TVM and kiln-through-tvm_ffi are timed in interleaved blocks (5 rounds; in each, a block of
+calls of each, in an order that rotates from round to round, with a pause after each block so
+that thread pools stop spinning), so load from other processes on this shared machine hits all
+of them alike. TVM is skipped (with a note)
 when `tvm` does not import. TVM kernels use hand schedules (packing, register tiling, rfactor,
 parallel, vectorize: the same ideas as kiln's) and are compiled for the host CPU (`KILN_TVM_MCPU`,
 default znver5) with fast math; all inputs are 64-byte aligned.
@@ -151,24 +153,28 @@ def tvm_softmax(n=4096):
     return s.mod
 
 
-def interleaved(fns, warm, reps, rounds=3):
+def interleaved(fns, warm, reps, rounds=5):
     """Times the callables of `fns` in `rounds` rounds; in each round every callable runs a block
-    of `reps / rounds` timed calls (after `warm` untimed ones), then the process sleeps briefly so
-    that its thread pool stops spinning before the next one starts (OpenBLAS, TVM and kiln workers
-    spin after a call and would slow whatever runs next). Interleaving the blocks spreads load
-    from other processes over all of them. Returns {name: {"median", "min", "max"}}."""
+    of `reps / rounds` timed calls (after `warm` untimed ones), then the process sleeps so that
+    its thread pool stops spinning before the next one starts (OpenBLAS, TVM and kiln workers
+    spin after a call and would slow whatever runs next; OpenBLAS's spin outlasts 50 ms). The
+    order of the blocks rotates from round to round, so no callable always follows the same
+    one. Interleaving the blocks spreads load from other processes over all of them. Returns
+    {name: {"median", "min", "max"}}."""
     reps = reps if not QUICK else max(3, reps // 4)
     per = max(1, reps // rounds)
     times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, f in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            f = fns[k]
             for _ in range(warm):
                 f()
             for _ in range(per):
                 s = time.perf_counter()
                 f()
                 times[k].append(time.perf_counter() - s)
-            time.sleep(0.05)
+            time.sleep(0.25)
     out = {}
     for k, t in times.items():
         t.sort()

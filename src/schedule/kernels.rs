@@ -49,10 +49,15 @@ pub fn matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
         "Bp",
         &[AxisMap::outer(1, nr), AxisMap::id(0), AxisMap::inner(1, nr)],
     )?;
-    s.parallel(&fill[0])?;
-    // Fill one panel row (nr contiguous floats of B into nr contiguous floats of Bp) at a time.
-    let (_, fill_j) = s.split(&fill[1], nr)?;
+    // Fill one panel row (nr contiguous floats of B into nr contiguous floats of Bp) at a time,
+    // eight panels per row of B: eight write streams (of 32 if a whole row of B went at once,
+    // all mapping to the same cache sets, the panels being 128 KiB apart), and each thread
+    // fills whole panels.
+    let (fill_o, fill_j) = s.split(&fill[1], nr)?;
     s.vectorize(&fill_j)?;
+    let (fill_oo, fill_oi) = s.split(&fill_o, 8.min(n / nr))?;
+    s.reorder(&[&fill_oo, &fill[0], &fill_oi, &fill_j])?;
+    s.parallel(&fill_oo)?;
     let (io, ii) = s.split("i", MATMUL_MB.min(m))?;
     let (it, ir) = s.split(&ii, MATMUL_MR)?;
     let (jo, ji) = s.split("j", nr)?;

@@ -135,11 +135,18 @@ impl CodegenOptions {
     /// Resolves `native` to the host CPU name and features.
     pub fn resolved(mut self) -> Self {
         if self.cpu == "native" {
-            init_llvm();
-            self.cpu = TargetMachine::get_host_cpu_name().to_string();
-            let host = TargetMachine::get_host_cpu_features().to_string();
+            // Asked once per process: LLVM reads them with `cpuid`, which traps in a VM.
+            static HOST: OnceLock<(String, String)> = OnceLock::new();
+            let (cpu, host) = HOST.get_or_init(|| {
+                init_llvm();
+                (
+                    TargetMachine::get_host_cpu_name().to_string(),
+                    TargetMachine::get_host_cpu_features().to_string(),
+                )
+            });
+            self.cpu = cpu.clone();
             self.features = if self.features.is_empty() {
-                host
+                host.clone()
             } else {
                 format!("{host},{}", self.features)
             };
