@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use inkwell::llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy;
 use inkwell::llvm_sys::error::{LLVMDisposeErrorMessage, LLVMErrorRef, LLVMGetErrorMessage};
@@ -213,27 +213,19 @@ pub(crate) fn with_target_machine<T>(
 
 /// The argument checkers of a JIT module, compiled when a call first fails the fast checks.
 pub(crate) struct LazyChecks {
-    module: IRModule,
+    /// The module's IR, shared with its `LlvmModule`.
+    module: Arc<IRModule>,
     opts: CodegenOptions,
     suffix: String,
-    /// The checkers' exported symbols, by function index.
-    names: Vec<String>,
     compiled: OnceLock<Result<(JitCode, Vec<usize>), String>>,
 }
 
 impl LazyChecks {
-    pub(crate) fn new(module: &IRModule, opts: &CodegenOptions, suffix: &str) -> Self {
-        let names = module
-            .functions
-            .iter()
-            .filter_map(|f| f.attrs.global_symbol.as_ref())
-            .map(|s| format!("__kiln_check_{s}{suffix}"))
-            .collect();
+    pub(crate) fn new(module: Arc<IRModule>, opts: &CodegenOptions, suffix: &str) -> Self {
         LazyChecks {
-            module: module.clone(),
+            module,
             opts: opts.clone(),
             suffix: suffix.to_owned(),
-            names,
             compiled: OnceLock::new(),
         }
     }
@@ -265,7 +257,15 @@ impl LazyChecks {
             inkwell::targets::FileType::Object,
         )
         .map_err(|e| e.to_string())?;
-        load_objects(&[object], &self.names).map_err(|e| e.to_string())
+        // By function index: the functions with a global symbol, in module order.
+        let names: Vec<String> = self
+            .module
+            .functions
+            .iter()
+            .filter_map(|f| f.attrs.global_symbol.as_ref())
+            .map(|s| format!("__kiln_check_{s}{}", self.suffix))
+            .collect();
+        load_objects(&[object], &names).map_err(|e| e.to_string())
     }
 
     fn check(&self, args: *const TVMFFIAny, num_args: i32, index: i32) -> i32 {

@@ -224,25 +224,19 @@ fn target_machine(o: &CodegenOptions) -> R<TargetMachine> {
 
 /// Generates the LLVM IR text of a (verified) module.
 pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> R<String> {
-    let [one] = generate(module, o, linkage, false)?;
+    let [one] = generate::<1>(module, o, linkage)?;
     Ok(one)
 }
 
-/// The LLVM IR of a JIT module as two modules that compile in parallel: the wrappers (not
-/// optimized: quick to compile) and everything else (the compute functions, optimized).
-fn generate_jit(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> R<[String; 2]> {
-    let [wrappers, rest] = generate(module, o, linkage, true)?;
-    Ok([wrappers, rest])
-}
-
-/// `N == 1`: one module. `N == 2` (`split`): the wrappers, and the rest, whose compute functions
-/// are then external (with the linkage's suffix) for the wrappers to call.
+/// `N == 1`: one module. `N == 2`: the LLVM IR of a JIT module as two modules that compile in
+/// parallel, the wrappers (not optimized: quick to compile) and the rest, whose compute
+/// functions are then external (with the linkage's suffix) for the wrappers to call.
 fn generate<const N: usize>(
     module: &IRModule,
     o: &CodegenOptions,
     linkage: &Linkage,
-    split: bool,
 ) -> R<[String; N]> {
+    let split = N == 2;
     let eo = EmitOptions {
         cpu: o.cpu.clone(),
         features: o.features.clone(),
@@ -569,7 +563,7 @@ struct JitInner {
 /// A module compiled by the LLVM backend: its functions run in-process (JIT), and it can be
 /// exported to `.so`, `.o`, `.ll` or `.s`.
 pub struct LlvmModule {
-    ir: IRModule,
+    ir: Arc<IRModule>,
     opts: CodegenOptions,
     functions: BTreeMap<String, usize>,
     inner: Arc<JitInner>,
@@ -595,10 +589,11 @@ impl LlvmModule {
         crate::codegen::parallel::register_runtime_symbols();
         crate::device_api::init();
         let suffix = jit::unique_suffix();
-        let checks = Box::new(jit::LazyChecks::new(module, &opts, &suffix));
+        let ir = Arc::new(module.clone());
+        let checks = Box::new(jit::LazyChecks::new(ir.clone(), &opts, &suffix));
         // The wrappers (unoptimized) compile on a second thread while this one optimizes and
         // compiles the compute functions: the wrappers' time is hidden on a 2-core machine.
-        let [wrappers, rest] = generate_jit(module, &opts, &checks.linkage())?;
+        let [wrappers, rest] = generate::<2>(module, &opts, &checks.linkage())?;
         let (w, r) = std::thread::scope(|s| {
             let h = s.spawn(|| compile_text(&wrappers, &opts, FileType::Object));
             let r = compile_text(&rest, &opts, FileType::Object);
@@ -617,7 +612,7 @@ impl LlvmModule {
             .collect();
         let (code, addrs) = jit::load_objects(&objects, &symbols)?;
         Ok(LlvmModule {
-            ir: module.clone(),
+            ir,
             opts,
             functions: names.into_iter().zip(addrs).collect(),
             inner: Arc::new(JitInner {
@@ -693,13 +688,24 @@ fn compile_object(
 /// Parses, optimizes and emits LLVM IR text as an object or assembly, with a target machine
 /// from the process's pool.
 fn compile_text(text: &str, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
-    jit::with_target_machine(o, |tm| {
-        let ctx = Context::create();
-        let m = parse_and_optimize(&ctx, text, o, tm)?;
-        let buf = tm.write_to_memory_buffer(&m, ft).map_err(|e| {
+    with_optimized(text, o, |m, tm| {
+        let buf = tm.write_to_memory_buffer(m, ft).map_err(|e| {
             CodegenError::Llvm(format!("LLVM code emission failed: {}", e.to_string()))
         })?;
         Ok(buf.as_slice().to_vec())
+    })
+}
+
+/// Runs `then` on LLVM IR text parsed and optimized with a target machine from the pool.
+fn with_optimized<T>(
+    text: &str,
+    o: &CodegenOptions,
+    then: impl FnOnce(&LlvmIrModule<'_>, &TargetMachine) -> R<T>,
+) -> R<T> {
+    jit::with_target_machine(o, |tm| {
+        let ctx = Context::create();
+        let m = parse_and_optimize(&ctx, text, o, tm)?;
+        then(&m, tm)
     })?
 }
 
@@ -707,11 +713,7 @@ fn compile_text(text: &str, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
 fn optimized_ll(module: &IRModule, o: &CodegenOptions) -> R<String> {
     let o = o.clone().resolved();
     let text = generate_ir(module, &o, &Linkage::Export)?;
-    jit::with_target_machine(&o, |tm| {
-        let ctx = Context::create();
-        let m = parse_and_optimize(&ctx, &text, &o, tm)?;
-        Ok(m.print_to_string().to_string())
-    })?
+    with_optimized(&text, &o, |m, _| Ok(m.print_to_string().to_string()))
 }
 
 /// Compiles for export and returns the object or assembly bytes.

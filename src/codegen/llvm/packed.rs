@@ -128,9 +128,9 @@ impl Ctx<'_, '_> {
     }
 
     fn check(&mut self, ok: &str, kind: &str, prefix: &str, index: usize, expected: Option<&str>) {
-        let m = || self.msg(prefix, index, expected);
+        // The fast wrapper has no messages.
         let m = if self.pending.is_none() {
-            m()
+            self.msg(prefix, index, expected)
         } else {
             String::new()
         };
