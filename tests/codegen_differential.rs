@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 
-use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::codegen::llvm::{CodegenOptions, LlvmModule, Tiering};
 use kiln::ir::builder::select;
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
 use kiln::ir::{BinOp, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
@@ -148,86 +148,97 @@ fn check(e: &E, t: DataType, kind: ForKind, a: &[i64], b: &[i64]) -> Result<(), 
     ];
     let want = run(&f, &mut iargs);
 
-    let m = LlvmModule::jit(&module, &CodegenOptions::host())
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let pf = m.require_function("f").unwrap();
-    let nbytes = N as usize * t.bytes();
-    let mut bufs: Vec<Vec<u64>> = vec![vec![0; nbytes.div_ceil(8)]; 3];
-    for (k, src) in [bytes_of(t, a), bytes_of(t, b)].iter().enumerate() {
-        // SAFETY: each buffer holds `nbytes` bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), bufs[k].as_mut_ptr().cast::<u8>(), nbytes)
-        };
-    }
-    let mut shape = [N];
-    let dt = DLDataType {
-        code: DLDataTypeCode(t.code as u8),
-        bits: t.bits,
-        lanes: 1,
-    };
-    let dls: Vec<DLTensor> = bufs
-        .iter_mut()
-        .map(|b| DLTensor {
-            data: b.as_mut_ptr().cast(),
-            device: DLDevice {
-                device_type: DLDeviceType::CPU,
-                device_id: 0,
-            },
-            ndim: 1,
-            dtype: dt,
-            shape: shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        })
-        .collect();
-    let got = pf.call(&[
-        AnyView::from(&dls[0]),
-        AnyView::from(&dls[1]),
-        AnyView::from(&dls[2]),
-    ]);
-    match (want, got) {
-        (Err(_), Err(e)) => {
-            prop_assert!(e.to_string().contains("division by zero"), "{e}");
-        }
-        (Ok(_), Ok(_)) => {
-            let InterpArg::Buffer(c) = &iargs[2] else {
-                unreachable!()
+    // The JIT's quick first tier and its optimized code, each on its own.
+    for tiering in [Tiering::QuickOnly, Tiering::Off] {
+        let m = LlvmModule::jit_with(&module, &CodegenOptions::host(), tiering)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let pf = m.require_function("f").unwrap();
+        let nbytes = N as usize * t.bytes();
+        let mut bufs: Vec<Vec<u64>> = vec![vec![0; nbytes.div_ceil(8)]; 3];
+        for (k, src) in [bytes_of(t, a), bytes_of(t, b)].iter().enumerate() {
+            // SAFETY: each buffer holds `nbytes` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    bufs[k].as_mut_ptr().cast::<u8>(),
+                    nbytes,
+                )
             };
-            // SAFETY: the output buffer holds `nbytes` bytes.
-            let out = unsafe { std::slice::from_raw_parts(bufs[2].as_ptr().cast::<u8>(), nbytes) };
-            for k in 0..N as usize {
-                let (g, w) = (
-                    &out[k * t.bytes()..(k + 1) * t.bytes()],
-                    &c.data[k * t.bytes()..(k + 1) * t.bytes()],
-                );
-                let nan_both = t.is_float() && {
-                    let gv = HostBuffer {
-                        dtype: t,
-                        shape: vec![1],
-                        strides: None,
-                        data: g.to_vec(),
-                    }
-                    .get(0)
-                    .unwrap()
-                    .as_f64();
-                    let wv = HostBuffer {
-                        dtype: t,
-                        shape: vec![1],
-                        strides: None,
-                        data: w.to_vec(),
-                    }
-                    .get(0)
-                    .unwrap()
-                    .as_f64();
-                    gv.is_nan() && wv.is_nan()
-                };
-                prop_assert!(
-                    g == w || nan_both,
-                    "element {k}: compiled {g:?}, interpreted {w:?}\n{f}"
-                );
-            }
         }
-        (w, g) => prop_assert!(false, "interpreter {w:?} vs compiled {g:?}\n{f}"),
+        let mut shape = [N];
+        let dt = DLDataType {
+            code: DLDataTypeCode(t.code as u8),
+            bits: t.bits,
+            lanes: 1,
+        };
+        let dls: Vec<DLTensor> = bufs
+            .iter_mut()
+            .map(|b| DLTensor {
+                data: b.as_mut_ptr().cast(),
+                device: DLDevice {
+                    device_type: DLDeviceType::CPU,
+                    device_id: 0,
+                },
+                ndim: 1,
+                dtype: dt,
+                shape: shape.as_mut_ptr(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            })
+            .collect();
+        let got = pf.call(&[
+            AnyView::from(&dls[0]),
+            AnyView::from(&dls[1]),
+            AnyView::from(&dls[2]),
+        ]);
+        match (&want, got) {
+            (Err(_), Err(e)) => {
+                prop_assert!(e.to_string().contains("division by zero"), "{e}");
+            }
+            (Ok(_), Ok(_)) => {
+                let InterpArg::Buffer(c) = &iargs[2] else {
+                    unreachable!()
+                };
+                // SAFETY: the output buffer holds `nbytes` bytes.
+                let out =
+                    unsafe { std::slice::from_raw_parts(bufs[2].as_ptr().cast::<u8>(), nbytes) };
+                for k in 0..N as usize {
+                    let (g, w) = (
+                        &out[k * t.bytes()..(k + 1) * t.bytes()],
+                        &c.data[k * t.bytes()..(k + 1) * t.bytes()],
+                    );
+                    let nan_both = t.is_float() && {
+                        let gv = HostBuffer {
+                            dtype: t,
+                            shape: vec![1],
+                            strides: None,
+                            data: g.to_vec(),
+                        }
+                        .get(0)
+                        .unwrap()
+                        .as_f64();
+                        let wv = HostBuffer {
+                            dtype: t,
+                            shape: vec![1],
+                            strides: None,
+                            data: w.to_vec(),
+                        }
+                        .get(0)
+                        .unwrap()
+                        .as_f64();
+                        gv.is_nan() && wv.is_nan()
+                    };
+                    prop_assert!(
+                        g == w || nan_both,
+                        "element {k}: compiled ({tiering:?}) {g:?}, interpreted {w:?}\n{f}"
+                    );
+                }
+            }
+            (w, g) => prop_assert!(
+                false,
+                "interpreter {w:?} vs compiled ({tiering:?}) {g:?}\n{f}"
+            ),
+        }
     }
     Ok(())
 }

@@ -42,6 +42,11 @@ pub enum Linkage {
         slots: Vec<(String, usize)>,
         /// The lazy checker entry point and its context.
         check: (usize, usize),
+        /// The address of the module's table of compute functions: one pointer-sized slot per
+        /// function with a global symbol, in module order. A wrapper loads its compute function
+        /// from its slot on every call, so that re-optimized code can replace the first code
+        /// while the module is in use (`tiering.rs`).
+        calls: usize,
         /// Appended to every exported symbol.
         suffix: String,
     },
@@ -68,6 +73,16 @@ impl Linkage {
             Linkage::Jit { slots, .. } | Linkage::Checkers { slots, .. } => Some(slots),
             Linkage::Export => None,
         }
+    }
+
+    /// The same linkage with `suffix` after every exported symbol (an exported library's
+    /// symbols have none).
+    pub fn with_suffix(&self, suffix: &str) -> Linkage {
+        let mut l = self.clone();
+        if let Linkage::Jit { suffix: s, .. } | Linkage::Checkers { suffix: s, .. } = &mut l {
+            *s = suffix.to_owned();
+        }
+        l
     }
 
     /// What follows the name of every exported symbol.

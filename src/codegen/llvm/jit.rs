@@ -15,6 +15,9 @@
 //!   ([`Linkage::Checkers`]) and lets the matching one raise the error. Exported libraries carry
 //!   their checkers inline.
 //!
+//! - **Code is compiled in two tiers** (`tiering.rs`): quick code first, optimized code
+//!   swapped in by a background thread.
+//!
 //! Every `unsafe` of the JIT is in this file.
 
 use std::collections::HashMap;
@@ -171,6 +174,20 @@ pub(crate) fn load_objects(objects: &[Vec<u8>], symbols: &[String]) -> R<(JitCod
     Ok((code, addrs))
 }
 
+/// Registers `f` to run at process exit (C `atexit`): after `main` returns or at
+/// `std::process::exit`, before the static destructors of the libraries loaded before the call
+/// (LLVM's), which were registered earlier.
+pub(crate) fn at_exit(f: extern "C" fn()) {
+    unsafe extern "C" {
+        fn atexit(f: extern "C" fn()) -> i32;
+    }
+    // SAFETY: C's `atexit` with a function that lives as long as the process (kiln is never
+    // unloaded: the JIT's code refers to it); a failure (no room) only leaves `f` unregistered.
+    unsafe {
+        atexit(f);
+    }
+}
+
 /// An LLVM target machine that may move between threads.
 struct PooledTm(TargetMachine);
 
@@ -230,14 +247,16 @@ impl LazyChecks {
         }
     }
 
-    /// The linkage of the module whose errors these checkers report.
-    pub(crate) fn linkage(&self) -> Linkage {
+    /// The linkage of the module whose errors these checkers report, whose wrappers call
+    /// through the table of compute functions at `calls`.
+    pub(crate) fn linkage(&self, calls: usize) -> Linkage {
         Linkage::Jit {
             slots: crate::packed_func::library::context_symbols(),
             check: (
                 kiln_jit_check_args as *const () as usize,
                 self as *const LazyChecks as usize,
             ),
+            calls,
             suffix: self.suffix.clone(),
         }
     }

@@ -9,6 +9,7 @@
 mod emit;
 mod jit;
 mod packed;
+mod tiering;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,6 +33,7 @@ use super::CodegenError;
 pub use emit::Linkage;
 use emit::{fn_attrs, EmitOptions, Emitter, ModuleText, Val};
 pub use packed::signature;
+pub use tiering::{wait_all_optimized, Tiering};
 
 type R<T> = Result<T, CodegenError>;
 
@@ -182,10 +184,15 @@ fn init_llvm() {
         // backend (`--align-loops` reaches only llc's target options); it is parsed once, before
         // kiln's first compilation. Vectorized epilogues are off: they double the code LLVM
         // generates for an auto-vectorized loop (compile time) for the last few iterations.
+        // The lowest code generation level (the JIT's quick tier, `tiering.rs`) keeps its fast
+        // instruction selection but allocates registers like the higher levels: the fast
+        // allocator spills every value live across blocks, which makes a matmul 5x slower;
+        // the optimized one costs a few tenths of a millisecond more per module.
         let args = [
             c"kiln".as_ptr(),
             c"--x86-experimental-pref-innermost-loop-alignment=6".as_ptr(),
             c"--enable-epilogue-vectorization=false".as_ptr(),
+            c"--optimize-regalloc".as_ptr(),
         ];
         // SAFETY: valid NUL-terminated strings that outlive the call; LLVM copies what it
         // keeps. Called once per process (OnceLock).
@@ -228,15 +235,23 @@ pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> 
     Ok(one)
 }
 
-/// `N == 1`: one module. `N == 2`: the LLVM IR of a JIT module as two modules that compile in
-/// parallel, the wrappers (not optimized: quick to compile) and the rest, whose compute
-/// functions are then external (with the linkage's suffix) for the wrappers to call.
+/// `N == 1`: one module. `N == 2` (JIT only): the LLVM IR of a JIT module as two modules, the
+/// wrappers (not optimized: quick to compile) and the rest. A JIT module's compute functions
+/// are external, with the linkage's suffix, to be looked up, and the wrappers reach them
+/// through the linkage's table of compute functions.
 fn generate<const N: usize>(
     module: &IRModule,
     o: &CodegenOptions,
     linkage: &Linkage,
 ) -> R<[String; N]> {
     let split = N == 2;
+    // JIT compute functions are looked up by name to fill the module's table of them.
+    let jit = matches!(linkage, Linkage::Jit { .. });
+    if split && !jit {
+        return Err(CodegenError::Llvm(
+            "kiln bug: only JIT modules are split".into(),
+        ));
+    }
     let eo = EmitOptions {
         cpu: o.cpu.clone(),
         features: o.features.clone(),
@@ -251,9 +266,8 @@ fn generate<const N: usize>(
     ];
     let mut md_next = 2usize;
     let attrs = fn_attrs(&eo);
-    // With `split`: the wrapper module's functions and its declarations of compute functions.
+    // With `split`: the wrapper module's functions.
     let mut wrapper_fns: Vec<String> = Vec::new();
-    let mut compute_decls: Vec<String> = Vec::new();
     let mut exported = Vec::new();
     for f in &module.functions {
         let Some(symbol) = f.attrs.global_symbol.clone() else {
@@ -291,21 +305,29 @@ fn generate<const N: usize>(
         // one-function module and costs about 3 ns a call.
         let (mode_slow, quick) = match linkage {
             Linkage::Jit {
-                check: (entry, cx), ..
+                check: (entry, cx),
+                calls,
+                ..
             } => (
-                Some(format!(
-                    "call i32 inttoptr (i64 {entry} to i32 (i8*, %ffi.any*, i32, i32)*)(i8* inttoptr (i64 {cx} to i8*), %ffi.any* %args, i32 %num_args, i32 {index})",
-                    index = exported.len()
+                Some((
+                    format!(
+                        "call i32 inttoptr (i64 {entry} to i32 (i8*, %ffi.any*, i32, i32)*)(i8* inttoptr (i64 {cx} to i8*), %ffi.any* %args, i32 %num_args, i32 {index})",
+                        index = exported.len()
+                    ),
+                    calls + exported.len() * std::mem::size_of::<usize>(),
                 )),
                 " noinline optnone",
             ),
             _ => (None, ""),
         };
         let mode = match &mode_slow {
-            Some(slow) => packed::Mode::Fast { slow },
+            Some((slow, compute_slot)) => packed::Mode::Fast {
+                slow,
+                compute_slot: *compute_slot,
+            },
             None => packed::Mode::Full,
         };
-        let cname = if split {
+        let cname = if jit {
             format!("{}_compute_{sfx}", f.name)
         } else {
             format!("{}_compute_", f.name)
@@ -363,24 +385,11 @@ fn generate<const N: usize>(
             e.line("ret i32 0");
             e.finish()
         };
-        let vis = if split { "" } else { "internal " };
+        let vis = if jit { "" } else { "internal " };
         mt.functions.push(format!(
             "define {vis}i32 @\"{}\"({}) {attrs} {{\n{body}}}\n",
             sig.name, sig.params
         ));
-        if split {
-            // The same parameter list without the names.
-            let types: Vec<&str> = sig
-                .params
-                .split(", ")
-                .map(|p| p.rsplit_once(" %").map_or(p, |(ty, _)| ty))
-                .collect();
-            compute_decls.push(format!(
-                "declare i32 @\"{}\"({})",
-                sig.name,
-                types.join(", ")
-            ));
-        }
         if f.attrs.entry {
             let main = format!(
                 "define i32 @\"__tvm_ffi_main{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret) {attrs} {{\nentry:\n  %r = tail call i32 @\"__tvm_ffi_{symbol}{sfx}\"(i8* %self, %ffi.any* %args, i32 %n, %ffi.any* %ret)\n  ret i32 %r\n}}\n"
@@ -417,10 +426,6 @@ fn generate<const N: usize>(
     if split {
         // The wrappers use the branch weights (`!0`, `!1`) and nothing of the runtime glue.
         let mut w = String::from(header);
-        for d in &compute_decls {
-            w.push_str(d);
-            w.push('\n');
-        }
         for f in &wrapper_fns {
             w.push_str(f);
             w.push('\n');
@@ -499,11 +504,28 @@ fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
     s
 }
 
+/// The LLVM passes run on a module before its machine code is generated (whose own level is
+/// the options' `opt_level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Passes {
+    /// None: a JIT module's wrappers, `optnone` anyway.
+    None,
+    /// A short function pipeline that still hoists invariants and vectorizes loops, at a
+    /// quarter of O3's cost: a JIT module's first code (`tiering.rs`).
+    Quick,
+    /// LLVM's `default<O{n}>` pipeline for the options' `opt_level` (none at 0).
+    Default,
+}
+
+/// The [`Passes::Quick`] pipeline.
+const QUICK_PASSES: &str = "function(sroa,early-cse,simplifycfg,instcombine,loop-mssa(licm),loop-vectorize,instcombine,simplifycfg)";
+
 /// Parses, verifies and optimizes IR text in `ctx`.
 fn parse_and_optimize<'c>(
     ctx: &'c Context,
     text: &str,
     o: &CodegenOptions,
+    passes: Passes,
     tm: &TargetMachine,
 ) -> R<LlvmIrModule<'c>> {
     let buf = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), "kiln");
@@ -521,16 +543,21 @@ fn parse_and_optimize<'c>(
             e.to_string()
         ))
     })?;
-    if o.opt_level > 0 {
+    let pipeline = match passes {
+        Passes::None => None,
+        Passes::Quick => Some(QUICK_PASSES.to_owned()),
+        Passes::Default if o.opt_level == 0 => None,
+        Passes::Default => Some(format!("default<O{}>", o.opt_level.min(3))),
+    };
+    if let Some(pipeline) = pipeline {
         let pbo = PassBuilderOptions::create();
         pbo.set_loop_vectorization(true);
         pbo.set_loop_slp_vectorization(true);
         pbo.set_loop_unrolling(true);
         pbo.set_loop_interleaving(true);
-        m.run_passes(&format!("default<O{}>", o.opt_level.min(3)), tm, pbo)
-            .map_err(|e| {
-                CodegenError::Llvm(format!("LLVM optimization failed: {}", e.to_string()))
-            })?;
+        m.run_passes(&pipeline, tm, pbo).map_err(|e| {
+            CodegenError::Llvm(format!("LLVM optimization failed: {}", e.to_string()))
+        })?;
     }
     Ok(m)
 }
@@ -553,10 +580,23 @@ fn exported_names(module: &IRModule) -> Vec<String> {
     v
 }
 
-/// What a JIT module owns. Field order is drop order: the module's code goes first, then the
-/// checkers its error path may have compiled.
+/// The names of a JIT module's compute functions with `suffix`, by function index (the
+/// functions with a global symbol, in module order).
+fn compute_symbols(module: &IRModule, suffix: &str) -> Vec<String> {
+    module
+        .functions
+        .iter()
+        .filter(|f| f.attrs.global_symbol.is_some())
+        .map(|f| format!("{}_compute_{suffix}", f.name))
+        .collect()
+}
+
+/// What a JIT module owns. Field order is drop order: the wrappers and the quick code go first,
+/// then the optimized code and the table of compute functions, then the checkers the error
+/// path may have compiled.
 struct JitInner {
     _code: jit::JitCode,
+    tiers: Arc<tiering::Tiers>,
     _checks: Box<jit::LazyChecks>,
 }
 
@@ -579,47 +619,110 @@ impl std::fmt::Debug for LlvmModule {
 }
 
 impl LlvmModule {
-    /// Compiles `module` (already verified) for in-process execution.
+    /// Compiles `module` (already verified) for in-process execution, in two tiers unless
+    /// `KILN_JIT_TIERS=1` ([`Tiering::from_env`]).
     ///
     /// # Errors
     /// [`CodegenError`] when the module uses something the backend does not support, or LLVM
     /// fails.
     pub fn jit(module: &IRModule, opts: &CodegenOptions) -> R<Self> {
+        Self::jit_with(module, opts, Tiering::from_env())
+    }
+
+    /// Compiles `module` (already verified) for in-process execution. With
+    /// [`Tiering::Background`] and an `opt_level` of 2 or more, the functions are callable
+    /// after a quick compilation and run code optimized at `opt_level` once a background thread
+    /// has compiled it ([`LlvmModule::wait_optimized`]); with [`Tiering::Off`], that code is
+    /// compiled before this returns; with [`Tiering::QuickOnly`], never.
+    ///
+    /// # Errors
+    /// As [`LlvmModule::jit`].
+    pub fn jit_with(module: &IRModule, opts: &CodegenOptions, tiering: Tiering) -> R<Self> {
         let opts = opts.clone().resolved();
         crate::codegen::parallel::register_runtime_symbols();
         crate::device_api::init();
         let suffix = jit::unique_suffix();
         let ir = Arc::new(module.clone());
         let checks = Box::new(jit::LazyChecks::new(ir.clone(), &opts, &suffix));
-        // The wrappers (unoptimized) compile on a second thread while this one optimizes and
-        // compiles the compute functions: the wrappers' time is hidden on a 2-core machine.
-        let [wrappers, rest] = generate::<2>(module, &opts, &checks.linkage())?;
-        let (w, r) = std::thread::scope(|s| {
-            let h = s.spawn(|| compile_text(&wrappers, &opts, FileType::Object));
-            let r = compile_text(&rest, &opts, FileType::Object);
-            let w = h.join().unwrap_or_else(|_| {
-                Err(CodegenError::Llvm(
-                    "kiln bug: compiling the wrappers panicked".into(),
-                ))
+        let quick = tiering.quick_first(&opts);
+        let compute = compute_symbols(module, &suffix);
+        let tiers = Arc::new(tiering::Tiers::new(compute.len(), tiering, &opts));
+        let linkage = checks.linkage(tiers.table_address());
+        // The wrappers (`optnone`) take no passes and the lowest code generation level, as do
+        // quick compute functions: tiered, one module; else the wrappers compile on a second
+        // thread while this one optimizes the compute functions, hidden on a 2-core machine.
+        let lowest = CodegenOptions {
+            opt_level: 0,
+            ..opts.clone()
+        };
+        let objects = if quick {
+            let [one] = generate::<1>(module, &opts, &linkage)?;
+            vec![compile_text(
+                &one,
+                &lowest,
+                Passes::Quick,
+                FileType::Object,
+            )?]
+        } else {
+            let [wrappers, rest] = generate::<2>(module, &opts, &linkage)?;
+            let (w, r) = std::thread::scope(|s| {
+                let h =
+                    s.spawn(|| compile_text(&wrappers, &lowest, Passes::None, FileType::Object));
+                let r = compile_text(&rest, &opts, Passes::Default, FileType::Object);
+                let w = h.join().unwrap_or_else(|_| {
+                    Err(CodegenError::Llvm(
+                        "kiln bug: compiling the wrappers panicked".into(),
+                    ))
+                });
+                (w, r)
             });
-            (w, r)
-        });
-        let objects = [w?, r?];
+            vec![w?, r?]
+        };
         let names = exported_names(module);
-        let symbols: Vec<String> = names
+        let mut symbols: Vec<String> = names
             .iter()
             .map(|n| format!("__tvm_ffi_{n}{suffix}"))
             .collect();
+        symbols.extend(compute);
         let (code, addrs) = jit::load_objects(&objects, &symbols)?;
+        let (wrapper_addrs, compute_addrs) = addrs.split_at(names.len());
+        tiers.point_at(compute_addrs);
+        if tiers.pending() {
+            tiering::schedule(tiering::Job {
+                tiers: Arc::downgrade(&tiers),
+                ir: ir.clone(),
+                opts: opts.clone(),
+                linkage: linkage.with_suffix(&format!("{suffix}.opt")),
+            });
+        }
         Ok(LlvmModule {
             ir,
             opts,
-            functions: names.into_iter().zip(addrs).collect(),
+            functions: names
+                .into_iter()
+                .zip(wrapper_addrs.iter().copied())
+                .collect(),
             inner: Arc::new(JitInner {
                 _code: code,
+                tiers,
                 _checks: checks,
             }),
         })
+    }
+
+    /// Blocks until the module runs code optimized at its options' level: at once unless it was
+    /// compiled in two tiers and the background compilation has not finished.
+    ///
+    /// # Errors
+    /// When the optimized compilation failed (the module keeps working, with its quick code).
+    pub fn wait_optimized(&self) -> R<()> {
+        self.inner.tiers.wait()
+    }
+
+    /// Whether the module runs code optimized at its options' level (see
+    /// [`LlvmModule::wait_optimized`]).
+    pub fn is_optimized(&self) -> bool {
+        self.inner.tiers.is_optimized()
     }
 
     /// The options the module was compiled with (`native` resolved).
@@ -682,13 +785,18 @@ fn compile_object(
     linkage: &Linkage,
     ft: FileType,
 ) -> R<Vec<u8>> {
-    compile_text(&generate_ir(module, o, linkage)?, o, ft)
+    compile_text(&generate_ir(module, o, linkage)?, o, Passes::Default, ft)
 }
 
 /// Parses, optimizes and emits LLVM IR text as an object or assembly, with a target machine
 /// from the process's pool.
-fn compile_text(text: &str, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
-    with_optimized(text, o, |m, tm| {
+pub(crate) fn compile_text(
+    text: &str,
+    o: &CodegenOptions,
+    passes: Passes,
+    ft: FileType,
+) -> R<Vec<u8>> {
+    with_optimized(text, o, passes, |m, tm| {
         let buf = tm.write_to_memory_buffer(m, ft).map_err(|e| {
             CodegenError::Llvm(format!("LLVM code emission failed: {}", e.to_string()))
         })?;
@@ -700,11 +808,12 @@ fn compile_text(text: &str, o: &CodegenOptions, ft: FileType) -> R<Vec<u8>> {
 fn with_optimized<T>(
     text: &str,
     o: &CodegenOptions,
+    passes: Passes,
     then: impl FnOnce(&LlvmIrModule<'_>, &TargetMachine) -> R<T>,
 ) -> R<T> {
     jit::with_target_machine(o, |tm| {
         let ctx = Context::create();
-        let m = parse_and_optimize(&ctx, text, o, tm)?;
+        let m = parse_and_optimize(&ctx, text, o, passes, tm)?;
         then(&m, tm)
     })?
 }
@@ -713,7 +822,9 @@ fn with_optimized<T>(
 fn optimized_ll(module: &IRModule, o: &CodegenOptions) -> R<String> {
     let o = o.clone().resolved();
     let text = generate_ir(module, &o, &Linkage::Export)?;
-    with_optimized(&text, &o, |m, _| Ok(m.print_to_string().to_string()))
+    with_optimized(&text, &o, Passes::Default, |m, _| {
+        Ok(m.print_to_string().to_string())
+    })
 }
 
 /// Compiles for export and returns the object or assembly bytes.
@@ -758,5 +869,24 @@ pub fn export(module: &IRModule, o: &CodegenOptions, path: &Path) -> R<()> {
             "cannot export to `{}`: expected a path ending in .so, .o, .ll or .s, found extension `{other}`",
             path.display()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_background_tier_points_the_wrappers_at_new_code() {
+        let ir = IRModule::from_functions(vec![crate::ir::kernels::vadd()]);
+        let m = LlvmModule::jit_with(&ir, &CodegenOptions::host(), Tiering::Background).unwrap();
+        let quick = m.inner.tiers.address(0);
+        assert_ne!(quick, 0);
+        m.wait_optimized().unwrap();
+        let optimized = m.inner.tiers.address(0);
+        assert_ne!(optimized, 0);
+        assert_ne!(optimized, quick);
+        let once = LlvmModule::jit_with(&ir, &CodegenOptions::host(), Tiering::Off).unwrap();
+        assert_ne!(once.inner.tiers.address(0), 0);
     }
 }

@@ -56,10 +56,13 @@ pub enum Mode<'a> {
     Checker,
     /// The fast wrapper: checks are and-ed without messages; at each barrier (before reading
     /// memory the checks so far vouch for) one branch leads to `slow`, which calls the
-    /// checker, which raises the precise error; then the compute function is called.
+    /// checker, which raises the precise error; then the compute function is called through
+    /// the pointer at `compute_slot`.
     Fast {
         /// The checker call: an `i32`-valued instruction that reads `%args` and `%num_args`.
         slow: &'a str,
+        /// The address of the slot holding the compute function's address.
+        compute_slot: usize,
     },
 }
 
@@ -194,9 +197,11 @@ pub fn emit(
     let n = f.params.len();
     let opts = e.opts;
     let checker = matches!(mode, Mode::Checker);
-    let (pending, slow) = match mode {
-        Mode::Full | Mode::Checker => (None, String::new()),
-        Mode::Fast { slow } => (Some("true".to_owned()), slow.to_owned()),
+    let (pending, slow, compute_slot) = match mode {
+        Mode::Full | Mode::Checker => (None, String::new(), None),
+        Mode::Fast { slow, compute_slot } => {
+            (Some("true".to_owned()), slow.to_owned(), Some(compute_slot))
+        }
     };
     let mut c = Ctx {
         e,
@@ -510,8 +515,27 @@ pub fn emit(
     compute_args.push("i8* %ret_any".into());
     let rp = c.e.assign("i8*", "bitcast %ffi.any* %ret to i8*");
     let args_text = compute_args.join(", ").replace("%ret_any", &rp.v);
-    let rc =
-        c.e.assign("i32", format!("call i32 @\"{cname}\"({args_text})"));
+    let callee = match compute_slot {
+        None => format!("@\"{cname}\""),
+        Some(addr) => {
+            // The parameter types, without names and attributes.
+            let types: Vec<&str> = compute_params
+                .iter()
+                .map(|p| {
+                    let ty = p.rsplit_once(" %").map_or(p.as_str(), |(ty, _)| ty);
+                    ty.trim_end_matches(" noalias")
+                })
+                .collect();
+            let fty = format!("i32 ({})*", types.join(", "));
+            // Acquire: pairs with the release store that installs re-optimized code.
+            let p = c.e.assign(
+                "i8*",
+                format!("load atomic i8*, i8** inttoptr (i64 {addr} to i8**) acquire, align 8"),
+            );
+            c.e.assign(&fty, format!("bitcast i8* {} to {fty}", p.v)).v
+        }
+    };
+    let rc = c.e.assign("i32", format!("call i32 {callee}({args_text})"));
     c.e.line(format!("ret i32 {}", rc.v));
     Ok(ComputeSig {
         name: cname.to_owned(),
