@@ -78,6 +78,8 @@ fn main() {
         text.len()
     );
 
+    tiers(&target);
+
     // Direct call of an exported function.
     let dir = tempfile::tempdir().unwrap();
     let so = dir.path().join("vadd.so");
@@ -124,4 +126,60 @@ fn main() {
         "goal: <= TVM's 9-15 ns, aiming at 5 ns -> {}",
         if call.median <= 9.0 { "met" } else { "NOT met" }
     );
+}
+
+/// The JIT's two tiers on the benchmark kernels (`examples/kernels/*.json`): build time and
+/// time per call of the quick code alone (`Tiering::QuickOnly`) and of the O3 code
+/// (`Tiering::Off`).
+fn tiers(target: &Target) {
+    use kiln::codegen::llvm::{LlvmModule, Tiering};
+    use kiln::device_api::{Device, Tensor};
+    use kiln::packed_func::{AnyView, Module};
+    let opts = CodegenOptions::from_target(target).unwrap().resolved();
+    println!("JIT tiers on the benchmark kernels: build ms, run ms (median of 9 [min, max]):");
+    for (name, shapes) in [
+        ("vadd", vec![vec![1i64 << 24]; 3]),
+        ("matmul", vec![vec![1024i64, 1024]; 3]),
+        ("softmax", vec![vec![4096i64, 4096]; 2]),
+    ] {
+        let path = format!(
+            "{}/examples/kernels/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let ir = IRModule::from_json_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let tensors: Vec<Tensor> = shapes
+            .iter()
+            .map(|s| {
+                Tensor::zeros(s, <f32 as kiln::device_api::Element>::DTYPE, Device::cpu()).unwrap()
+            })
+            .collect();
+        let args: Vec<AnyView<'_>> = tensors
+            .iter()
+            .map(|t| AnyView::from(t.as_dltensor()))
+            .collect();
+        let mut runs = Vec::new();
+        for tiering in [Tiering::QuickOnly, Tiering::Off] {
+            let t = Instant::now();
+            let m = LlvmModule::jit_with(&ir, &opts, tiering).unwrap();
+            let build = t.elapsed().as_secs_f64() * 1e3;
+            let f = m.require_function(name).unwrap();
+            f.call(&args).unwrap();
+            let mut times: Vec<f64> = (0..9)
+                .map(|_| {
+                    let t = Instant::now();
+                    f.call(&args).unwrap();
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            runs.push((build, times[4], times[0], times[8]));
+        }
+        let [(qb, qr, ql, qh), (ob, or, ol, oh)] = runs[..] else {
+            unreachable!()
+        };
+        println!(
+            "  {name:8} quick: build {qb:6.2}, run {qr:8.3} [{ql:.3}, {qh:.3}]   O3: build {ob:6.2}, run {or:8.3} [{ol:.3}, {oh:.3}]   quick run / O3 run = {:.2}",
+            qr / or
+        );
+    }
 }

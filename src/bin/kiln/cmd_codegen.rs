@@ -255,6 +255,9 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
         .collect();
     let result = f.call(&views)?;
     if a.repeat > 0 {
+        // Time the optimized code, not the JIT's quick first tier.
+        #[cfg(feature = "llvm")]
+        kiln::codegen::llvm::wait_all_optimized();
         let mut times: Vec<f64> = Vec::with_capacity(a.repeat);
         for _ in 0..a.repeat {
             let t = Instant::now();

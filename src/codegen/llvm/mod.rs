@@ -7,6 +7,7 @@
 //! the code generator never queries a device.
 
 mod emit;
+mod helper;
 mod jit;
 mod packed;
 mod tiering;
@@ -649,35 +650,24 @@ impl LlvmModule {
         let tiers = Arc::new(tiering::Tiers::new(compute.len(), tiering, &opts));
         let linkage = checks.linkage(tiers.table_address());
         // The wrappers (`optnone`) take no passes and the lowest code generation level, as do
-        // quick compute functions: tiered, one module; else the wrappers compile on a second
-        // thread while this one optimizes the compute functions, hidden on a 2-core machine.
+        // quick compute functions. They compile on the helper thread while this one compiles
+        // the compute functions: on a 2-core machine the shorter of the two is hidden.
+        let [wrappers, rest] = generate::<2>(module, &opts, &linkage)?;
         let lowest = CodegenOptions {
             opt_level: 0,
             ..opts.clone()
         };
-        let objects = if quick {
-            let [one] = generate::<1>(module, &opts, &linkage)?;
-            vec![compile_text(
-                &one,
-                &lowest,
-                Passes::Quick,
-                FileType::Object,
-            )?]
+        let (rest_opts, rest_passes) = if quick {
+            (&lowest, Passes::Quick)
         } else {
-            let [wrappers, rest] = generate::<2>(module, &opts, &linkage)?;
-            let (w, r) = std::thread::scope(|s| {
-                let h =
-                    s.spawn(|| compile_text(&wrappers, &lowest, Passes::None, FileType::Object));
-                let r = compile_text(&rest, &opts, Passes::Default, FileType::Object);
-                let w = h.join().unwrap_or_else(|_| {
-                    Err(CodegenError::Llvm(
-                        "kiln bug: compiling the wrappers panicked".into(),
-                    ))
-                });
-                (w, r)
-            });
-            vec![w?, r?]
+            (&opts, Passes::Default)
         };
+        let wrapper_opts = lowest.clone();
+        let (w, r) = helper::beside(
+            move || compile_text(&wrappers, &wrapper_opts, Passes::None, FileType::Object),
+            || compile_text(&rest, rest_opts, rest_passes, FileType::Object),
+        );
+        let objects = [w?, r?];
         let names = exported_names(module);
         let mut symbols: Vec<String> = names
             .iter()
