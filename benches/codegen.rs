@@ -1,6 +1,9 @@
 //! Code generation costs, measured in one run:
-//! - build latency: IR module with one function -> callable JIT function (`kiln::codegen::build`),
-//!   and its stages (IR text, LLVM parse + O3, machine code);
+//! - build latency: IR module with one function -> callable JIT function (`kiln::codegen::build`,
+//!   no compile cache), -> its O3 code installed by the JIT's background tier, in one tier
+//!   (`KILN_JIT_TIERS=1`, the baseline), and with a compile-cache hit;
+//! - the JIT's two tiers on the benchmark kernels: build and run time of the quick code alone
+//!   against the O3 code;
 //! - call overhead: an exported 3-tensor function with 1-element tensors, called directly through
 //!   its C symbol (the cost a C host pays), next to a direct call of a plain C function doing the
 //!   same add (the floor).
