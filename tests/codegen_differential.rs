@@ -207,27 +207,19 @@ fn check(e: &E, t: DataType, kind: ForKind, a: &[i64], b: &[i64]) -> Result<(), 
                         &out[k * t.bytes()..(k + 1) * t.bytes()],
                         &c.data[k * t.bytes()..(k + 1) * t.bytes()],
                     );
-                    let nan_both = t.is_float() && {
-                        let gv = HostBuffer {
+                    let is_nan = |bytes: &[u8]| {
+                        HostBuffer {
                             dtype: t,
                             shape: vec![1],
                             strides: None,
-                            data: g.to_vec(),
+                            data: bytes.to_vec(),
                         }
                         .get(0)
                         .unwrap()
-                        .as_f64();
-                        let wv = HostBuffer {
-                            dtype: t,
-                            shape: vec![1],
-                            strides: None,
-                            data: w.to_vec(),
-                        }
-                        .get(0)
-                        .unwrap()
-                        .as_f64();
-                        gv.is_nan() && wv.is_nan()
+                        .as_f64()
+                        .is_nan()
                     };
+                    let nan_both = t.is_float() && is_nan(g) && is_nan(w);
                     prop_assert!(
                         g == w || nan_both,
                         "element {k}: compiled ({tiering:?}) {g:?}, interpreted {w:?}\n{f}"

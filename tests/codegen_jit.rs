@@ -17,20 +17,7 @@ fn jit(f: kiln::ir::PrimFunc) -> LlvmModule {
 #[test]
 fn vadd_matches_a_plain_loop() {
     let m = jit(kernels::vadd());
-    let f = m.require_function("vadd").unwrap();
-    let n = 1003;
-    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
-    let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
-    let (mut ta, mut tb, mut tc) = (
-        HostArray::f32(&[n], &a),
-        HostArray::f32(&[n], &b),
-        HostArray::f32(&[n], &vec![0.0; n as usize]),
-    );
-    let (da, db, dc) = (ta.dl(), tb.dl(), tc.dl());
-    f.call(&[AnyView::from(&da), AnyView::from(&db), AnyView::from(&dc)])
-        .unwrap();
-    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-    assert_eq!(tc.to_f32(), want);
+    common::check_vadd(&m.require_function("vadd").unwrap(), 1003);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::HostArray;
+use common::{check_vadd, HostArray};
 use kiln::codegen::llvm::{wait_all_optimized, CodegenOptions, LlvmModule, Tiering};
 use kiln::ir::{kernels, IRModule, PrimFunc};
 use kiln::packed_func::{AnyView, Module, PackedFunc};
@@ -17,22 +17,6 @@ fn jit(f: PrimFunc, tiering: Tiering, opt_level: u32) -> LlvmModule {
         ..CodegenOptions::host()
     };
     LlvmModule::jit_with(&m, &o, tiering).unwrap()
-}
-
-/// Calls `vadd` on `n` elements and checks the sum.
-fn check_vadd(f: &PackedFunc, n: i64) {
-    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
-    let b: Vec<f32> = (0..n).map(|i| 3.0 - i as f32).collect();
-    let (mut ta, mut tb, mut tc) = (
-        HostArray::f32(&[n], &a),
-        HostArray::f32(&[n], &b),
-        HostArray::f32(&[n], &vec![0.0; n as usize]),
-    );
-    let (da, db, dc) = (ta.dl(), tb.dl(), tc.dl());
-    f.call(&[AnyView::from(&da), AnyView::from(&db), AnyView::from(&dc)])
-        .unwrap();
-    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-    assert_eq!(tc.to_f32(), want);
 }
 
 /// Runs matmul 19x23x11 and returns the output.
@@ -105,6 +89,7 @@ fn calls_racing_the_swap_stay_correct() {
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {
+                    let start = std::time::Instant::now();
                     let mut after = 0;
                     // Until some calls have run the optimized code.
                     while after < 20 {
@@ -112,6 +97,10 @@ fn calls_racing_the_swap_stay_correct() {
                             after += 1;
                         }
                         check_vadd(&f, 515);
+                        assert!(
+                            start.elapsed().as_secs() < 120,
+                            "no optimized code after 2 minutes"
+                        );
                     }
                 });
             }

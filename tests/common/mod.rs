@@ -131,3 +131,20 @@ pub fn python_with_tvm_ffi() -> Option<String> {
     }
     Some(py)
 }
+
+/// Calls a `vadd` kernel (`C = A + B`, f32) on `n` elements and checks the sum.
+pub fn check_vadd(f: &kiln::packed_func::PackedFunc, n: i64) {
+    use kiln::packed_func::AnyView;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
+    let (mut ta, mut tb, mut tc) = (
+        HostArray::f32(&[n], &a),
+        HostArray::f32(&[n], &b),
+        HostArray::f32(&[n], &vec![0.0; n as usize]),
+    );
+    let (da, db, dc) = (ta.dl(), tb.dl(), tc.dl());
+    f.call(&[AnyView::from(&da), AnyView::from(&db), AnyView::from(&dc)])
+        .unwrap();
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(tc.to_f32(), want);
+}

@@ -26,7 +26,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use inkwell::llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy;
+use inkwell::context::{AsContextRef, Context};
+use inkwell::llvm_sys::core::{
+    LLVMContextSetDiagnosticHandler, LLVMCreateMemoryBufferWithMemoryRangeCopy, LLVMDisposeMessage,
+    LLVMGetDiagInfoDescription, LLVMGetDiagInfoSeverity,
+};
 use inkwell::llvm_sys::error::{LLVMDisposeErrorMessage, LLVMErrorRef, LLVMGetErrorMessage};
 use inkwell::llvm_sys::orc2::lljit::{
     LLVMOrcCreateLLJIT, LLVMOrcCreateLLJITBuilder, LLVMOrcLLJITAddObjectFileWithRT,
@@ -37,6 +41,8 @@ use inkwell::llvm_sys::orc2::{
     LLVMOrcJITDylibCreateResourceTracker, LLVMOrcJITDylibRef, LLVMOrcReleaseResourceTracker,
     LLVMOrcResourceTrackerRef, LLVMOrcResourceTrackerRemove,
 };
+use inkwell::llvm_sys::prelude::LLVMDiagnosticInfoRef;
+use inkwell::llvm_sys::LLVMDiagnosticSeverity;
 use inkwell::targets::TargetMachine;
 
 use crate::ir::IRModule;
@@ -172,6 +178,34 @@ pub(crate) fn load_objects(objects: &[Vec<u8>], symbols: &[String]) -> R<(JitCod
         addrs.push(addr as usize);
     }
     Ok((code, addrs))
+}
+
+/// Routes LLVM's diagnostics about modules in `ctx` to the `log` crate instead of stderr, where
+/// LLVM prints them by default: `warn` for warnings (a loop marked vectorized that LLVM could not
+/// vectorize), `debug` for remarks and notes, `error` for errors (which also fail the call that
+/// raised them).
+pub(crate) fn route_diagnostics(ctx: &Context) {
+    extern "C" fn handler(di: LLVMDiagnosticInfoRef, _: *mut c_void) {
+        // SAFETY: LLVM passes a live diagnostic for the duration of the call; its description
+        // is a NUL-terminated string we own and free once, after copying it.
+        let (severity, message) = unsafe {
+            let p = LLVMGetDiagInfoDescription(di);
+            let message = CStr::from_ptr(p).to_string_lossy().into_owned();
+            LLVMDisposeMessage(p);
+            (LLVMGetDiagInfoSeverity(di), message)
+        };
+        // A logger that panics must not unwind into LLVM.
+        let _ = catch_unwind(|| match severity {
+            LLVMDiagnosticSeverity::LLVMDSError => log::error!("LLVM: {message}"),
+            LLVMDiagnosticSeverity::LLVMDSWarning => log::warn!("LLVM: {message}"),
+            _ => log::debug!("LLVM: {message}"),
+        });
+    }
+    // SAFETY: `ctx` is a live context; the handler is a plain function that keeps no state
+    // (its context pointer is NULL) and outlives every context.
+    unsafe {
+        LLVMContextSetDiagnosticHandler(ctx.as_ctx_ref(), Some(handler), std::ptr::null_mut());
+    }
 }
 
 /// Registers `f` to run at process exit (C `atexit`): after `main` returns or at

@@ -803,6 +803,7 @@ fn with_optimized<T>(
 ) -> R<T> {
     jit::with_target_machine(o, |tm| {
         let ctx = Context::create();
+        jit::route_diagnostics(&ctx);
         let m = parse_and_optimize(&ctx, text, o, passes, tm)?;
         then(&m, tm)
     })?
