@@ -303,7 +303,7 @@ fn generate<const N: usize>(
         // In the JIT: built for compile speed, the checks and-ed without their messages, a
         // failure handed to the lazily compiled checker; LLVM skips it (`optnone`) and selects
         // its instructions without optimizing (FastISel), which halves the cold build of a
-        // one-function module and costs about 3 ns a call.
+        // one-function module and costs about 6 ns a call.
         let (mode_slow, quick) = match linkage {
             Linkage::Jit {
                 check: (entry, cx),
