@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::HostArray;
-use kiln::codegen::llvm::{export, CodegenOptions, LlvmModule};
+use kiln::codegen::llvm::{export, CodegenOptions, LlvmModule, Tiering};
 use kiln::ir::builder::{for_range, select, size_var};
 use kiln::ir::{
     Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, StorageScope, Var,
@@ -282,13 +282,16 @@ fn tensor(spec: &Value, index: usize) -> HostArray {
     a
 }
 
-fn run_rust_cases(all: &[Value]) -> (usize, Vec<String>) {
+fn run_rust_cases(all: &[Value], tiering: Tiering) -> (usize, Vec<String>) {
     let ks = kernels();
     let mut modules: BTreeMap<&str, LlvmModule> = BTreeMap::new();
     for (name, (f, fast)) in &ks {
         let m = IRModule::from_functions(vec![f.clone()]);
         m.verify().unwrap_or_else(|e| panic!("{name}: {e}"));
-        modules.insert(name, LlvmModule::jit(&m, &options(*fast)).unwrap());
+        modules.insert(
+            name,
+            LlvmModule::jit_with(&m, &options(*fast), tiering).unwrap(),
+        );
     }
     let mut failures = Vec::new();
     let mut passed = 0;
@@ -336,7 +339,9 @@ fn run_rust_cases(all: &[Value]) -> (usize, Vec<String>) {
             if fine {
                 passed += 1;
             } else {
-                failures.push(format!("{kernel}/{cname} (kiln deviation): got {got:?}"));
+                failures.push(format!(
+                    "{kernel}/{cname} ({tiering:?}, kiln deviation): got {got:?}"
+                ));
             }
             continue;
         }
@@ -377,7 +382,7 @@ fn run_rust_cases(all: &[Value]) -> (usize, Vec<String>) {
             passed += 1;
         } else {
             failures.push(format!(
-                "{kernel}/{cname}: got {got:?}, want {}",
+                "{kernel}/{cname} ({tiering:?}): got {got:?}, want {}",
                 case["error"]
             ));
         }
@@ -396,15 +401,18 @@ fn flatten(v: &Value) -> Vec<f64> {
 #[test]
 fn every_recorded_tvm_call_gets_the_same_error_or_result_in_process() {
     let Some(all) = cases() else { return };
-    let (passed, failures) = run_rust_cases(&all);
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases differ:\n{}",
-        failures.len(),
-        all.len(),
-        failures.join("\n")
-    );
-    assert_eq!(passed, all.len());
+    // The JIT's quick code (lazily compiled checkers) and its optimized code (checks inline).
+    for tiering in [Tiering::QuickOnly, Tiering::Off] {
+        let (passed, failures) = run_rust_cases(&all, tiering);
+        assert!(
+            failures.is_empty(),
+            "{} of {} cases differ:\n{}",
+            failures.len(),
+            all.len(),
+            failures.join("\n")
+        );
+        assert_eq!(passed, all.len());
+    }
 }
 
 fn export_kernels(dir: &Path) -> PathBuf {

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{check_vadd, HostArray};
-use kiln::codegen::llvm::{wait_all_optimized, CodegenOptions, LlvmModule, Tiering};
+use kiln::codegen::llvm::{optimizing, wait_all_optimized, CodegenOptions, LlvmModule, Tiering};
 use kiln::ir::{kernels, IRModule, PrimFunc};
 use kiln::packed_func::{AnyView, Module, PackedFunc};
 
@@ -137,6 +137,7 @@ fn modules_dropped_before_their_optimized_code_are_harmless() {
     };
     check_vadd(&f, 100);
     wait_all_optimized();
+    assert!(!optimizing());
     check_vadd(&f, 100);
     // Later modules are unaffected.
     let m = jit(kernels::vadd(), Tiering::Background, 3);

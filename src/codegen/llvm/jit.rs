@@ -208,6 +208,23 @@ pub(crate) fn route_diagnostics(ctx: &Context) {
     }
 }
 
+/// Lowers the calling thread's scheduling priority (Linux: nice 10; elsewhere nothing), for
+/// background compilation that must not slow the caller's threads.
+pub(crate) fn lower_this_thread_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        unsafe extern "C" {
+            fn gettid() -> i32;
+            fn setpriority(which: i32, who: u32, prio: i32) -> i32;
+        }
+        // SAFETY: glibc's `gettid` and `setpriority(PRIO_PROCESS = 0, tid, 10)`, which on Linux
+        // sets the nice value of that one thread; a failure only leaves the priority as it was.
+        unsafe {
+            setpriority(0, gettid() as u32, 10);
+        }
+    }
+}
+
 /// Registers `f` to run at process exit (C `atexit`): after `main` returns or at
 /// `std::process::exit`, before the static destructors of the libraries loaded before the call
 /// (LLVM's), which were registered earlier.

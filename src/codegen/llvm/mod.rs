@@ -34,7 +34,7 @@ use super::CodegenError;
 pub use emit::Linkage;
 use emit::{fn_attrs, EmitOptions, Emitter, ModuleText, Val};
 pub use packed::signature;
-pub use tiering::{wait_all_optimized, Tiering};
+pub use tiering::{optimizing, wait_all_optimized, Tiering};
 
 type R<T> = Result<T, CodegenError>;
 

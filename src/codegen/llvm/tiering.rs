@@ -15,7 +15,8 @@
 //!   compute functions ([`Tiers`]): an acquire load and an indirect call, under a nanosecond.
 //! - [`super::LlvmModule::jit`] compiles the wrappers (no passes, lowest code generation level)
 //!   and the compute functions (quick), fills the table and queues a [`Job`].
-//! - One process-wide worker thread (`kiln-tier-up`) takes the jobs in order. It generates the
+//! - One process-wide worker thread (`kiln-tier-up`, at a lower scheduling priority) takes the
+//!   jobs in order. It generates the
 //!   compute module again under a new symbol suffix, compiles it at the options' level, links
 //!   it into the JIT and, if the module is still alive, stores the new addresses into the table
 //!   (release) and keeps the new code with the module. The quick code stays until the module
@@ -264,7 +265,11 @@ fn worker() -> &'static Worker {
     WORKER.get_or_init(|| {
         let started = std::thread::Builder::new()
             .name("kiln-tier-up".into())
-            .spawn(|| worker().serve())
+            .spawn(|| {
+                // Best effort: the caller's threads come first.
+                jit::lower_this_thread_priority();
+                worker().serve()
+            })
             .is_ok();
         if started {
             jit::at_exit(stop_at_exit);
@@ -321,6 +326,15 @@ pub(crate) fn schedule(job: Job) {
     q.jobs.push_back(job);
     drop(q);
     w.changed.notify_all();
+}
+
+/// Whether JIT modules are queued for optimization or being optimized (a non-blocking
+/// [`wait_all_optimized`]).
+pub fn optimizing() -> bool {
+    WORKER.get().is_some_and(|w| {
+        let q = w.lock();
+        (!q.jobs.is_empty() || q.busy) && !q.exiting
+    })
 }
 
 /// Blocks until every JIT module queued for optimization so far runs its optimized code (or
