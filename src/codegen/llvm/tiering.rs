@@ -6,7 +6,7 @@
 //! cold build (about 4 ms of 4.3 for a vector add; 15-20 ms for a parallel matmul), while a
 //! short function pipeline that still hoists invariants and vectorizes ([`Passes::Quick`]) and
 //! the code generator at its lowest level (FastISel, with the optimized register allocator:
-//! `init_llvm`) take about 1.5 ms. The quick code runs the benchmark kernels at 0.9-1.05x the
+//! `init_llvm`) take about 1.5 ms. The quick code runs the benchmark kernels at 0.93-1.15x the
 //! O3 code's time (`cargo bench --bench codegen`); it runs for the few milliseconds the
 //! background compilation takes.
 //!
