@@ -512,7 +512,7 @@ pub(crate) enum Passes {
     /// None: a JIT module's wrappers, `optnone` anyway.
     None,
     /// A short function pipeline that still hoists invariants and vectorizes loops, at a
-    /// quarter of O3's cost: a JIT module's first code (`tiering.rs`).
+    /// third of O3's cost: a JIT module's first code (`tiering.rs`).
     Quick,
     /// LLVM's `default<O{n}>` pipeline for the options' `opt_level` (none at 0).
     Default,
