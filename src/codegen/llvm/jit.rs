@@ -194,6 +194,8 @@ pub(crate) fn route_diagnostics(ctx: &Context) {
             LLVMDisposeMessage(p);
             (LLVMGetDiagInfoSeverity(di), message)
         };
+        // kiln's IR has no source locations.
+        let message = message.strip_prefix("<unknown>:0:0: ").unwrap_or(&message);
         // A logger that panics must not unwind into LLVM.
         let _ = catch_unwind(|| match severity {
             LLVMDiagnosticSeverity::LLVMDSError => log::error!("LLVM: {message}"),
