@@ -77,7 +77,7 @@ impl Linkage {
 
     /// The same linkage with `suffix` after every exported symbol (an exported library's
     /// symbols have none).
-    pub fn with_suffix(&self, suffix: &str) -> Linkage {
+    pub(crate) fn with_suffix(&self, suffix: &str) -> Linkage {
         let mut l = self.clone();
         if let Linkage::Jit { suffix: s, .. } | Linkage::Checkers { suffix: s, .. } = &mut l {
             *s = suffix.to_owned();
