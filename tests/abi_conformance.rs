@@ -1,5 +1,5 @@
 //! The packed-API argument checks against TVM 0.27: every case of
-//! `../shared/conformance/tvm027_packed_abi_errors.jsonl` is called on kiln-built kernels with the
+//! `tests/data/tvm027_packed_abi_errors.jsonl` is called on kiln-built kernels with the
 //! same signatures — in process (JIT, through the Rust API), and through Python's
 //! `tvm_ffi.load_module` on exported `.so` files (numpy arrays in). Error kinds and messages
 //! must match TVM's exactly, except for two documented, deliberate differences:
@@ -10,8 +10,8 @@
 //! - `ok_n0`: an empty tensor whose stride is 0 (numpy's) is rejected by TVM as non-compact;
 //!   kiln ignores the strides of empty tensors.
 //!
-//! The data file lives in `shared/` beside the repository; without it the test fails unless
-//! `KILN_SKIP_CONFORMANCE=1`. The Python half runs when `KILN_PYTHON` (default `python3`) has
+//! The data file is part of the repository (`tests/data/README.md` says where it comes from).
+//! The Python half runs when `KILN_PYTHON` (default `python3`) has
 //! `tvm_ffi` and `numpy`, and must run when `KILN_REQUIRE_TVM_FFI=1` (CI).
 
 mod common;
@@ -206,26 +206,13 @@ fn options(fast_math: bool) -> CodegenOptions {
     o
 }
 
-fn cases() -> Option<Vec<Value>> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/conformance/tvm027_packed_abi_errors.jsonl");
-    match std::fs::read_to_string(&p) {
-        Ok(t) => Some(
-            t.lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect(),
-        ),
-        Err(e) => {
-            assert_eq!(
-                std::env::var("KILN_SKIP_CONFORMANCE").as_deref(),
-                Ok("1"),
-                "{}: {e}",
-                p.display()
-            );
-            None
-        }
-    }
+fn cases() -> Vec<Value> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tvm027_packed_abi_errors.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn dtype(name: &str) -> (DLDataType, usize) {
@@ -400,7 +387,7 @@ fn flatten(v: &Value) -> Vec<f64> {
 
 #[test]
 fn every_recorded_tvm_call_gets_the_same_error_or_result_in_process() {
-    let Some(all) = cases() else { return };
+    let all = cases();
     // The JIT's quick code (lazily compiled checkers) and its optimized code (checks inline).
     for tiering in [Tiering::QuickOnly, Tiering::Off] {
         let (passed, failures) = run_rust_cases(&all, tiering);
@@ -426,7 +413,6 @@ fn export_kernels(dir: &Path) -> PathBuf {
 
 #[test]
 fn every_recorded_tvm_call_gets_the_same_error_or_result_through_python_tvm_ffi() {
-    let Some(_) = cases() else { return };
     let Some(py) = common::python_with_tvm_ffi() else {
         return;
     };
@@ -434,7 +420,7 @@ fn every_recorded_tvm_call_gets_the_same_error_or_result_through_python_tvm_ffi(
     export_kernels(dir.path());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/abi_conformance.py");
     let data = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/conformance/tvm027_packed_abi_errors.jsonl");
+        .join("tests/data/tvm027_packed_abi_errors.jsonl");
     let out = Command::new(py)
         .arg(&script)
         .arg(dir.path())

@@ -82,7 +82,7 @@ fn snapshot_diffs_show_removed_then_added_lines_with_context() {
 #[test]
 fn signatures_match_the_tvm_packed_api_messages() {
     use kiln::ir::{builder::size_var, Buffer, DataType, Expr, Param, PrimFunc, Stmt, Var};
-    // The signatures quoted in /work/shared/conformance/tvm027_packed_abi_errors.jsonl.
+    // The signatures quoted in tests/data/tvm027_packed_abi_errors.jsonl.
     let nop = || Stmt::Evaluate(Expr::from(0i32));
     let c = |v: i64| Expr::from(v);
     let t = |name: &str, dtype, shape: Vec<Expr>| Param::Buffer(Buffer::new(name, dtype, shape));

@@ -1,9 +1,9 @@
-//! Conformance with TVM 0.27: every recorded case of `../shared/conformance/tvm027_targets.jsonl`
+//! Conformance with TVM 0.27: every recorded case of `tests/data/tvm027_targets.jsonl`
 //! and every tag of `tvm027_tags.json` must be accepted or rejected as TVM did, with the same
 //! export (fields listed as host-dependent need only be present). The legacy-string groups
 //! (`cli_string`, `kind_string_space`) are kiln's extension and must be accepted.
 //!
-//! A missing data file fails the test unless `KILN_SKIP_CONFORMANCE=1`.
+//! The data files are part of the repository; `tests/data/README.md` says where they come from.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -11,24 +11,12 @@ use std::path::PathBuf;
 use kiln::target::{Target, TargetError};
 use serde_json::Value;
 
-fn data_file(name: &str) -> Option<String> {
+fn data_file(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/conformance")
+        .join("tests/data")
         .join(name);
-    match std::fs::read_to_string(&path) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            if std::env::var("KILN_SKIP_CONFORMANCE").as_deref() == Ok("1") {
-                eprintln!("skipping: {} unreadable ({e})", path.display());
-                None
-            } else {
-                panic!(
-                    "conformance data {} is unreadable ({e}); set KILN_SKIP_CONFORMANCE=1 to skip",
-                    path.display()
-                );
-            }
-        }
-    }
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("conformance data {} is unreadable ({e})", path.display()))
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -97,9 +85,7 @@ fn build(kind: &str, input: &Value) -> Result<Target, TargetError> {
 
 #[test]
 fn every_recorded_tvm_case_agrees() {
-    let Some(text) = data_file("tvm027_targets.jsonl") else {
-        return;
-    };
+    let text = data_file("tvm027_targets.jsonl");
     let mut total = 0;
     let mut failures = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -168,9 +154,7 @@ fn every_recorded_tvm_case_agrees() {
 
 #[test]
 fn every_tvm_tag_exports_as_tvm() {
-    let Some(text) = data_file("tvm027_tags.json") else {
-        return;
-    };
+    let text = data_file("tvm027_tags.json");
     let root: Value = serde_json::from_str(&text).expect("tag table is JSON");
     let tags = root["tags"].as_object().expect("tags object");
     assert_eq!(tags.len(), kiln::target::list_tags().len(), "tag count");
