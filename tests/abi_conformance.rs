@@ -419,8 +419,8 @@ fn every_recorded_tvm_call_gets_the_same_error_or_result_through_python_tvm_ffi(
     let dir = tempfile::tempdir().unwrap();
     export_kernels(dir.path());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/abi_conformance.py");
-    let data = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/tvm027_packed_abi_errors.jsonl");
+    let data =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tvm027_packed_abi_errors.jsonl");
     let out = Command::new(py)
         .arg(&script)
         .arg(dir.path())

@@ -14,6 +14,9 @@ pub enum StorageScope {
     Local,
     /// A temporary obtained from the device workspace pool (`TVMBackendAllocWorkspace`).
     Workspace,
+    /// Work-group memory of a device kernel, one copy per block, shared by its threads
+    /// (OpenCL `__local`, CUDA `__shared__`).
+    Shared,
 }
 
 impl StorageScope {
@@ -23,6 +26,7 @@ impl StorageScope {
             StorageScope::Global => "global",
             StorageScope::Local => "local",
             StorageScope::Workspace => "workspace",
+            StorageScope::Shared => "shared",
         }
     }
     /// The scope with this JSON name.
@@ -31,6 +35,7 @@ impl StorageScope {
             StorageScope::Global,
             StorageScope::Local,
             StorageScope::Workspace,
+            StorageScope::Shared,
         ]
         .into_iter()
         .find(|k| k.name() == s)

@@ -722,6 +722,7 @@ impl<'f> Interp<'f> {
                 }
             }
             Stmt::Return(e) => Ok(Flow::Return(self.expr(e)?)),
+            Stmt::Barrier => Ok(Flow::Normal),
         }
     }
 

@@ -16,7 +16,7 @@ use super::error::{IrError, IrResult};
 use super::expr::{BinOp, Expr, Intrinsic, Var};
 use super::func::{Buffer, FuncAttrs, IRModule, Param, PrimFunc, StorageScope};
 use super::printer::Namer;
-use super::stmt::{ForKind, Stmt};
+use super::stmt::{ForKind, Stmt, ThreadTag};
 
 /// The value of the `"format"` field.
 pub const FORMAT: &str = "kiln-ir/1";
@@ -416,13 +416,24 @@ impl Reader {
         let p = |k: &str| format!("{path}.{k}");
         match kind {
             "for" => {
-                let m = self.object(v, path, &["stmt", "var", "min", "extent", "kind", "body"])?;
+                let m = self.object(v, path, &["stmt", "var", "min", "extent", "kind", "thread", "body"])?;
                 let min = self.expr(self.field(m, "min", path)?, &p("min"))?;
                 let extent = self.expr(self.field(m, "extent", path)?, &p("extent"))?;
                 let ks = self.string(self.field(m, "kind", path)?, &p("kind"))?;
-                let kind = ForKind::from_name(ks).ok_or_else(|| {
-                    jerr(&p("kind"), format!("unknown loop kind `{ks}`, expected one of: serial, parallel, vectorized, unrolled"))
-                })?;
+                let kind = if ks == "thread_binding" {
+                    let ts = self.string(self.field(m, "thread", path)?, &p("thread"))?;
+                    let tag = ThreadTag::from_name(ts).ok_or_else(|| {
+                        jerr(&p("thread"), format!("unknown thread `{ts}`, expected one of: blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z"))
+                    })?;
+                    ForKind::ThreadBinding(tag)
+                } else {
+                    if m.contains_key("thread") {
+                        return Err(jerr(&p("thread"), format!("`thread` is only allowed on a `thread_binding` loop, this one is `{ks}`")));
+                    }
+                    ForKind::from_name(ks).ok_or_else(|| {
+                        jerr(&p("kind"), format!("unknown loop kind `{ks}`, expected one of: serial, parallel, vectorized, unrolled, thread_binding"))
+                    })?
+                };
                 let var = self.var_decl(self.field(m, "var", path)?, &p("var"))?;
                 let body = self.stmt(self.field(m, "body", path)?, &p("body"));
                 self.unbind_var(&var);
@@ -480,13 +491,17 @@ impl Reader {
                 let message = self.string(self.field(m, "message", path)?, &p("message"))?.to_string();
                 Ok(Stmt::Assert { cond, message })
             }
+            "barrier" => {
+                self.object(v, path, &["stmt"])?;
+                Ok(Stmt::Barrier)
+            }
             "return" => {
                 let m = self.object(v, path, &["stmt", "value"])?;
                 Ok(Stmt::Return(self.expr(self.field(m, "value", path)?, &p("value"))?))
             }
             other => Err(jerr(
                 &p("stmt"),
-                format!("unknown statement `{other}`, expected one of: for, store, allocate, let, if, seq, evaluate, assert, return"),
+                format!("unknown statement `{other}`, expected one of: for, store, allocate, let, if, seq, evaluate, assert, return, barrier"),
             )),
         }
     }
@@ -803,7 +818,14 @@ impl Writer {
                 let var = self.var_decl(var);
                 let body = self.stmt(body);
                 self.namer.restore(mark);
-                json!({"stmt": "for", "var": var, "min": min, "extent": extent, "kind": kind.name(), "body": body})
+                match kind {
+                    ForKind::ThreadBinding(tag) => {
+                        json!({"stmt": "for", "var": var, "min": min, "extent": extent, "kind": kind.name(), "thread": tag.name(), "body": body})
+                    }
+                    _ => {
+                        json!({"stmt": "for", "var": var, "min": min, "extent": extent, "kind": kind.name(), "body": body})
+                    }
+                }
             }
             Stmt::Store {
                 buffer,
@@ -848,6 +870,7 @@ impl Writer {
                 json!({"stmt": "assert", "cond": self.expr(cond), "message": message})
             }
             Stmt::Return(e) => json!({"stmt": "return", "value": self.expr(e)}),
+            Stmt::Barrier => json!({"stmt": "barrier"}),
         }
     }
 

@@ -56,5 +56,5 @@ pub use dtype::{DataType, TypeCode};
 pub use error::{IrError, IrResult};
 pub use expr::{BinOp, Expr, Intrinsic, Var, VarId};
 pub use func::{Buffer, FuncAttrs, IRModule, Param, PrimFunc, StorageScope};
-pub use stmt::{ForKind, Stmt};
+pub use stmt::{ForKind, Stmt, ThreadTag};
 pub use visit::FreeUses;

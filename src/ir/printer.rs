@@ -12,7 +12,7 @@ use std::fmt::{self, Write};
 use super::dtype::DataType;
 use super::expr::{BinOp, Expr, Var, VarId};
 use super::func::{Buffer, IRModule, Param, PrimFunc, StorageScope};
-use super::stmt::Stmt;
+use super::stmt::{ForKind, Stmt};
 
 /// Gives each variable a name that is unambiguous in its scope.
 #[derive(Default)]
@@ -350,11 +350,14 @@ impl<'a> Printer<'a> {
                     self.namer = p.namer;
                 }
                 let n = self.namer.bind(var);
+                let kind_text = match kind {
+                    ForKind::ThreadBinding(tag) => format!("thread_binding[{tag}]"),
+                    k => k.name().to_owned(),
+                };
                 writeln!(
                     self.out,
-                    "for {n}: {} in {}({header}) {{",
-                    var.dtype,
-                    kind.name()
+                    "for {n}: {} in {kind_text}({header}) {{",
+                    var.dtype
                 )?;
                 self.block(body)?;
                 self.namer.restore(mark);
@@ -427,6 +430,10 @@ impl<'a> Printer<'a> {
                 self.out.write_str("return ")?;
                 self.expr(e)?;
                 writeln!(self.out)
+            }
+            Stmt::Barrier => {
+                self.line_start()?;
+                writeln!(self.out, "barrier")
             }
         }
     }

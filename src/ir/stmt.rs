@@ -15,6 +15,67 @@ pub enum ForKind {
     Vectorized,
     /// Serial, with a hint to unroll (constant extent required).
     Unrolled,
+    /// Bound to a GPU-style thread index (`"thread_binding"` in JSON): the loop variable *is*
+    /// that index, every value in `[0, extent)` runs on its own block or thread. `min` must be 0.
+    /// Used in device kernels only (see `docs/ir.md`, "Device code").
+    ThreadBinding(ThreadTag),
+}
+
+/// The thread index a [`ForKind::ThreadBinding`] loop is bound to, as in TVM and CUDA:
+/// `blockIdx.{x,y,z}` (work-group ids) and `threadIdx.{x,y,z}` (ids within a block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ThreadTag {
+    /// `blockIdx.x|y|z` (axis 0, 1, 2).
+    Block(u8),
+    /// `threadIdx.x|y|z` (axis 0, 1, 2).
+    Thread(u8),
+}
+
+impl ThreadTag {
+    /// All six tags.
+    pub const ALL: [ThreadTag; 6] = [
+        ThreadTag::Block(0),
+        ThreadTag::Block(1),
+        ThreadTag::Block(2),
+        ThreadTag::Thread(0),
+        ThreadTag::Thread(1),
+        ThreadTag::Thread(2),
+    ];
+
+    /// The TVM spelling (`blockIdx.x`, `threadIdx.y`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadTag::Block(0) => "blockIdx.x",
+            ThreadTag::Block(1) => "blockIdx.y",
+            ThreadTag::Block(_) => "blockIdx.z",
+            ThreadTag::Thread(0) => "threadIdx.x",
+            ThreadTag::Thread(1) => "threadIdx.y",
+            ThreadTag::Thread(_) => "threadIdx.z",
+        }
+    }
+
+    /// The tag with this TVM spelling.
+    pub fn from_name(s: &str) -> Option<ThreadTag> {
+        ThreadTag::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// The axis: 0 for x, 1 for y, 2 for z.
+    pub fn axis(self) -> usize {
+        match self {
+            ThreadTag::Block(a) | ThreadTag::Thread(a) => a as usize,
+        }
+    }
+
+    /// Whether this is a `threadIdx` tag.
+    pub fn is_thread(self) -> bool {
+        matches!(self, ThreadTag::Thread(_))
+    }
+}
+
+impl std::fmt::Display for ThreadTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl ForKind {
@@ -25,10 +86,11 @@ impl ForKind {
             ForKind::Parallel => "parallel",
             ForKind::Vectorized => "vectorized",
             ForKind::Unrolled => "unrolled",
+            ForKind::ThreadBinding(_) => "thread_binding",
         }
     }
 
-    /// The kind with this JSON name.
+    /// The kind with this JSON name (`thread_binding` needs its tag: not found here).
     pub fn from_name(s: &str) -> Option<ForKind> {
         [
             ForKind::Serial,
@@ -106,6 +168,10 @@ pub enum Stmt {
     },
     /// Returns a scalar from the function (type = the function's `ret_type`).
     Return(Expr),
+    /// A work-group barrier inside a device kernel: every thread of the block reaches it before
+    /// any passes it, and `shared` memory written before it is visible to all threads after it
+    /// (TVM's `tvm_storage_sync("shared")`). `{"stmt": "barrier"}` in JSON.
+    Barrier,
 }
 
 impl Stmt {

@@ -404,7 +404,7 @@ impl<'a> Verifier<'a> {
                             });
                         }
                     }
-                    ForKind::Serial => {}
+                    ForKind::Serial | ForKind::ThreadBinding(_) => {}
                 }
                 self.bind(var);
                 self.loops.push(*kind);
@@ -468,6 +468,7 @@ impl<'a> Verifier<'a> {
                 self.at(".value", |s| s.expr(e));
             }
             Stmt::Assert { cond, .. } => self.cond(cond, "assert"),
+            Stmt::Barrier => {}
             Stmt::Return(e) => {
                 let t = self.at(".value", |s| s.expr(e));
                 match self.ret_type {

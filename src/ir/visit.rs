@@ -122,6 +122,7 @@ impl Collector {
             }
             Stmt::Seq(v) => v.iter().for_each(|s| self.stmt(s)),
             Stmt::Evaluate(e) | Stmt::Return(e) | Stmt::Assert { cond: e, .. } => self.expr(e),
+            Stmt::Barrier => {}
         }
     }
 

@@ -106,6 +106,7 @@ pub(crate) fn rw_stmt(r: &mut dyn Rewriter, s: &Stmt) -> Stmt {
             message: message.clone(),
         },
         Stmt::Return(e) => Stmt::Return(rw_expr(r, e)),
+        Stmt::Barrier => Stmt::Barrier,
     }
 }
 

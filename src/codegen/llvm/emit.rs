@@ -1043,6 +1043,11 @@ impl<'m> Emitter<'m> {
                 self.check(&c.v, "RuntimeError", message);
             }
             Stmt::Return(e) => self.ret(e)?,
+            Stmt::Barrier => {
+                return Err(CodegenError::Unsupported(
+                    "a barrier outside a device kernel (it belongs under threadIdx loops)".into(),
+                ))
+            }
             Stmt::Allocate { buffer, body } => self.allocate(buffer, body)?,
             Stmt::For {
                 var,
@@ -1464,6 +1469,7 @@ pub(crate) fn collect_vars(s: &Stmt, out: &mut BTreeSet<VarId>) {
         }
         Stmt::Seq(v) => v.iter().for_each(|s| collect_vars(s, out)),
         Stmt::Evaluate(e) | Stmt::Return(e) => expr(e, out),
+        Stmt::Barrier => {}
         Stmt::Assert { cond, .. } => expr(cond, out),
     }
 }
