@@ -14,6 +14,7 @@
 
 #[cfg(feature = "llvm")]
 pub mod cache;
+pub mod device;
 #[cfg(feature = "llvm")]
 pub mod llvm;
 pub mod parallel;

@@ -46,6 +46,7 @@ mod copy;
 pub mod cpu;
 pub mod device;
 pub mod error;
+pub mod kernels;
 pub mod memory;
 pub mod null;
 pub mod plugin;

@@ -81,8 +81,15 @@ pub fn context_symbols() -> Vec<(String, usize)> {
 /// A loaded shared library of packed functions.
 pub struct LibraryModule {
     path: PathBuf,
-    lib: Arc<libloading::Library>,
+    lib: Arc<Loaded>,
     names: Vec<String>,
+}
+
+/// A loaded library and the device module its host code launches kernels through (when it
+/// has device code): what its functions keep alive.
+struct Loaded {
+    lib: libloading::Library,
+    device: Option<Arc<crate::device_api::kernels::DeviceModule>>,
 }
 
 impl std::fmt::Debug for LibraryModule {
@@ -129,6 +136,7 @@ impl LibraryModule {
         // The services generated code reaches through context slots must be registered first.
         crate::codegen::parallel::register_runtime_symbols();
         crate::device_api::init();
+        crate::device_api::kernels::register_runtime_symbols();
         let path = path.as_ref().to_path_buf();
         // dlopen searches the system library path for a name without a `/` (`vadd.so` would
         // not mean the file in the current directory): always open an absolute path.
@@ -175,9 +183,42 @@ impl LibraryModule {
                 }
             }
         }
+        // Device code: the module its host code launches kernels through.
+        // SAFETY: `__kiln_device_meta`, when present, is a NUL-terminated constant string
+        // written by kiln's exporter; we only read it.
+        let meta = unsafe { lib.get::<*const std::ffi::c_char>(b"__kiln_device_meta\0") }
+            .ok()
+            .map(|sym| {
+                // The symbol's address is the first byte of the string.
+                let p: *const std::ffi::c_char = *sym;
+                // SAFETY: as above.
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            });
+        let device = match meta {
+            None => None,
+            Some(m) => {
+                let dm = crate::device_api::kernels::load_device_module(&m).map_err(|reason| {
+                    LibraryError::Read {
+                        path: path.clone(),
+                        reason,
+                    }
+                })?;
+                // SAFETY: as for the context slots above: an exported, writable `void*`.
+                if let Ok(sym) = unsafe { lib.get::<*mut *mut c_void>(b"__kiln_device_module\0") } {
+                    let p: *mut *mut c_void = *sym;
+                    if !p.is_null() {
+                        // SAFETY: as above; the module outlives the library's functions (`Loaded`).
+                        unsafe { p.write(Arc::as_ptr(&dm) as *mut c_void) };
+                    }
+                }
+                Some(dm)
+            }
+        };
         Ok(Self {
             path,
-            lib: Arc::new(lib),
+            lib: Arc::new(Loaded { lib, device }),
             names,
         })
     }
@@ -197,8 +238,13 @@ impl Module for LibraryModule {
         let sym = format!("{SYMBOL_PREFIX}{name}\0");
         // SAFETY: `__tvm_ffi_<name>` symbols are safe-call functions by the module ABI, which the
         // loader's caller vouched for in `load`.
-        let f: TVMFFISafeCallType =
-            unsafe { *self.lib.get::<TVMFFISafeCallType>(sym.as_bytes()).ok()? };
+        let f: TVMFFISafeCallType = unsafe {
+            *self
+                .lib
+                .lib
+                .get::<TVMFFISafeCallType>(sym.as_bytes())
+                .ok()?
+        };
         let keep: Arc<dyn std::any::Any + Send + Sync> = self.lib.clone();
         // SAFETY: the function stays valid while the library lives, which `keep` ensures; DSO
         // functions take a NULL `self`.
@@ -207,6 +253,12 @@ impl Module for LibraryModule {
 
     fn function_names(&self) -> Vec<String> {
         self.names.clone()
+    }
+
+    fn get_source(&self, format: &str) -> Option<String> {
+        let d = self.lib.device.as_ref()?;
+        (format == d.kind() || format == "cl" && d.kind() == "opencl")
+            .then(|| d.source().to_owned())
     }
 }
 

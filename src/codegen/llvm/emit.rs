@@ -107,6 +107,11 @@ pub struct EmitOptions {
     pub device_type: i32,
     /// The device name in messages (`cpu`).
     pub device_name: String,
+    /// With a device target: the kernels of the module's functions (the host/device split),
+    /// each thread-bound nest replaced by a launch of its kernel. Empty on the CPU.
+    pub kernels: Vec<crate::codegen::device::KernelPlan>,
+    /// Whether this module is a device target's host code (even with no kernel).
+    pub device_host: bool,
 }
 
 /// Local allocations up to this size live on the stack; larger ones use the workspace.
@@ -194,6 +199,8 @@ pub(crate) struct ModuleText {
     pub declares: BTreeSet<String>,
     pub uses_workspace: bool,
     pub uses_parallel: bool,
+    /// Whether a function launches device kernels (`__kiln_device_launch`).
+    pub uses_device: bool,
 }
 
 impl ModuleText {
@@ -241,6 +248,9 @@ pub(crate) struct Emitter<'m> {
     lambdas: usize,
     metadata: &'m mut Vec<String>,
     md_next: &'m mut usize,
+    /// Thread-bound nests of this function met so far (the next one is kernel number
+    /// `kernels_seen` of the function).
+    kernels_seen: usize,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -275,6 +285,7 @@ impl<'m> Emitter<'m> {
             lambdas: 0,
             metadata,
             md_next,
+            kernels_seen: 0,
         }
     }
 
@@ -427,6 +438,7 @@ impl<'m> Emitter<'m> {
                 self.cast(from, *dtype, x)
             }
             Expr::Load { buffer, indices } => {
+                self.host_access(buffer)?;
                 let addr = self.address(buffer, indices)?;
                 let mt = mem_ty(buffer.dtype);
                 let align = buffer.dtype.bytes().max(1);
@@ -1013,6 +1025,7 @@ impl<'m> Emitter<'m> {
                 indices,
                 value,
             } => {
+                self.host_access(buffer)?;
                 let v = self.expr(value)?;
                 let v = self.reg_to_mem(buffer.dtype, v);
                 let addr = self.address(buffer, indices)?;
@@ -1056,6 +1069,7 @@ impl<'m> Emitter<'m> {
                 kind,
                 body,
             } => match kind {
+                ForKind::ThreadBinding(_) => self.launch_kernel(s)?,
                 ForKind::Parallel => self.parallel_for(var, min, extent, body)?,
                 ForKind::Vectorized if self.vector_for(var, min, extent, body)? => {}
                 ForKind::Unrolled if self.unrolled_for(var, min, extent, body)? => {}
@@ -1200,6 +1214,12 @@ impl<'m> Emitter<'m> {
         let const_bytes = buffer.const_numel().and_then(|n| n.checked_mul(elem));
         let on_stack = buffer.scope == StorageScope::Local
             && matches!(const_bytes, Some(b) if b <= MAX_STACK_BYTES);
+        if self.opts.device_host && buffer.scope == StorageScope::Local && !on_stack {
+            return Err(unsupported(format!(
+                "function `{}`: host allocation `{}` must be `local` with a constant size of at most {MAX_STACK_BYTES} bytes (host code of a device target has no host workspace); use `workspace` for device memory",
+                self.fname, buffer.name
+            )));
+        }
         let ptr;
         if on_stack {
             let n = buffer.const_numel().unwrap_or(1).max(1);
@@ -1246,18 +1266,139 @@ impl<'m> Emitter<'m> {
         let code = buffer.dtype.code as u8;
         let bits = buffer.dtype.bits;
         let dt = self.opts.device_type;
+        let dev = self.device_id();
         let r = self.assign(
             "i8*",
-            format!("call i8* @__kiln_alloc_workspace(i32 {dt}, i32 0, i64 {nbytes}, i32 {code}, i32 {bits})"),
+            format!("call i8* @__kiln_alloc_workspace(i32 {dt}, i32 {dev}, i64 {nbytes}, i32 {code}, i32 {bits})"),
         );
         r.v
     }
 
     fn free_workspace(&mut self, p: &str) {
         let dt = self.opts.device_type;
+        let dev = self.device_id();
         self.line(format!(
-            "call void @__kiln_free_workspace(i32 {dt}, i32 0, i8* {p})"
+            "call void @__kiln_free_workspace(i32 {dt}, i32 {dev}, i8* {p})"
         ));
+    }
+
+    /// The device id of the function's tensors: `%devid` in a device target's host code
+    /// (passed by the packed wrapper), 0 on the CPU.
+    fn device_id(&self) -> &'static str {
+        if self.opts.device_host {
+            "%devid"
+        } else {
+            "0"
+        }
+    }
+
+    /// Host code of a device target never touches device memory.
+    fn host_access(&self, buffer: &Buffer) -> R<()> {
+        if self.opts.device_host
+            && matches!(buffer.scope, StorageScope::Global | StorageScope::Workspace)
+        {
+            return Err(unsupported(format!(
+                "function `{}`: host code accesses `{}`, which is in {} device memory; put the access inside a thread-bound loop nest (a kernel)",
+                self.fname, buffer.name, self.opts.device_name
+            )));
+        }
+        Ok(())
+    }
+
+    /// A thread-bound nest in host code: launch its kernel on the current stream.
+    fn launch_kernel(&mut self, nest: &Stmt) -> R<()> {
+        let k = self.kernels_seen;
+        self.kernels_seen += 1;
+        let fname = self.fname.clone();
+        let Some((index, plan)) = self
+            .opts
+            .kernels
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.func == fname && p.index_in_func == k)
+        else {
+            return Err(unsupported(format!(
+                "function `{fname}`: thread-bound loops (`thread_binding`) run on a device; target `{}` has none (use a device target such as `opencl`)",
+                self.opts.device_name
+            )));
+        };
+        debug_assert!(&plan.nest == nest, "kernel plans follow the walk order");
+        let plan = plan.clone();
+        self.m.uses_device = true;
+        let n = plan.params.len().max(1);
+        let args = format!("%kargs{}", self.label + 1);
+        self.label += 1;
+        let _ = writeln!(
+            self.entry_allocas,
+            "  {args} = alloca [{n} x {{ i64, i64 }}], align 16"
+        );
+        for (i, p) in plan.params.iter().enumerate() {
+            let (value, extra) = match p {
+                crate::codegen::device::KernelParam::Buffer(b) => {
+                    let base = self.bufs.get(&b.data.id).cloned().ok_or_else(|| {
+                        unsupported(format!("buffer `{}` is not bound here", b.name))
+                    })?;
+                    let v = self.assign("i64", format!("ptrtoint {} to i64", base.typed()));
+                    let span = crate::codegen::device::span_elements(b);
+                    let el = self.index64(&span)?;
+                    let bytes = self.assign(
+                        "i64",
+                        format!("mul i64 {}, {}", el.v, b.dtype.bytes().max(1)),
+                    );
+                    (v, bytes)
+                }
+                crate::codegen::device::KernelParam::Scalar(var) => {
+                    let x = self.vars.get(&var.id).cloned().ok_or_else(|| {
+                        unsupported(format!("variable `{}` is not bound here", var.name))
+                    })?;
+                    let t = var.dtype;
+                    let bits = if t.is_float() {
+                        let ity = format!("i{}", t.bits);
+                        let b = self.assign(&ity, format!("bitcast {} to {ity}", x.typed()));
+                        self.widen64(DataType::new(TypeCode::UInt, t.bits, 1), b)
+                    } else if t.is_bool() {
+                        self.assign("i64", format!("zext {} to i64", x.typed()))
+                    } else {
+                        self.widen64(t, x)
+                    };
+                    (bits, Val::new("i64", "0"))
+                }
+            };
+            for (field, v) in [(0, &value), (1, &extra)] {
+                let p = self.assign(
+                    "i64*",
+                    format!("getelementptr inbounds [{n} x {{ i64, i64 }}], [{n} x {{ i64, i64 }}]* {args}, i64 0, i64 {i}, i32 {field}"),
+                );
+                self.line(format!("store i64 {}, i64* {}, align 8", v.v, p.v));
+            }
+        }
+        let dims = format!("%kdims{}", self.label + 1);
+        self.label += 1;
+        let _ = writeln!(self.entry_allocas, "  {dims} = alloca [6 x i64], align 16");
+        for (i, e) in plan.grid.iter().chain(plan.block.iter()).enumerate() {
+            let v = self.index64(e)?;
+            let p = self.assign(
+                "i64*",
+                format!("getelementptr inbounds [6 x i64], [6 x i64]* {dims}, i64 0, i64 {i}"),
+            );
+            self.line(format!("store i64 {}, i64* {}, align 8", v.v, p.v));
+        }
+        let a = self.assign(
+            "i8*",
+            format!("bitcast [{n} x {{ i64, i64 }}]* {args} to i8*"),
+        );
+        let d = self.assign("i64*", format!("bitcast [6 x i64]* {dims} to i64*"));
+        let rc = self.assign(
+            "i32",
+            format!(
+                "call i32 @__kiln_device_launch(i32 {index}, i32 %devid, i8* {}, i32 {}, i64* {})",
+                a.v,
+                plan.params.len(),
+                d.v
+            ),
+        );
+        self.propagate(&rc.v);
+        Ok(())
     }
 
     fn parallel_for(&mut self, var: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> R<()> {

@@ -55,6 +55,13 @@ pub struct CodegenOptions {
     pub device_type: i32,
     /// The device's name in messages.
     pub device_name: String,
+    /// Whether this is the host code of a device target (`opencl`): tensors hold device
+    /// handles, and each thread-bound loop nest is launched as a device kernel through the
+    /// device runtime (`kiln::device_api::kernels`). `false` for CPU code.
+    pub device_host: bool,
+    /// With `device_host`: the `kiln-device/1` metadata (device source and kernel table) an
+    /// exported library embeds as `__kiln_device_meta`.
+    pub device_meta: Option<String>,
 }
 
 impl CodegenOptions {
@@ -72,6 +79,8 @@ impl CodegenOptions {
             fast_math: String::new(),
             device_type: 1,
             device_name: "cpu".into(),
+            device_host: false,
+            device_meta: None,
         }
     }
 
@@ -132,6 +141,8 @@ impl CodegenOptions {
             fast_math,
             device_type,
             device_name,
+            device_host: false,
+            device_meta: None,
         })
     }
 
@@ -259,6 +270,12 @@ fn generate<const N: usize>(
         fast_math: o.fast_math.clone(),
         device_type: o.device_type,
         device_name: o.device_name.clone(),
+        kernels: if o.device_host {
+            crate::codegen::device::plan_module(module)?
+        } else {
+            Vec::new()
+        },
+        device_host: o.device_host,
     };
     let mut mt = ModuleText::default();
     let mut metadata = vec![
@@ -489,6 +506,22 @@ fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
             "define internal i32 @__kiln_parallel_launch(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n) {attrs} {{\nentry:\n  %f = load i8*, i8** @__TVMBackendParallelLaunch, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %serial, label %launch\nlaunch:\n  %fp = bitcast i8* %f to i32 (i32 (i32, {{ i8*, i32 }}*, i8*)*, i8*, i32)*\n  %r = call i32 %fp(i32 (i32, {{ i8*, i32 }}*, i8*)* %lambda, i8* %cdata, i32 %n)\n  ret i32 %r\nserial:\n{serial}}}"
         );
     }
+    if mt.uses_device {
+        // Kernel launches: the device runtime's service and this module's device module.
+        slot(&mut s, "__KilnDeviceLaunch");
+        slot(&mut s, "__kiln_device_module");
+        let missing = "this function launches device kernels, which need kiln's device runtime; this host did not provide it (the context slots `__KilnDeviceLaunch` and `__kiln_device_module` are empty): load the library with kiln (`kiln run`, `kiln::packed_func::library::LibraryModule::load`)";
+        let len = missing.len() + 1;
+        let _ = writeln!(
+            s,
+            "@.kiln.nodev = private unnamed_addr constant [{len} x i8] c\"{}\", align 1\n@.kiln.rterr = private unnamed_addr constant [13 x i8] c\"RuntimeError\\00\", align 1",
+            emit::c_string(missing)
+        );
+        let _ = writeln!(
+            s,
+            "define internal i32 @__kiln_device_launch(i32 %k, i32 %dev, i8* %args, i32 %n, i64* %dims) nounwind {{\nentry:\n  %f = load i8*, i8** @__KilnDeviceLaunch, align 8\n  %m = load i8*, i8** @__kiln_device_module, align 8\n  %fnull = icmp eq i8* %f, null\n  %mnull = icmp eq i8* %m, null\n  %none = or i1 %fnull, %mnull\n  br i1 %none, label %missing, label %launch\nlaunch:\n  %fp = bitcast i8* %f to i32 (i8*, i32, i32, i8*, i32, i64*, i64*)*\n  %blk = getelementptr inbounds i64, i64* %dims, i64 3\n  %r = call i32 %fp(i8* %m, i32 %k, i32 %dev, i8* %args, i32 %n, i64* %dims, i64* %blk)\n  ret i32 %r\nmissing:\n  call void @__kiln_raise(i8* getelementptr inbounds ([13 x i8], [13 x i8]* @.kiln.rterr, i64 0, i64 0), i8* getelementptr inbounds ([{len} x i8], [{len} x i8]* @.kiln.nodev, i64 0, i64 0))\n  ret i32 -1\n}}"
+        );
+    }
     if mt.uses_workspace {
         slot(&mut s, "__TVMBackendAllocWorkspace");
         slot(&mut s, "__TVMBackendFreeWorkspace");
@@ -599,6 +632,9 @@ struct JitInner {
     _code: jit::JitCode,
     tiers: Arc<tiering::Tiers>,
     _checks: Box<jit::LazyChecks>,
+    /// The device module the host code launches kernels through (device targets only); its
+    /// address is baked into the code, so it lives as long as the code.
+    _device: Option<Arc<crate::device_api::kernels::DeviceModule>>,
 }
 
 /// A module compiled by the LLVM backend: its functions run in-process (JIT), and it can be
@@ -639,16 +675,39 @@ impl LlvmModule {
     /// # Errors
     /// As [`LlvmModule::jit`].
     pub fn jit_with(module: &IRModule, opts: &CodegenOptions, tiering: Tiering) -> R<Self> {
+        Self::jit_impl(module, opts, tiering, None)
+    }
+
+    /// The host code of a device target (`opts.device_host`), launching its kernels through
+    /// `device`.
+    pub(crate) fn jit_device(
+        module: &IRModule,
+        opts: &CodegenOptions,
+        device: Arc<crate::device_api::kernels::DeviceModule>,
+    ) -> R<Self> {
+        Self::jit_impl(module, opts, Tiering::from_env(), Some(device))
+    }
+
+    fn jit_impl(
+        module: &IRModule,
+        opts: &CodegenOptions,
+        tiering: Tiering,
+        device: Option<Arc<crate::device_api::kernels::DeviceModule>>,
+    ) -> R<Self> {
         let opts = opts.clone().resolved();
         crate::codegen::parallel::register_runtime_symbols();
         crate::device_api::init();
+        crate::device_api::kernels::register_runtime_symbols();
         let suffix = jit::unique_suffix();
         let ir = Arc::new(module.clone());
         let checks = Box::new(jit::LazyChecks::new(ir.clone(), &opts, &suffix));
         let quick = tiering.quick_first(&opts);
         let compute = compute_symbols(module, &suffix);
         let tiers = Arc::new(tiering::Tiers::new(compute.len(), tiering, &opts));
-        let linkage = checks.linkage(tiers.table_address());
+        let mut linkage = checks.linkage(tiers.table_address());
+        if let (Some(d), Linkage::Jit { slots, .. }) = (&device, &mut linkage) {
+            slots.push(("__kiln_device_module".into(), Arc::as_ptr(d) as usize));
+        }
         // The wrappers (`optnone`) take no passes and the lowest code generation level, as do
         // quick compute functions. They compile on the helper thread while this one compiles
         // the compute functions: on a 2-core machine the shorter of the two is hidden.
@@ -696,6 +755,7 @@ impl LlvmModule {
                 _code: code,
                 tiers,
                 _checks: checks,
+                _device: device,
             }),
         })
     }
@@ -775,7 +835,24 @@ fn compile_object(
     linkage: &Linkage,
     ft: FileType,
 ) -> R<Vec<u8>> {
-    compile_text(&generate_ir(module, o, linkage)?, o, Passes::Default, ft)
+    let mut text = generate_ir(module, o, linkage)?;
+    if let Linkage::Export = linkage {
+        add_device_meta(&mut text, o);
+    }
+    compile_text(&text, o, Passes::Default, ft)
+}
+
+/// Appends an exported library's device code and kernel table (`o.device_meta`), for kiln's
+/// loader (`device_api::kernels`), as the constant string `__kiln_device_meta`.
+fn add_device_meta(text: &mut String, o: &CodegenOptions) {
+    if let Some(meta) = &o.device_meta {
+        let len = meta.len() + 1;
+        let _ = writeln!(
+            text,
+            "@__kiln_device_meta = constant [{len} x i8] c\"{}\", align 1",
+            emit::c_string(meta)
+        );
+    }
 }
 
 /// Parses, optimizes and emits LLVM IR text as an object or assembly, with a target machine
@@ -812,7 +889,8 @@ fn with_optimized<T>(
 /// The optimized LLVM IR of `module` as exported.
 fn optimized_ll(module: &IRModule, o: &CodegenOptions) -> R<String> {
     let o = o.clone().resolved();
-    let text = generate_ir(module, &o, &Linkage::Export)?;
+    let mut text = generate_ir(module, &o, &Linkage::Export)?;
+    add_device_meta(&mut text, &o);
     with_optimized(&text, &o, Passes::Default, |m, _| {
         Ok(m.print_to_string().to_string())
     })

@@ -477,6 +477,18 @@ pub fn emit(
         let ok = c.e.assign("i1", format!("or i1 {}, {}", empty.v, nn.v));
         let nm = format!("{} data pointer is NULL", b.name);
         c.check(&ok.v, "ValueError", &nm, *i, Some("non-NULL data pointer"));
+        if c.e.opts.device_host {
+            // Device memory is a handle: an offset into it cannot be added on the host.
+            let ok = c.e.assign("i1", format!("icmp eq i64 {}, 0", bo.v));
+            let nm = format!("Invalid {}.byte_offset", b.name);
+            c.check(
+                &ok.v,
+                "ValueError",
+                &nm,
+                *i,
+                Some("0 (device tensors are handles)"),
+            );
+        }
         let data = c.e.assign(
             "i8*",
             format!("getelementptr i8, i8* {}, i64 {}", dp.v, bo.v),
@@ -510,6 +522,14 @@ pub fn emit(
         compute_params.push(format!("{} %var{}", v.ty, id.0));
         compute_args.push(v.typed());
         var_params.push((*id, v.ty.clone()));
+    }
+    if c.e.opts.device_host {
+        // The device the kernels launch on: the tensors' (checked equal above).
+        let dev = first_dev
+            .as_ref()
+            .map_or_else(|| "0".to_owned(), |(_, d)| d.v.clone());
+        compute_params.push("i32 %devid".into());
+        compute_args.push(format!("i32 {dev}"));
     }
     compute_params.push("i8* %ret_slot".into());
     compute_args.push("i8* %ret_any".into());
