@@ -661,3 +661,20 @@ fn code_outside_thread_loops_runs_in_every_thread() {
         &[64.0, 64.0, 64.0, 64.0, 0.0]
     );
 }
+
+#[test]
+fn the_documented_kernel_runs() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ir.md")).unwrap();
+    let block = doc
+        .split("```json\n")
+        .find(|b| b.contains("sum64"))
+        .unwrap();
+    let m = IRModule::from_json_str(block.split("\n```").next().unwrap()).unwrap();
+    let x = data(64, 5);
+    let mut args = [buffer(&[64], &x), zeros(&[1])];
+    run(&m.functions[0], &mut args).unwrap();
+    let want = x.iter().fold(0f32, |acc, v| acc + v);
+    assert_eq!(args[1].to_vec::<f32>().unwrap(), vec![want]);
+    check_device_limits(&m.functions[0], 64, 256).unwrap();
+    assert!(check_device_limits(&m.functions[0], 32, 256).is_err());
+}
