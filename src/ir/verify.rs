@@ -585,15 +585,13 @@ impl<'a> Verifier<'a> {
                 "shared buffer `{}` is allocated outside a device kernel",
                 b.name
             )),
-            (StorageScope::Shared, true) => {
-                if b.const_numel().is_none() {
-                    let shape: Vec<String> = b.shape.iter().map(|d| d.to_string()).collect();
-                    self.err(format!(
-                        "shared buffer `{}` needs a constant shape, found [{}]",
-                        b.name,
-                        shape.join(", ")
-                    ));
-                }
+            (StorageScope::Shared, true) if b.const_numel().is_none() => {
+                let shape: Vec<String> = b.shape.iter().map(|d| d.to_string()).collect();
+                self.err(format!(
+                    "shared buffer `{}` needs a constant shape, found [{}]",
+                    b.name,
+                    shape.join(", ")
+                ));
             }
             (StorageScope::Workspace, true) => self.err(format!(
                 "workspace buffer `{}` is allocated inside a device kernel (use local or shared)",
