@@ -108,7 +108,7 @@ fn unknown_fields_are_rejected_with_their_path() {
     assert_eq!(path, "$.functions[0].body.unroll");
     assert!(
         msg.starts_with(
-            "unknown field `unroll`, expected one of: stmt, var, min, extent, kind, body"
+            "unknown field `unroll`, expected one of: stmt, var, min, extent, kind, thread, body"
         ),
         "{msg}"
     );
@@ -238,7 +238,7 @@ fn every_json_example_in_the_docs_reads_and_verifies() {
         m.verify().unwrap_or_else(|e| panic!("{e}\n{m}"));
         found += 1;
     }
-    assert_eq!(found, 2);
+    assert_eq!(found, 3);
 }
 
 #[test]

@@ -477,7 +477,7 @@ case!(
         t.allocate(eval(Expr::from(0i32)))
     }),
     ".body.buffer",
-    "allocated buffer `T` has scope global, expected local or workspace"
+    "allocated buffer `T` has scope global, expected local, workspace or shared"
 );
 case!(
     buffer_data_is_a_handle,

@@ -9,7 +9,7 @@ use std::ops;
 use super::dtype::DataType;
 use super::expr::{BinOp, Expr, Intrinsic, Var};
 use super::func::{Buffer, StorageScope};
-use super::stmt::{ForKind, Stmt};
+use super::stmt::{ForKind, Stmt, ThreadTag};
 
 /// A constant of any numeric or bool type (floats for float types, otherwise rounded toward zero).
 pub fn constant(dtype: DataType, value: f64) -> Expr {
@@ -341,6 +341,41 @@ pub fn for_range(
         extent,
         kind,
         body: Box::new(body),
+    }
+}
+
+/// A loop bound to a GPU-style thread index: `for name in thread_binding[tag](0, extent)`, the
+/// loop variable having the extent's type (see [`super::device`] for the execution model).
+///
+/// ```
+/// use kiln::ir::{builder::*, Buffer, DataType, Expr, ThreadTag};
+/// let a = Buffer::new("A", DataType::f32(), vec![Expr::from(256i64)]);
+/// let k = thread_for("bx", Expr::from(4i64), ThreadTag::Block(0), |bx| {
+///     thread_for("tx", Expr::from(64i64), ThreadTag::Thread(0), |tx| {
+///         a.store([bx * 64i64 + tx], Expr::from(0.0f32))
+///     })
+/// });
+/// assert!(k.to_string().contains("thread_binding[threadIdx.x]"));
+/// ```
+pub fn thread_for(
+    name: &str,
+    extent: impl Into<Expr>,
+    tag: ThreadTag,
+    body: impl FnOnce(Expr) -> Stmt,
+) -> Stmt {
+    for_range(name, extent, ForKind::ThreadBinding(tag), body)
+}
+
+/// A work-group barrier (`Stmt::Barrier`): in a kernel, inside a `threadIdx` loop.
+pub fn barrier() -> Stmt {
+    Stmt::Barrier
+}
+
+impl Buffer {
+    /// A `shared` (per block) buffer for a device kernel, compact, with a constant shape.
+    pub fn shared(name: &str, dtype: DataType, shape: &[i64]) -> Buffer {
+        let dims = shape.iter().map(|d| Expr::from(*d)).collect();
+        Buffer::new(name, dtype, dims).with_scope(StorageScope::Shared)
     }
 }
 

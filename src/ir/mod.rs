@@ -40,6 +40,7 @@
 //! ```
 
 pub mod builder;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod expr;

@@ -18,6 +18,14 @@
 //! - **Loops**: a `parallel` loop may not be nested inside another `parallel` or a `vectorized`
 //!   loop; `vectorized` and `unrolled` loops need a constant extent; `return` may not appear
 //!   inside a `parallel` loop.
+//! - **Device code** (see [`super::device`]): `thread_binding` loops start at 0 and their extents
+//!   use only variables bound outside the kernel; `threadIdx` loops are inside a `blockIdx` loop,
+//!   no `blockIdx` loop is inside a `threadIdx` loop and no tag inside itself; a tag has one
+//!   extent (structurally equal) per kernel; no `parallel` loop in a kernel and no kernel in a
+//!   `parallel` or `vectorized` loop; `shared` allocations only in kernels, with constant shapes;
+//!   no `workspace` allocation and no `return` in a kernel; `barrier` only in a kernel, inside a
+//!   `threadIdx` loop, and not under an `if` or loop whose condition or bounds depend on a
+//!   `threadIdx` variable (directly, through `let`s, or through loads of kernel-`local` buffers).
 //! - **Functions**: parameter names are unique; `return` only with a `ret_type`; `global_symbol`
 //!   is a C identifier; function names and global symbols are unique in a module; at most one
 //!   function is the entry.
@@ -30,7 +38,7 @@ use super::dtype::DataType;
 use super::error::{IrError, IrResult};
 use super::expr::{BinOp, Expr, Intrinsic, Var, VarId};
 use super::func::{Buffer, IRModule, Param, PrimFunc, StorageScope};
-use super::stmt::{ForKind, Stmt};
+use super::stmt::{ForKind, Stmt, ThreadTag};
 
 /// The deepest nesting of IR nodes the verifier (and so the interpreter) accepts.
 pub const MAX_NESTING: usize = 256;
@@ -100,6 +108,11 @@ fn check_func(f: &PrimFunc, root: &str) -> Vec<IrError> {
         loops: Vec::new(),
         ret_type: f.ret_type,
         depth: 0,
+        kernel: None,
+        thread_loops: Vec::new(),
+        tainted: HashSet::new(),
+        kernel_locals: HashSet::new(),
+        divergent: Vec::new(),
     };
     v.func(f);
     v.errors
@@ -125,6 +138,25 @@ struct Verifier<'a> {
     loops: Vec<ForKind>,
     ret_type: Option<DataType>,
     depth: usize,
+    /// The kernel being checked, if inside one.
+    kernel: Option<KernelCtx<'a>>,
+    /// Enclosing thread-bound loops (tag, variable name), outermost first.
+    thread_loops: Vec<(ThreadTag, &'a str)>,
+    /// Variables whose value depends on a `threadIdx` variable.
+    tainted: HashSet<VarId>,
+    /// `local` buffers allocated in the current kernel (per thread: loads depend on the thread).
+    kernel_locals: HashSet<VarId>,
+    /// Enclosing thread-dependent `if`s and loops in the current kernel, described.
+    divergent: Vec<String>,
+}
+
+struct KernelCtx<'a> {
+    /// Node path of the kernel's outermost loop.
+    path: String,
+    /// The first extent seen for each tag, with its path.
+    extents: HashMap<ThreadTag, (&'a Expr, String)>,
+    /// Variables in scope where the kernel starts (launch extents may use these only).
+    outer: HashSet<VarId>,
 }
 
 impl<'a> Verifier<'a> {
@@ -263,7 +295,7 @@ impl<'a> Verifier<'a> {
                 s.name()
             )),
             (false, StorageScope::Global) => self.err(format!(
-                "allocated buffer `{}` has scope global, expected local or workspace",
+                "allocated buffer `{}` has scope global, expected local, workspace or shared",
                 b.name
             )),
             (false, _) => {}
@@ -379,7 +411,15 @@ impl<'a> Verifier<'a> {
                 });
                 match kind {
                     ForKind::Parallel => {
-                        if let Some(outer) = self
+                        if let Some(k) = &self.kernel {
+                            let kp = k.path.clone();
+                            self.at(".kind", |s| {
+                                s.err(format!(
+                                    "parallel loop `{}` inside the device kernel at {kp}",
+                                    var.name
+                                ))
+                            });
+                        } else if let Some(outer) = self
                             .loops
                             .iter()
                             .find(|k| matches!(k, ForKind::Parallel | ForKind::Vectorized))
@@ -404,12 +444,28 @@ impl<'a> Verifier<'a> {
                             });
                         }
                     }
-                    ForKind::Serial | ForKind::ThreadBinding(_) => {}
+                    ForKind::Serial => {}
+                    ForKind::ThreadBinding(tag) => {
+                        return self.thread_loop(var, min, extent, *tag, body);
+                    }
+                }
+                let mut diverges = false;
+                if self.kernel.is_some() && (self.depends(min) || self.depends(extent)) {
+                    self.tainted.insert(var.id);
+                    diverges = true;
+                    let d = format!(
+                        "loop `{}` at {} (its bounds depend on threadIdx)",
+                        var.name, self.path
+                    );
+                    self.divergent.push(d);
                 }
                 self.bind(var);
                 self.loops.push(*kind);
                 self.at(".body", |s| s.stmt(body));
                 self.loops.pop();
+                if diverges {
+                    self.divergent.pop();
+                }
                 self.scope.remove(&var.id);
             }
             Stmt::Store {
@@ -430,6 +486,7 @@ impl<'a> Verifier<'a> {
             }
             Stmt::Allocate { buffer, body } => {
                 self.at(".buffer", |s| s.buffer_decl(buffer, false));
+                self.at(".buffer", |s| s.device_allocation(buffer));
                 self.at(".body", |s| s.stmt(body));
                 self.buffers.remove(&buffer.data.id);
             }
@@ -444,6 +501,9 @@ impl<'a> Verifier<'a> {
                         ));
                     }
                 });
+                if self.kernel.is_some() && self.depends(value) {
+                    self.tainted.insert(var.id);
+                }
                 self.bind(var);
                 self.at(".body", |s| s.stmt(body));
                 self.scope.remove(&var.id);
@@ -454,9 +514,17 @@ impl<'a> Verifier<'a> {
                 else_case,
             } => {
                 self.cond(cond, "if");
+                let diverges = self.kernel.is_some() && self.depends(cond);
+                if diverges {
+                    let d = format!("`if` at {} (its condition depends on threadIdx)", self.path);
+                    self.divergent.push(d);
+                }
                 self.at(".then", |s| s.stmt(then_case));
                 if let Some(e) = else_case {
                     self.at(".else", |s| s.stmt(e));
+                }
+                if diverges {
+                    self.divergent.pop();
                 }
             }
             Stmt::Seq(v) => {
@@ -468,7 +536,18 @@ impl<'a> Verifier<'a> {
                 self.at(".value", |s| s.expr(e));
             }
             Stmt::Assert { cond, .. } => self.cond(cond, "assert"),
-            Stmt::Barrier => {}
+            Stmt::Barrier => {
+                if self.kernel.is_none() {
+                    self.err("barrier outside a device kernel");
+                } else if !self.thread_loops.iter().any(|(t, _)| t.is_thread()) {
+                    self.err("barrier outside every threadIdx loop; it must be inside one");
+                } else if let Some(d) = self.divergent.last() {
+                    let d = d.clone();
+                    self.err(format!(
+                        "barrier under the thread-dependent {d}: not every thread of the block may reach it"
+                    ));
+                }
+            }
             Stmt::Return(e) => {
                 let t = self.at(".value", |s| s.expr(e));
                 match self.ret_type {
@@ -481,7 +560,165 @@ impl<'a> Verifier<'a> {
                 if self.loops.contains(&ForKind::Parallel) {
                     self.err("`return` inside a parallel loop");
                 }
+                if self.kernel.is_some() {
+                    self.err("`return` inside a device kernel");
+                }
             }
+        }
+    }
+
+    /// Whether `e` depends on a `threadIdx` variable: it mentions one, a variable whose value
+    /// does, or loads from a kernel-`local` (per-thread) buffer.
+    fn depends(&self, e: &Expr) -> bool {
+        let uses = e.free_uses();
+        uses.vars.iter().any(|v| self.tainted.contains(&v.id))
+            || uses
+                .buffers
+                .iter()
+                .any(|b| self.kernel_locals.contains(&b.data.id))
+    }
+
+    /// The device rules for an allocation.
+    fn device_allocation(&mut self, b: &'a Buffer) {
+        match (b.scope, self.kernel.is_some()) {
+            (StorageScope::Shared, false) => self.err(format!(
+                "shared buffer `{}` is allocated outside a device kernel",
+                b.name
+            )),
+            (StorageScope::Shared, true) if b.const_numel().is_none() => {
+                let shape: Vec<String> = b.shape.iter().map(|d| d.to_string()).collect();
+                self.err(format!(
+                    "shared buffer `{}` needs a constant shape, found [{}]",
+                    b.name,
+                    shape.join(", ")
+                ));
+            }
+            (StorageScope::Workspace, true) => self.err(format!(
+                "workspace buffer `{}` is allocated inside a device kernel (use local or shared)",
+                b.name
+            )),
+            (StorageScope::Local, true) => {
+                self.kernel_locals.insert(b.data.id);
+            }
+            _ => {}
+        }
+    }
+
+    /// A `thread_binding` loop: the device rules, then the body.
+    fn thread_loop(
+        &mut self,
+        var: &'a Var,
+        min: &'a Expr,
+        extent: &'a Expr,
+        tag: ThreadTag,
+        body: &'a Stmt,
+    ) {
+        if min.as_int() != Some(0) {
+            self.at(".min", |s| {
+                s.err(format!(
+                    "thread_binding loop `{}` ({tag}) must start at 0, found `{min}`",
+                    var.name
+                ))
+            });
+        }
+        let starts_kernel = self.kernel.is_none();
+        if starts_kernel {
+            if let Some(outer) = self
+                .loops
+                .iter()
+                .find(|k| matches!(k, ForKind::Parallel | ForKind::Vectorized))
+            {
+                let outer = outer.name();
+                self.at(".kind", |s| {
+                    s.err(format!(
+                        "device kernel `{}` ({tag}) is nested inside a {outer} loop",
+                        var.name
+                    ))
+                });
+            }
+            self.kernel = Some(KernelCtx {
+                path: self.path.clone(),
+                extents: HashMap::new(),
+                outer: self.scope.keys().copied().collect(),
+            });
+        }
+        // Nesting of tags.
+        let same = self.thread_loops.iter().find(|(t, _)| *t == tag).copied();
+        let inner_thread = self
+            .thread_loops
+            .iter()
+            .find(|(t, _)| t.is_thread())
+            .copied();
+        let has_block = self.thread_loops.iter().any(|(t, _)| !t.is_thread());
+        if let Some((_, outer)) = same {
+            self.at(".kind", |s| {
+                s.err(format!(
+                    "{tag} loop `{}` is nested inside another {tag} loop `{outer}`",
+                    var.name
+                ))
+            });
+        } else if tag.is_thread() && !has_block {
+            self.at(".kind", |s| {
+                s.err(format!(
+                    "{tag} loop `{}` is not inside a blockIdx loop",
+                    var.name
+                ))
+            });
+        } else if let (false, Some((t, outer))) = (tag.is_thread(), inner_thread) {
+            self.at(".kind", |s| {
+                s.err(format!(
+                    "{tag} loop `{}` is nested inside the {t} loop `{outer}`",
+                    var.name
+                ))
+            });
+        }
+        // Launch extents: variables from outside the kernel, one extent per tag.
+        let inside: Vec<String> = {
+            let k = self.kernel.as_ref().expect("set above");
+            extent
+                .free_uses()
+                .vars
+                .iter()
+                .filter(|v| !k.outer.contains(&v.id))
+                .map(|v| v.name.to_string())
+                .collect()
+        };
+        if let Some(name) = inside.first() {
+            self.at(".extent", |s| {
+                s.err(format!(
+                    "{tag} extent `{extent}` uses `{name}`, bound inside the kernel; launch extents may only use variables bound outside it"
+                ))
+            });
+        }
+        let path = format!("{}.extent", self.path);
+        let k = self.kernel.as_mut().expect("set above");
+        match k.extents.get(&tag) {
+            Some((prev, p)) if *prev != extent => {
+                let msg = format!(
+                    "{tag} has extent `{extent}` here but `{prev}` at {p}; a tag has one extent in a kernel"
+                );
+                self.at(".extent", |s| s.err(msg));
+            }
+            Some(_) => {}
+            None => {
+                k.extents.insert(tag, (extent, path));
+            }
+        }
+        self.bind(var);
+        if tag.is_thread() {
+            self.tainted.insert(var.id);
+        }
+        self.thread_loops.push((tag, &*var.name));
+        self.loops.push(ForKind::ThreadBinding(tag));
+        self.at(".body", |s| s.stmt(body));
+        self.loops.pop();
+        self.thread_loops.pop();
+        self.scope.remove(&var.id);
+        if starts_kernel {
+            self.kernel = None;
+            self.tainted.clear();
+            self.kernel_locals.clear();
+            self.divergent.clear();
         }
     }
 
