@@ -7,13 +7,12 @@
 //! and scalar variables, in order of first use) and its launch extents (the `blockIdx.*` and
 //! `threadIdx.*` extents, which the host evaluates).
 //!
-//! The host code generator (LLVM) replaces the `k`-th nest of a function by a launch of kernel
-//! `k`; the device code generator (OpenCL C) emits the nest as kernel `k` with the same
-//! parameters in the same order. Both read the same [`KernelPlan`], so they cannot disagree.
+//! The host code generator (LLVM) replaces each nest by a launch of its kernel (found by the
+//! nest itself); the device code generator (OpenCL C) emits the nest as that kernel with the
+//! same parameters in the same order. Both read the same [`KernelPlan`], so they cannot
+//! disagree.
 
-use std::collections::HashSet;
-
-use crate::ir::{Buffer, DataType, Expr, ForKind, IRModule, PrimFunc, Stmt, StorageScope, Var};
+use crate::ir::{Buffer, DataType, Expr, IRModule, PrimFunc, Stmt, StorageScope, Var};
 
 use super::{CodegenError, CodegenResult};
 
@@ -76,48 +75,11 @@ pub struct KernelPlan {
     pub block: [Expr; 3],
 }
 
-/// Whether `s` contains a thread-bound loop.
-pub fn has_kernels(s: &Stmt) -> bool {
-    let mut found = false;
-    walk_nests(s, &mut |_| found = true);
-    found
-}
-
-/// Calls `f` on every outermost thread-bound nest of `s`, in walk order.
-fn walk_nests<'a>(s: &'a Stmt, f: &mut dyn FnMut(&'a Stmt)) {
-    match s {
-        Stmt::For {
-            kind: ForKind::ThreadBinding(_),
-            ..
-        } => f(s),
-        Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {
-            walk_nests(body, f)
-        }
-        Stmt::IfThenElse {
-            then_case,
-            else_case,
-            ..
-        } => {
-            walk_nests(then_case, f);
-            if let Some(e) = else_case {
-                walk_nests(e, f);
-            }
-        }
-        Stmt::Seq(v) => v.iter().for_each(|s| walk_nests(s, f)),
-        Stmt::Store { .. }
-        | Stmt::Evaluate(_)
-        | Stmt::Assert { .. }
-        | Stmt::Return(_)
-        | Stmt::Barrier => {}
-    }
-}
-
 /// The kernels of every exported function of `module`, in module order.
 ///
 /// # Errors
-/// [`CodegenError::Unsupported`] for a nest the split cannot launch: a launch extent that
-/// depends on a variable bound inside the nest, or a nest that captures a buffer which is not
-/// in device memory (a host `local` allocation).
+/// [`CodegenError::Unsupported`] for a nest the split cannot launch: one that captures a buffer
+/// which is not in device memory (a host `local` allocation) or a non-scalar variable.
 pub fn plan_module(module: &IRModule) -> CodegenResult<Vec<KernelPlan>> {
     let mut out = Vec::new();
     for f in &module.functions {
@@ -126,17 +88,15 @@ pub fn plan_module(module: &IRModule) -> CodegenResult<Vec<KernelPlan>> {
     Ok(out)
 }
 
-/// The kernels of one function, in walk order.
+/// The kernels of one function, in walk order ([`crate::ir::device::kernels`]).
 ///
 /// # Errors
 /// As [`plan_module`].
 pub fn plan_function(f: &PrimFunc) -> CodegenResult<Vec<KernelPlan>> {
-    let mut nests = Vec::new();
-    walk_nests(&f.body, &mut |s| nests.push(s));
-    nests
+    crate::ir::device::kernels(f)
         .into_iter()
         .enumerate()
-        .map(|(k, nest)| plan_nest(f, k, nest))
+        .map(|(k, (_, nest))| plan_nest(f, k, nest))
         .collect()
 }
 
@@ -167,39 +127,18 @@ fn plan_nest(f: &PrimFunc, k: usize, nest: &Stmt) -> CodegenResult<KernelPlan> {
         }
         params.push(KernelParam::Scalar(v.clone()));
     }
-    // Launch extents, one per tag; the verifier makes every loop of a tag agree.
+    // Launch extents, one per tag (the verifier makes every loop of a tag agree, and keeps
+    // them computable by the host).
     let one = || Expr::from(1i64);
     let mut grid = [one(), one(), one()];
     let mut block = [one(), one(), one()];
-    let mut seen = HashSet::new();
-    let mut bound = HashSet::new();
-    let mut bad = None;
-    collect_extents(
-        nest,
-        &mut |tag, extent, inner_bound| {
-            if bad.is_some() || !seen.insert(tag) {
-                return;
-            }
-            let free = extent.free_uses();
-            if let Some(v) = free.vars.iter().find(|v| inner_bound.contains(&v.id)) {
-                bad = Some(format!(
-                    "the extent `{extent}` of {tag} uses `{}`, which is bound inside the kernel; \
-                 launch extents must be computable by the host",
-                    v.name
-                ));
-                return;
-            }
-            let slot = if tag.is_thread() {
-                &mut block
-            } else {
-                &mut grid
-            };
-            slot[tag.axis()] = extent.clone();
-        },
-        &mut bound,
-    );
-    if let Some(m) = bad {
-        return Err(err(m));
+    for (tag, extent) in crate::ir::device::launch_extents(nest) {
+        let slot = if tag.is_thread() {
+            &mut block
+        } else {
+            &mut grid
+        };
+        slot[tag.axis()] = extent.clone();
     }
     Ok(KernelPlan {
         name,
@@ -210,46 +149,6 @@ fn plan_nest(f: &PrimFunc, k: usize, nest: &Stmt) -> CodegenResult<KernelPlan> {
         grid,
         block,
     })
-}
-
-/// Calls `f(tag, extent, vars bound around it inside the nest)` for every thread-bound loop.
-fn collect_extents(
-    s: &Stmt,
-    f: &mut dyn FnMut(crate::ir::ThreadTag, &Expr, &HashSet<crate::ir::VarId>),
-    bound: &mut HashSet<crate::ir::VarId>,
-) {
-    match s {
-        Stmt::For {
-            var,
-            extent,
-            kind,
-            body,
-            ..
-        } => {
-            if let ForKind::ThreadBinding(tag) = kind {
-                f(*tag, extent, bound);
-            }
-            bound.insert(var.id);
-            collect_extents(body, f, bound);
-        }
-        Stmt::Let { var, body, .. } => {
-            bound.insert(var.id);
-            collect_extents(body, f, bound);
-        }
-        Stmt::Allocate { body, .. } => collect_extents(body, f, bound),
-        Stmt::IfThenElse {
-            then_case,
-            else_case,
-            ..
-        } => {
-            collect_extents(then_case, f, bound);
-            if let Some(e) = else_case {
-                collect_extents(e, f, bound);
-            }
-        }
-        Stmt::Seq(v) => v.iter().for_each(|s| collect_extents(s, f, bound)),
-        _ => {}
-    }
 }
 
 /// The bytes a buffer parameter spans: `numel * element size` for a compact buffer, or one past

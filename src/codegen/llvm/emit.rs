@@ -248,9 +248,6 @@ pub(crate) struct Emitter<'m> {
     lambdas: usize,
     metadata: &'m mut Vec<String>,
     md_next: &'m mut usize,
-    /// Thread-bound nests of this function met so far (the next one is kernel number
-    /// `kernels_seen` of the function).
-    kernels_seen: usize,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -285,7 +282,6 @@ impl<'m> Emitter<'m> {
             lambdas: 0,
             metadata,
             md_next,
-            kernels_seen: 0,
         }
     }
 
@@ -1307,22 +1303,21 @@ impl<'m> Emitter<'m> {
 
     /// A thread-bound nest in host code: launch its kernel on the current stream.
     fn launch_kernel(&mut self, nest: &Stmt) -> R<()> {
-        let k = self.kernels_seen;
-        self.kernels_seen += 1;
+        // Found by the nest itself: an unrolled host loop emits one nest several times, and
+        // two equal nests compile to the same kernel.
         let fname = self.fname.clone();
         let Some((index, plan)) = self
             .opts
             .kernels
             .iter()
             .enumerate()
-            .find(|(_, p)| p.func == fname && p.index_in_func == k)
+            .find(|(_, p)| p.func == fname && p.nest == *nest)
         else {
             return Err(unsupported(format!(
                 "function `{fname}`: thread-bound loops (`thread_binding`) run on a device; target `{}` has none (use a device target such as `opencl`)",
                 self.opts.device_name
             )));
         };
-        debug_assert!(&plan.nest == nest, "kernel plans follow the walk order");
         let plan = plan.clone();
         self.m.uses_device = true;
         let n = plan.params.len().max(1);

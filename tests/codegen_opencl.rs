@@ -1,0 +1,522 @@
+//! The OpenCL backend end to end: the host/device split, OpenCL C generation, launches on the
+//! current stream of a real OpenCL device (PoCL in CI), exported libraries with device code,
+//! and the bad inputs of each. Tests that need a device skip visibly without one, and fail
+//! under `KILN_REQUIRE_OPENCL=1` (CI).
+
+mod common;
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+
+use kiln::codegen::opencl::OpenClModule;
+use kiln::device_api::{Device, DeviceApi, Tensor};
+use kiln::ir::builder::{barrier, for_range, if_then_else, size_var, thread_for};
+use kiln::ir::interp::{run, HostBuffer, InterpArg};
+use kiln::ir::{
+    BinOp, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, StorageScope,
+    ThreadTag,
+};
+use kiln::packed_func::ffi::{TVMFFIAny, TVMFFISafeCallType};
+use kiln::packed_func::{AnyView, Module, PackedFunc};
+use kiln::target::Target;
+
+const BX: ThreadTag = ThreadTag::Block(0);
+const TX: ThreadTag = ThreadTag::Thread(0);
+
+fn opencl() -> Target {
+    Target::parse(r#"{"kind": "opencl"}"#).unwrap()
+}
+
+/// `C[i] = A[i] + B[i]` for `i < n`, 64 threads per block, `ceil(n / 64)` blocks.
+fn vadd() -> PrimFunc {
+    let n = size_var("n");
+    let ne = Expr::Var(n.clone());
+    let buf = |name: &str| Buffer::new(name, DataType::f32(), vec![ne.clone()]);
+    let (a, b, c) = (buf("A"), buf("B"), buf("C"));
+    let blocks = (ne.clone() + 63i64).floordiv(64i64);
+    let body = thread_for("bx", blocks, BX, |bx| {
+        thread_for("tx", Expr::from(64i64), TX, |tx| {
+            let i = bx * 64i64 + tx;
+            if_then_else(
+                i.clone().lt(ne.clone()),
+                c.store([i.clone()], a.load([i.clone()]) + b.load([i])),
+                None,
+            )
+        })
+    });
+    PrimFunc::new(
+        "vadd",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+}
+
+/// `S[r] = sum_j X[r, j]`: one block per row, 64 threads, a tree reduction in shared memory.
+fn rowsum(rows: i64, cols: i64) -> PrimFunc {
+    let x = Buffer::new(
+        "X",
+        DataType::f32(),
+        vec![Expr::from(rows), Expr::from(cols)],
+    );
+    let s = Buffer::new("S", DataType::f32(), vec![Expr::from(rows)]);
+    let sh = Buffer::shared("sh", DataType::f32(), &[64]);
+    let body = thread_for("r", Expr::from(rows), BX, |r| {
+        sh.allocate(thread_for("t", Expr::from(64i64), TX, |t| {
+            let mut steps = vec![
+                sh.store([t.clone()], Expr::from(0.0f32)),
+                for_range("j", Expr::from(cols.div_ceil(64)), ForKind::Serial, |j| {
+                    let col = j * 64i64 + t.clone();
+                    if_then_else(
+                        col.clone().lt(Expr::from(cols)),
+                        sh.store(
+                            [t.clone()],
+                            sh.load([t.clone()]) + x.load([r.clone(), col]),
+                        ),
+                        None,
+                    )
+                }),
+                barrier(),
+            ];
+            let mut w = 32i64;
+            while w >= 1 {
+                steps.push(if_then_else(
+                    t.clone().lt(Expr::from(w)),
+                    sh.store(
+                        [t.clone()],
+                        sh.load([t.clone()]) + sh.load([t.clone() + w]),
+                    ),
+                    None,
+                ));
+                steps.push(barrier());
+                w /= 2;
+            }
+            steps.push(if_then_else(
+                t.clone().eq_(Expr::from(0i64)),
+                s.store([r.clone()], sh.load([Expr::from(0i64)])),
+                None,
+            ));
+            Stmt::seq(steps)
+        }))
+    });
+    PrimFunc::new("rowsum", vec![Param::Buffer(x), Param::Buffer(s)], body)
+}
+
+fn build(f: PrimFunc) -> OpenClModule {
+    let m = IRModule::from_functions(vec![f]);
+    m.verify().unwrap();
+    OpenClModule::build(&m, &opencl()).unwrap()
+}
+
+fn views(ts: &[&Tensor]) -> Vec<AnyView<'static>> {
+    ts.iter()
+        .map(|t| {
+            // SAFETY (test): the tensors outlive every call made with these views.
+            let d: &'static kiln::packed_func::DLTensor =
+                unsafe { &*(t.as_dltensor() as *const _) };
+            AnyView::from(d)
+        })
+        .collect()
+}
+
+fn call(f: &PackedFunc, ts: &[&Tensor]) -> Result<(), String> {
+    f.call(&views(ts)).map(|_| ()).map_err(|e| e.to_string())
+}
+
+fn floats(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 100.0)
+        .collect()
+}
+
+// ----- without a device ----------------------------------------------------------------------
+
+#[test]
+fn each_thread_bound_nest_becomes_one_opencl_kernel() {
+    let m = IRModule::from_functions(vec![vadd()]);
+    let (plans, src, infos) = kiln::codegen::opencl::device_code(&m, &opencl()).unwrap();
+    assert_eq!(plans.len(), 1);
+    assert_eq!(infos[0].name, "vadd_kernel0");
+    assert!(src.contains("__kernel void vadd_kernel0("), "{src}");
+    assert!(src.contains("get_group_id(0)") && src.contains("get_local_id(0)"), "{src}");
+    assert!(src.contains("reqd_work_group_size(64, 1, 1)"), "{src}");
+    // A, B, C and n: three buffers and the shape variable.
+    assert_eq!(infos[0].params.len(), 4, "{:?}", infos[0].params);
+}
+
+#[test]
+fn shared_memory_and_barriers_are_local_arrays_and_work_group_barriers() {
+    let m = IRModule::from_functions(vec![rowsum(4, 100)]);
+    let (_, src, _) = kiln::codegen::opencl::device_code(&m, &opencl()).unwrap();
+    assert!(src.contains("__local float sh_"), "{src}");
+    assert!(src.contains("barrier(CLK_LOCAL_MEM_FENCE);"), "{src}");
+}
+
+#[test]
+fn a_cpu_target_refuses_thread_bound_loops() {
+    let m = IRModule::from_functions(vec![vadd()]);
+    let t = Target::parse(r#"{"kind": "llvm"}"#).unwrap();
+    let e = kiln::codegen::build(&m, &t).unwrap_err().to_string();
+    assert!(e.contains("thread-bound loops") && e.contains("opencl"), "{e}");
+}
+
+#[test]
+fn a_kernel_over_the_targets_thread_limit_is_refused() {
+    let m = IRModule::from_functions(vec![vadd()]);
+    let t = Target::parse(r#"{"kind": "opencl", "max_num_threads": 32}"#).unwrap();
+    let e = OpenClModule::build(&m, &t).unwrap_err().to_string();
+    assert!(e.contains("64 threads per block") && e.contains("max_num_threads 32"), "{e}");
+}
+
+#[test]
+fn a_kernel_over_the_targets_shared_memory_is_refused() {
+    let m = IRModule::from_functions(vec![rowsum(4, 100)]);
+    let t = Target::parse(r#"{"kind": "opencl", "max_shared_memory_per_block": 128}"#).unwrap();
+    let e = OpenClModule::build(&m, &t).unwrap_err().to_string();
+    assert!(
+        e.contains("256 bytes of shared memory") && e.contains("max_shared_memory_per_block 128"),
+        "{e}"
+    );
+}
+
+#[test]
+fn host_code_never_touches_device_memory() {
+    let n = Expr::from(8i64);
+    let a = Buffer::new("A", DataType::f32(), vec![n.clone()]);
+    let f = PrimFunc::new(
+        "poke",
+        vec![Param::Buffer(a.clone())],
+        a.store([Expr::from(0i64)], Expr::from(1.0f32)),
+    );
+    let m = IRModule::from_functions(vec![f]);
+    let e = OpenClModule::build(&m, &opencl()).unwrap_err().to_string();
+    assert!(e.contains("host code accesses `A`"), "{e}");
+}
+
+#[test]
+fn asserts_inside_kernels_are_refused_with_the_reason() {
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(64i64)]);
+    let body = thread_for("bx", Expr::from(1i64), BX, |_| {
+        thread_for("tx", Expr::from(64i64), TX, |tx| Stmt::Assert {
+            cond: tx.lt(Expr::from(64i64)),
+            message: "in range".into(),
+        })
+    });
+    let m = IRModule::from_functions(vec![PrimFunc::new("f", vec![Param::Buffer(a)], body)]);
+    let e = OpenClModule::build(&m, &opencl()).unwrap_err().to_string();
+    assert!(e.contains("cannot raise an error"), "{e}");
+}
+
+#[test]
+fn the_exported_source_is_the_module_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = build(vadd());
+    let p = dir.path().join("k.cl");
+    m.export(&p).unwrap();
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), m.source());
+    assert_eq!(m.get_source("cl").as_deref(), Some(m.source()));
+}
+
+// ----- on a device ---------------------------------------------------------------------------
+
+#[test]
+fn vadd_runs_on_the_device_with_a_tail_block() {
+    let Some((api, dev)) = common::opencl_device("vadd_runs_on_the_device_with_a_tail_block")
+    else {
+        return;
+    };
+    let m = build(vadd());
+    let f = m.get_function("vadd").unwrap();
+    for n in [1usize, 64, 1000] {
+        let (x, y) = (floats(n, 1), floats(n, 2));
+        let a = Tensor::from_slice(&x, &[n as i64], dev).unwrap();
+        let b = Tensor::from_slice(&y, &[n as i64], dev).unwrap();
+        let c = Tensor::zeros(&[n as i64], a.dtype(), dev).unwrap();
+        call(&f, &[&a, &b, &c]).unwrap();
+        api.sync_stream(dev, api.current_stream(dev)).unwrap();
+        let got = c.to_vec::<f32>().unwrap();
+        let want: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+        assert_eq!(got, want, "n = {n}");
+    }
+}
+
+#[test]
+fn a_block_reduction_in_shared_memory_matches_the_interpreter() {
+    let Some((api, dev)) = common::opencl_device("a_block_reduction_in_shared_memory") else {
+        return;
+    };
+    let (rows, cols) = (5i64, 300i64);
+    let f = rowsum(rows, cols);
+    let x = floats((rows * cols) as usize, 3);
+    let mut iargs = vec![
+        InterpArg::Buffer(HostBuffer::from_slice(&[rows, cols], &x)),
+        InterpArg::Buffer(HostBuffer::zeros(DataType::f32(), &[rows])),
+    ];
+    run(&f, &mut iargs).unwrap();
+    let InterpArg::Buffer(want) = &iargs[1] else {
+        unreachable!()
+    };
+    let want = want.to_vec::<f32>().unwrap();
+    let m = build(f);
+    let fx = m.get_function("rowsum").unwrap();
+    let xt = Tensor::from_slice(&x, &[rows, cols], dev).unwrap();
+    let st = Tensor::zeros(&[rows], xt.dtype(), dev).unwrap();
+    call(&fx, &[&xt, &st]).unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    assert_eq!(st.to_vec::<f32>().unwrap(), want);
+}
+
+#[test]
+fn kernels_are_enqueued_on_the_current_stream() {
+    let Some((api, dev)) = common::opencl_device("kernels_are_enqueued_on_the_current_stream")
+    else {
+        return;
+    };
+    let m = build(vadd());
+    let f = m.get_function("vadd").unwrap();
+    let n = 1 << 16;
+    let (x, y) = (floats(n, 4), floats(n, 5));
+    let a = Tensor::from_slice(&x, &[n as i64], dev).unwrap();
+    let b = Tensor::from_slice(&y, &[n as i64], dev).unwrap();
+    let c = Tensor::zeros(&[n as i64], a.dtype(), dev).unwrap();
+    let s = api.create_stream(dev).unwrap();
+    let old = api.set_current_stream(dev, s).unwrap();
+    // An event recorded on `s` after the call completes only once the kernel has run.
+    call(&f, &[&a, &b, &c]).unwrap();
+    let ev = api.create_event(dev).unwrap();
+    api.record_event(dev, ev, s).unwrap();
+    api.sync_event(dev, ev).unwrap();
+    let want: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+    assert_eq!(c.to_vec::<f32>().unwrap(), want);
+    api.destroy_event(dev, ev).unwrap();
+    api.set_current_stream(dev, old).unwrap();
+    api.free_stream(dev, s).unwrap();
+}
+
+#[test]
+fn a_cpu_tensor_gets_tvms_device_mismatch_message() {
+    let Some((_, dev)) = common::opencl_device("a_cpu_tensor_gets_tvms_device_mismatch_message")
+    else {
+        return;
+    };
+    let m = build(vadd());
+    let f = m.get_function("vadd").unwrap();
+    let a = Tensor::from_slice(&[1.0f32; 4], &[4], Device::cpu()).unwrap();
+    let b = Tensor::from_slice(&[1.0f32; 4], &[4], dev).unwrap();
+    let c = Tensor::from_slice(&[1.0f32; 4], &[4], dev).unwrap();
+    let e = call(&f, &[&a, &b, &c]).unwrap_err();
+    assert!(e.contains("Mismatched A.device_type") && e.contains("opencl"), "{e}");
+}
+
+#[test]
+fn a_tensor_claiming_more_than_its_allocation_is_refused_before_the_launch() {
+    let Some((_, dev)) = common::opencl_device("a_tensor_claiming_more_than_its_allocation")
+    else {
+        return;
+    };
+    let m = build(vadd());
+    let f = m.get_function("vadd").unwrap();
+    let small = Tensor::from_slice(&[1.0f32; 4], &[4], dev).unwrap();
+    let big = Tensor::zeros(&[1024], small.dtype(), dev).unwrap();
+    // A DLTensor that says 1024 elements over a 4-element allocation.
+    let mut shape = [1024i64];
+    let mut lie = *small.as_dltensor();
+    lie.shape = shape.as_mut_ptr();
+    let args = [
+        AnyView::from(&lie),
+        AnyView::from(big.as_dltensor()),
+        AnyView::from(big.as_dltensor()),
+    ];
+    let e = f.call(&args).unwrap_err().to_string();
+    assert!(e.contains("4096") && e.contains("16"), "{e}");
+}
+
+#[test]
+fn integer_division_by_zero_in_a_kernel_gives_zero() {
+    let Some((api, dev)) = common::opencl_device("integer_division_by_zero_in_a_kernel") else {
+        return;
+    };
+    let a = Buffer::new("A", DataType::i32(), vec![Expr::from(64i64)]);
+    let b = Buffer::new("B", DataType::i32(), vec![Expr::from(64i64)]);
+    let body = thread_for("bx", Expr::from(1i64), BX, |_| {
+        thread_for("tx", Expr::from(64i64), TX, |tx| {
+            b.store(
+                [tx.clone()],
+                Expr::binary(BinOp::Div, a.load([tx.clone()]), Expr::from(0i32))
+                    + Expr::binary(BinOp::FloorMod, a.load([tx]), Expr::from(0i32)),
+            )
+        })
+    });
+    let m = build(PrimFunc::new(
+        "divz",
+        vec![Param::Buffer(a), Param::Buffer(b)],
+        body,
+    ));
+    let f = m.get_function("divz").unwrap();
+    let at = Tensor::from_slice(&[7i32; 64], &[64], dev).unwrap();
+    let bt = Tensor::from_slice(&[9i32; 64], &[64], dev).unwrap();
+    call(&f, &[&at, &bt]).unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    assert_eq!(bt.to_vec::<i32>().unwrap(), vec![0; 64]);
+}
+
+#[test]
+fn a_module_dropped_with_kernels_queued_is_safe() {
+    let Some((api, dev)) = common::opencl_device("a_module_dropped_with_kernels_queued") else {
+        return;
+    };
+    let n = 1 << 20;
+    let (x, y) = (floats(n, 6), floats(n, 7));
+    let a = Tensor::from_slice(&x, &[n as i64], dev).unwrap();
+    let b = Tensor::from_slice(&y, &[n as i64], dev).unwrap();
+    let c = Tensor::zeros(&[n as i64], a.dtype(), dev).unwrap();
+    {
+        let m = build(vadd());
+        let f = m.get_function("vadd").unwrap();
+        for _ in 0..4 {
+            call(&f, &[&a, &b, &c]).unwrap();
+        }
+        drop(m);
+        drop(f);
+    }
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    let want: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+    assert_eq!(c.to_vec::<f32>().unwrap(), want);
+}
+
+#[test]
+fn a_cpu_jit_and_opencl_kernels_share_one_process() {
+    // kiln's LLVM 14 is linked statically with private symbols: PoCL's LLVM 15 builds programs
+    // in the same process after kiln JIT-compiled CPU code.
+    let cpu = kiln::codegen::build(
+        &IRModule::from_functions(vec![kiln::ir::kernels::vadd()]),
+        &Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap(),
+    )
+    .unwrap();
+    common::check_vadd(&cpu.get_function("vadd").unwrap(), 100);
+    let Some((api, dev)) = common::opencl_device("a_cpu_jit_and_opencl_kernels_share") else {
+        return;
+    };
+    let m = build(vadd());
+    let f = m.get_function("vadd").unwrap();
+    let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3], dev).unwrap();
+    let c = Tensor::zeros(&[3], a.dtype(), dev).unwrap();
+    call(&f, &[&a, &a, &c]).unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    assert_eq!(c.to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
+}
+
+#[test]
+fn an_exported_library_runs_in_kilns_loader() {
+    let Some((api, dev)) = common::opencl_device("an_exported_library_runs_in_kilns_loader")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("libvadd_cl.so");
+    let m = build(vadd());
+    m.export(&p).unwrap();
+    // SAFETY: a library kiln just wrote.
+    let lib = unsafe { kiln::packed_func::library::LibraryModule::load(&p) }.unwrap();
+    assert_eq!(lib.get_source("cl").as_deref(), Some(m.source()));
+    drop(m);
+    let f = lib.get_function("vadd").unwrap();
+    let a = Tensor::from_slice(&[1.0f32, 2.0], &[2], dev).unwrap();
+    let c = Tensor::zeros(&[2], a.dtype(), dev).unwrap();
+    call(&f, &[&a, &a, &c]).unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    assert_eq!(c.to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+}
+
+static RAISED: Mutex<Option<(String, String)>> = Mutex::new(None);
+
+extern "C" fn capture(kind: *const c_char, msg: *const c_char) {
+    // SAFETY: the library passes two NUL-terminated strings.
+    let (k, m) = unsafe { (CStr::from_ptr(kind), CStr::from_ptr(msg)) };
+    *RAISED.lock().unwrap() = Some((
+        k.to_string_lossy().into_owned(),
+        m.to_string_lossy().into_owned(),
+    ));
+}
+
+#[test]
+fn a_host_without_kilns_device_runtime_gets_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("libvadd_foreign.so");
+    build(vadd()).export(&p).unwrap();
+    // A plain dlopen, as a C host or tvm_ffi would: only the error slot is filled.
+    // SAFETY: a library kiln just wrote.
+    let lib = unsafe { libloading::Library::new(&p) }.unwrap();
+    // SAFETY: `__TVMFFIErrorSetRaisedFromCStr` is an exported `void*` context slot.
+    unsafe {
+        let slot: libloading::Symbol<*mut *mut c_void> =
+            lib.get(b"__TVMFFIErrorSetRaisedFromCStr\0").unwrap();
+        let f: extern "C" fn(*const c_char, *const c_char) = capture;
+        (*slot).write(f as *mut c_void);
+    }
+    let mut shape = [4i64];
+    let mut data = [0f32; 4];
+    let t = kiln::packed_func::DLTensor {
+        data: data.as_mut_ptr().cast(),
+        device: kiln::packed_func::DLDevice {
+            device_type: kiln::packed_func::DLDeviceType(4),
+            device_id: 0,
+        },
+        ndim: 1,
+        dtype: kiln::packed_func::DLDataType {
+            code: kiln::packed_func::ffi::DLDataTypeCode::FLOAT,
+            bits: 32,
+            lanes: 1,
+        },
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    let args: Vec<TVMFFIAny> = (0..3).map(|_| *AnyView::from(&t).as_raw()).collect();
+    let mut ret = TVMFFIAny::NONE;
+    // SAFETY: kiln exports `__tvm_ffi_vadd` with the safe-call signature; the arguments outlive
+    // the call.
+    let rc = unsafe {
+        let f: libloading::Symbol<TVMFFISafeCallType> = lib.get(b"__tvm_ffi_vadd\0").unwrap();
+        f(std::ptr::null_mut(), args.as_ptr(), 3, &mut ret)
+    };
+    assert_eq!(rc, -1);
+    let (kind, msg) = RAISED.lock().unwrap().clone().unwrap();
+    assert_eq!(kind, "RuntimeError");
+    assert!(msg.contains("__KilnDeviceLaunch") && msg.contains("kiln"), "{msg}");
+}
+
+#[test]
+fn workspace_buffers_carry_data_between_kernels() {
+    let Some((api, dev)) = common::opencl_device("workspace_buffers_carry_data_between_kernels")
+    else {
+        return;
+    };
+    // T = A * 2 (kernel 0), B = T + 1 (kernel 1), through a device workspace.
+    let n = Expr::from(256i64);
+    let a = Buffer::new("A", DataType::f32(), vec![n.clone()]);
+    let b = Buffer::new("B", DataType::f32(), vec![n.clone()]);
+    let t = Buffer::temp("T", DataType::f32(), vec![n], StorageScope::Workspace);
+    let k = |f: &dyn Fn(Expr) -> Stmt| {
+        thread_for("bx", Expr::from(4i64), BX, |bx| {
+            thread_for("tx", Expr::from(64i64), TX, |tx| f(bx * 64i64 + tx))
+        })
+    };
+    let body = t.allocate(Stmt::seq(vec![
+        k(&|i| t.store([i.clone()], a.load([i]) * 2.0f32)),
+        k(&|i| b.store([i.clone()], t.load([i]) + 1.0f32)),
+    ]));
+    let m = build(PrimFunc::new(
+        "twice",
+        vec![Param::Buffer(a), Param::Buffer(b)],
+        body,
+    ));
+    assert_eq!(m.source().matches("__kernel").count(), 2);
+    let f = m.get_function("twice").unwrap();
+    let x = floats(256, 8);
+    let at = Tensor::from_slice(&x, &[256], dev).unwrap();
+    let bt = Tensor::zeros(&[256], at.dtype(), dev).unwrap();
+    call(&f, &[&at, &bt]).unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    let want: Vec<f32> = x.iter().map(|v| v * 2.0 + 1.0).collect();
+    assert_eq!(bt.to_vec::<f32>().unwrap(), want);
+}
