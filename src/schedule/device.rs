@@ -391,6 +391,13 @@ impl Schedule {
             if let Some(c) = cond {
                 st = guard(c, st);
             }
+            // `floordiv(l * threads + tid, w)` with `w` dividing `threads` → `l * (threads / w) + ..`.
+            let mut small: HashMap<VarId, (i64, i64)> = HashMap::new();
+            for id in &thread_vars {
+                small.insert(*id, outer_ranges[id]);
+            }
+            small.insert(lv.id, (0, iters));
+            let st = rewrite::simplify_divmod(&st, &small);
             let lk = if iters <= 8 {
                 ForKind::Unrolled
             } else {
