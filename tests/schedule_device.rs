@@ -361,3 +361,68 @@ fn opencl_examples_are_the_scheduled_kernels() {
         device::check_device_limits(&back.functions[0], 256, 16384).unwrap();
     }
 }
+
+/// `s` without its barriers (`keep(k)` decides for the `k`-th one, in node order).
+fn drop_barriers(s: &kiln::ir::Stmt, k: &mut usize, keep: &dyn Fn(usize) -> bool) -> kiln::ir::Stmt {
+    use kiln::ir::Stmt;
+    let mut rec = |b: &Stmt| Box::new(drop_barriers(b, k, keep));
+    match s {
+        Stmt::Seq(v) => Stmt::Seq(
+            v.iter()
+                .filter_map(|c| {
+                    if *c == Stmt::Barrier {
+                        *k += 1;
+                        return keep(*k - 1).then(|| c.clone());
+                    }
+                    Some(drop_barriers(c, k, keep))
+                })
+                .collect(),
+        ),
+        Stmt::For {
+            var,
+            min,
+            extent,
+            kind,
+            body,
+        } => Stmt::For {
+            var: var.clone(),
+            min: min.clone(),
+            extent: extent.clone(),
+            kind: *kind,
+            body: rec(body),
+        },
+        Stmt::Allocate { buffer, body } => Stmt::Allocate {
+            buffer: buffer.clone(),
+            body: rec(body),
+        },
+        other => other.clone(),
+    }
+}
+
+fn race_in(f: &PrimFunc, shapes: &[Vec<i64>]) -> String {
+    let mut args: Vec<InterpArg> = inputs(shapes)
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| InterpArg::Buffer(HostBuffer::from_slice(s, v)))
+        .collect();
+    interp::run(f, &mut args)
+        .expect_err("a data race")
+        .to_string()
+}
+
+#[test]
+fn the_barriers_are_needed() {
+    // Without the barrier after the consumer, the next tile overwrites one still being read.
+    let (_, s) = shared_matmul(8, 8, 16);
+    let mut s = s;
+    s.cache_read_shared("A", "k0_o").unwrap();
+    let mut g = s.finish().unwrap();
+    g.body = drop_barriers(&g.body, &mut 0, &|k| k == 0);
+    let err = race_in(&g, &[vec![8, 16], vec![16, 8], vec![8, 8]]);
+    assert!(err.contains("data race on shared buffer `A_shared`"), "{err}");
+    // Without the barriers of the tree, a thread reads a partial sum not yet written.
+    let mut g = sk::opencl_rowsum_sized(2, 256).unwrap();
+    g.body = drop_barriers(&g.body, &mut 0, &|_| false);
+    let err = race_in(&g, &[vec![2, 256], vec![2]]);
+    assert!(err.contains("data race on shared buffer `red`"), "{err}");
+}
