@@ -102,7 +102,11 @@ fn bind_rebases_a_loop_that_does_not_start_at_zero() {
     let mut s = Schedule::new(plain.clone());
     s.bind("i", TX).unwrap();
     let g = s.finish().unwrap();
-    assert!(g.to_string().contains("thread_binding[threadIdx.x](0i64, 16i64)"), "{g}");
+    assert!(
+        g.to_string()
+            .contains("thread_binding[threadIdx.x](0i64, 16i64)"),
+        "{g}"
+    );
     same_as_plain(&plain, &g, &[vec![32], vec![16]], 0.0);
 }
 
@@ -154,10 +158,8 @@ fn cache_read_shared_stages_tiles_between_barriers() {
     same_as_plain(&f, &g, &[vec![16, 32], vec![32, 24], vec![16, 24]], 0.0);
     device::check_device_limits(&g, 64, 2 * 8 * 8 * 4).unwrap();
     // From JSON steps.
-    let steps: Vec<Step> = serde_json::from_str(
-        r#"[{"cache_read_shared": {"buffer": "B", "at": "k0_o"}}]"#,
-    )
-    .unwrap();
+    let steps: Vec<Step> =
+        serde_json::from_str(r#"[{"cache_read_shared": {"buffer": "B", "at": "k0_o"}}]"#).unwrap();
     let (_, mut s) = shared_matmul(8, 8, 16);
     s.apply(&steps).unwrap();
     same_as_plain(
@@ -335,7 +337,9 @@ fn opencl_kernels_fit_the_opencl_target_limits() {
             assert_eq!(threads, 256, "{} {path}", f.name);
         }
     }
-    let err = sk::opencl_matmul_sized(100, 64, 16).unwrap_err().to_string();
+    let err = sk::opencl_matmul_sized(100, 64, 16)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("multiples of 64"), "{err}");
     let err = sk::opencl_rowsum_sized(4, 100).unwrap_err().to_string();
     assert!(err.contains("multiple of 256"), "{err}");
@@ -363,7 +367,11 @@ fn opencl_examples_are_the_scheduled_kernels() {
 }
 
 /// `s` without its barriers (`keep(k)` decides for the `k`-th one, in node order).
-fn drop_barriers(s: &kiln::ir::Stmt, k: &mut usize, keep: &dyn Fn(usize) -> bool) -> kiln::ir::Stmt {
+fn drop_barriers(
+    s: &kiln::ir::Stmt,
+    k: &mut usize,
+    keep: &dyn Fn(usize) -> bool,
+) -> kiln::ir::Stmt {
     use kiln::ir::Stmt;
     let mut rec = |b: &Stmt| Box::new(drop_barriers(b, k, keep));
     match s {
@@ -419,7 +427,10 @@ fn the_barriers_are_needed() {
     let mut g = s.finish().unwrap();
     g.body = drop_barriers(&g.body, &mut 0, &|k| k == 0);
     let err = race_in(&g, &[vec![8, 16], vec![16, 8], vec![8, 8]]);
-    assert!(err.contains("data race on shared buffer `A_shared`"), "{err}");
+    assert!(
+        err.contains("data race on shared buffer `A_shared`"),
+        "{err}"
+    );
     // Without the barriers of the tree, a thread reads a partial sum not yet written.
     let mut g = sk::opencl_rowsum_sized(2, 256).unwrap();
     g.body = drop_barriers(&g.body, &mut 0, &|_| false);

@@ -360,7 +360,11 @@ impl Schedule {
                 } else {
                     e.clone().floordiv(imm(t, stride))
                 };
-                local_ix.push(if d == 0 { q } else { q.floormod(imm(t, shape[d])) });
+                local_ix.push(if d == 0 {
+                    q
+                } else {
+                    q.floormod(imm(t, shape[d]))
+                });
             }
             let mut ranges = outer_ranges.clone();
             ranges.insert(lv.id, (0, iters));
@@ -520,7 +524,10 @@ impl Schedule {
         let pname = {
             let mut k = 0;
             loop {
-                let n = format!("{rname}_part{}", if k == 0 { String::new() } else { k.to_string() });
+                let n = format!(
+                    "{rname}_part{}",
+                    if k == 0 { String::new() } else { k.to_string() }
+                );
                 if self.find_buffer(&n).is_none() && !names.contains(&n) {
                     break n;
                 }

@@ -12,6 +12,19 @@
 //! | `matmul` | `B` packed into 32-column panels; `i` tiled 64 x 8, `j` by 32; the 8 x 32 block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; row blocks in parallel |
 //! | `rowsum` | reduction split by 64 and `rfactor`ed into 64 vector lanes; rows in parallel |
 //! | `softmax` | rows in parallel; max and sum reductions `rfactor`ed into 64 lanes; `exp` and the scaling vectorized by 16 |
+//!
+//! The `opencl_*` functions are the same kernels scheduled for GPU-style devices with the device
+//! primitives ([`Schedule::bind`], [`Schedule::cache_read_shared`], [`Schedule::block_reduce`]):
+//! 256 threads per work-group and at most 8 KiB of shared memory (the `opencl` target's defaults
+//! allow 256 and 16 KiB). `examples/kernels/opencl/*.json` are these at the benchmark sizes
+//! (`KILN_BLESS=1 cargo test --test schedule_device` rewrites them).
+//!
+//! | kernel | schedule |
+//! |---|---|
+//! | [`opencl_vadd`] | `i` split by 256: `blockIdx.x` x `threadIdx.x`, the split's guard for the tail |
+//! | [`opencl_matmul_sized`] | 64 x 64 blocks of `C` per work-group, 16 x 16 threads with 4 x 4 register tiles; 64 x 16 tiles of `A` and 16 x 64 of `B` staged in shared memory per `k` step of 16 |
+//! | [`opencl_rowsum_sized`] | a work-group per row; strided per-thread partial sums, a tree reduction in shared memory |
+//! | [`opencl_softmax_sized`] | a work-group per row; block reductions for the max and the sum, `exp` and the scaling with one column in 256 per thread |
 
 use super::{AxisMap, Schedule, ScheduleResult};
 use crate::ir::builder::{exp, for_range, Reducer};
