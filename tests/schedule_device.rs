@@ -437,3 +437,30 @@ fn the_barriers_are_needed() {
     let err = race_in(&g, &[vec![2, 256], vec![2]]);
     assert!(err.contains("data race on shared buffer `red`"), "{err}");
 }
+
+#[test]
+fn cache_read_shared_refuses_indices_through_lets() {
+    use kiln::ir::builder::*;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param};
+    // A thread-dependent `let` in the index: the tile's origin would not be uniform.
+    let a = Buffer::new(
+        "A",
+        DataType::f32(),
+        vec![Expr::from(8i64), Expr::from(8i64)],
+    );
+    let c = Buffer::new("C", DataType::f32(), vec![Expr::from(8i64)]);
+    let body = thread_for("bx", Expr::from(1i64), BX, |_| {
+        thread_for("tx", Expr::from(8i64), TX, |tx| {
+            let_stmt("x", tx, |x| {
+                for_range("k", Expr::from(8i64), ForKind::Serial, |k| {
+                    c.store([x.clone()], c.load([x.clone()]) + a.load([x.clone(), k]))
+                })
+            })
+        })
+    });
+    let f = PrimFunc::new("lets", vec![Param::Buffer(a), Param::Buffer(c)], body);
+    f.verify().unwrap();
+    let mut s = Schedule::new(f);
+    let err = s.cache_read_shared("A", "k").unwrap_err().to_string();
+    assert!(err.contains("found `x`"), "{err}");
+}

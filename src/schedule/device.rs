@@ -85,6 +85,29 @@ fn inner_loops(s: &Stmt, out: &mut HashMap<VarId, Option<(i64, i64)>>) {
     }
 }
 
+/// Every variable bound by a loop or a `let` in `s`.
+fn bound_vars(s: &Stmt, out: &mut HashMap<VarId, ()>) {
+    match s {
+        Stmt::For { var, body, .. } | Stmt::Let { var, body, .. } => {
+            out.insert(var.id, ());
+            bound_vars(body, out);
+        }
+        Stmt::Allocate { body, .. } => bound_vars(body, out),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => {
+            bound_vars(then_case, out);
+            if let Some(e) = else_case {
+                bound_vars(e, out);
+            }
+        }
+        Stmt::Seq(v) => v.iter().for_each(|c| bound_vars(c, out)),
+        _ => {}
+    }
+}
+
 fn as_i64(e: Expr) -> Expr {
     if e.dtype() == DataType::i64() {
         e
@@ -257,6 +280,18 @@ impl Schedule {
             .filter(|l| matches!(l.3, ForKind::ThreadBinding(ThreadTag::Thread(_))))
             .map(|l| l.0.id)
             .collect();
+        // Variables the tile's origin may use: the loops around the tile (not the threads') and
+        // variables bound nowhere in the body (shape variables, scalar parameters).
+        let mut bound = HashMap::new();
+        bound_vars(&self.func.body, &mut bound);
+        let uniform_ok = |v: &Var| {
+            !bound.contains_key(&v.id)
+                || (path
+                    .iter()
+                    .chain(std::iter::once(&me))
+                    .any(|l| l.0.id == v.id)
+                    && !thread_vars.contains(&v.id))
+        };
         let mut names = self.names();
         rewrite::allocated(&self.func.body, &mut names);
         let sname = {
@@ -320,6 +355,14 @@ impl Schedule {
                     };
                     let mut u = l.without(|v| varying.contains_key(&v.id));
                     u.c = 0;
+                    if let Some((v, _)) = u.terms.iter().find(|(v, _)| !uniform_ok(v)) {
+                        problem = Some(format!(
+                            "needs the indices of `{buffer}` to use only loops inside `{at}`, the \
+                             threadIdx loops and the loops around the tile, found `{}` in `{}`",
+                            v.name, acc[d]
+                        ));
+                        return Ok(s.clone());
+                    }
                     match &o {
                         None => o = Some(u.clone()),
                         Some(p) if *p == u => {}
