@@ -172,9 +172,10 @@ fn cache_read_shared_stages_tiles_between_barriers() {
 
 #[test]
 fn cache_read_shared_guards_partial_tiles_and_odd_thread_counts() {
-    // 12 x 12 threads (144) load 12 x 8 tiles (96 elements: one pass, 48 idle threads); m = 20
-    // is not a multiple of 12, so tiles pass the end of A and the loads are guarded.
-    let f = kernels::matmul_sized(24, 24, 16);
+    // 12 x 12 threads (144) load 12 x 8 tiles (96 elements: one pass, 48 threads idle); k = 20
+    // is not a multiple of 8, so the last tiles pass the end of A and B and their loads are
+    // guarded (the split's own guard keeps the consumer off those elements).
+    let f = kernels::matmul_sized(24, 24, 20);
     let mut s = Schedule::new(f.clone());
     let [io, jo, ii, ji] = s.tile("i", "j", 12, 12).unwrap();
     s.bind(&io, ThreadTag::Block(1)).unwrap();
@@ -183,9 +184,12 @@ fn cache_read_shared_guards_partial_tiles_and_odd_thread_counts() {
     s.bind(&ji, TX).unwrap();
     let (ko, _) = s.split("k0", 8).unwrap();
     s.cache_read_shared("A", &ko).unwrap();
+    s.cache_read_shared("B", &ko).unwrap();
     let g = s.finish().unwrap();
-    assert!(g.to_string().contains("< 96i64"), "{g}");
-    same_as_plain(&f, &g, &[vec![24, 16], vec![16, 24], vec![24, 24]], 0.0);
+    let text = g.to_string();
+    assert!(text.contains("< 96i64"), "{text}");
+    assert!(text.contains("< 20i64"), "{text}");
+    same_as_plain(&f, &g, &[vec![24, 20], vec![20, 24], vec![24, 24]], 0.0);
 }
 
 #[test]

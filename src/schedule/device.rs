@@ -421,12 +421,23 @@ impl Schedule {
                 let g = rewrite::fold(origin[d].to_expr(t) + local_ix[d].clone());
                 let dt = target.shape[d].dtype();
                 let g = if dt == t { g } else { g.cast(dt) };
-                let hi_ok = match (target.shape[d].as_int(), lin_range(&origin[d], &ranges)) {
-                    (Some(limit), Some((lo, hi))) => lo >= 0 && hi + shape[d] - 1 < limit,
+                let range = lin_range(&origin[d], &ranges);
+                let lo_ok = range.is_some_and(|(lo, _)| lo >= 0);
+                let hi_ok = match (target.shape[d].as_int(), range) {
+                    (Some(limit), Some((_, hi))) => hi + shape[d] - 1 < limit,
                     _ => false,
                 };
+                let mut checks = Vec::new();
+                if !lo_ok {
+                    checks.push(g.clone().ge(Expr::IntImm {
+                        dtype: dt,
+                        value: 0,
+                    }));
+                }
                 if !hi_ok {
-                    let c = g.clone().lt(target.shape[d].clone());
+                    checks.push(g.clone().lt(target.shape[d].clone()));
+                }
+                for c in checks {
                     cond = Some(match cond {
                         None => c,
                         Some(x) => x.and(c),
