@@ -174,6 +174,19 @@ impl Schedule {
     /// the threads past the end idle. Where the loop may be bound (`threadIdx` inside `blockIdx`,
     /// one extent per tag per kernel, ...) is checked by the verifier in [`finish`](Self::finish).
     ///
+    /// ```
+    /// use kiln::ir::{device, kernels, ThreadTag};
+    /// use kiln::schedule::Schedule;
+    /// let mut s = Schedule::new(kernels::vadd());
+    /// let (bo, ti) = s.split("i", 256)?;
+    /// s.bind(&bo, ThreadTag::Block(0))?;
+    /// s.bind(&ti, ThreadTag::Thread(0))?;
+    /// let f = s.finish()?;
+    /// device::check_device_limits(&f, 256, 16384)?;
+    /// assert!(f.to_string().contains("if i_o * 256i64 + i_i < n"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     /// No such loop, or a `parallel` or `vectorized` loop (its iterations are not meant for
     /// threads of a device).
