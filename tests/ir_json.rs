@@ -45,7 +45,11 @@ fn the_example_kernels_are_the_scheduled_kernels() {
 #[test]
 fn example_kernels_read_verify_and_round_trip() {
     let mut n = 0;
-    for entry in std::fs::read_dir(data_path("examples/kernels")).unwrap() {
+    let dirs = [
+        data_path("examples/kernels"),
+        data_path("examples/kernels/opencl"),
+    ];
+    for entry in dirs.iter().flat_map(|d| std::fs::read_dir(d).unwrap()) {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "json") {
             let text = std::fs::read_to_string(&path).unwrap();
@@ -59,8 +63,8 @@ fn example_kernels_read_verify_and_round_trip() {
         }
     }
     assert!(
-        n >= 4,
-        "expected the four benchmark kernels, found {n} files"
+        n >= 8,
+        "expected the four benchmark kernels and their OpenCL forms, found {n} files"
     );
 }
 

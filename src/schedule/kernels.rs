@@ -12,11 +12,24 @@
 //! | `matmul` | `B` packed into 32-column panels; `i` tiled 64 x 8, `j` by 32; the 8 x 32 block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; row blocks in parallel |
 //! | `rowsum` | reduction split by 64 and `rfactor`ed into 64 vector lanes; rows in parallel |
 //! | `softmax` | rows in parallel; max and sum reductions `rfactor`ed into 64 lanes; `exp` and the scaling vectorized by 16 |
+//!
+//! The `opencl_*` functions are the same kernels scheduled for GPU-style devices with the device
+//! primitives ([`Schedule::bind`], [`Schedule::cache_read_shared`], [`Schedule::block_reduce`]):
+//! 256 threads per work-group and at most 8 KiB of shared memory (the `opencl` target's defaults
+//! allow 256 and 16 KiB). `examples/kernels/opencl/*.json` are these at the benchmark sizes
+//! (`KILN_BLESS=1 cargo test --test schedule_device` rewrites them).
+//!
+//! | kernel | schedule |
+//! |---|---|
+//! | [`opencl_vadd`] | `i` split by 256: `blockIdx.x` x `threadIdx.x`, the split's guard for the tail |
+//! | [`opencl_matmul_sized`] | 64 x 64 blocks of `C` per work-group, 16 x 16 threads with 4 x 4 register tiles; 64 x 16 tiles of `A` and 16 x 64 of `B` staged in shared memory per `k` step of 16 |
+//! | [`opencl_rowsum_sized`] | a work-group per row; strided per-thread partial sums, a tree reduction in shared memory |
+//! | [`opencl_softmax_sized`] | a work-group per row; block reductions for the max and the sum, `exp` and the scaling with one column in 256 per thread |
 
 use super::{AxisMap, Schedule, ScheduleResult};
 use crate::ir::builder::{exp, for_range, Reducer};
 use crate::ir::kernels as plain;
-use crate::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope};
+use crate::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope, ThreadTag};
 
 /// Rows of `C` per register block of `matmul`.
 pub const MATMUL_MR: i64 = 8;
@@ -166,4 +179,140 @@ pub fn softmax_sized(rows: i64, cols: i64) -> ScheduleResult<PrimFunc> {
 /// None in practice.
 pub fn softmax() -> ScheduleResult<PrimFunc> {
     softmax_sized(4096, 4096)
+}
+
+/// Threads per work-group of the OpenCL kernels (the `opencl` target's default
+/// `max_num_threads`).
+pub const OPENCL_THREADS: i64 = 256;
+/// Rows and columns of `C` per work-group of [`opencl_matmul_sized`] (16 x 16 threads, each a
+/// 4 x 4 register tile).
+pub const OPENCL_MATMUL_TILE: i64 = 64;
+/// The `k` step of [`opencl_matmul_sized`]: `A` (64 x 16) and `B` (16 x 64) tiles in shared
+/// memory, 8 KiB.
+pub const OPENCL_MATMUL_KTILE: i64 = 16;
+
+/// `vadd(A[n], B[n], C[n])` for the `opencl` target: `i` split by 256, `blockIdx.x` x
+/// `threadIdx.x`; the split's guard `i_o * 256 + i_i < n` idles the threads past the end.
+///
+/// # Errors
+/// None in practice.
+pub fn opencl_vadd() -> ScheduleResult<PrimFunc> {
+    let mut s = Schedule::new(plain::vadd());
+    let (bo, ti) = s.split("i", OPENCL_THREADS)?;
+    s.bind(&bo, ThreadTag::Block(0))?;
+    s.bind(&ti, ThreadTag::Thread(0))?;
+    s.finish()
+}
+
+/// `matmul(A[m,k], B[k,n], C[m,n])` for the `opencl` target. `m` and `n` must be multiples of
+/// [`OPENCL_MATMUL_TILE`], `k` of [`OPENCL_MATMUL_KTILE`]. A work-group (`blockIdx.y`,
+/// `blockIdx.x`) computes a 64 x 64 block of `C` with 16 x 16 threads (`threadIdx.y`,
+/// `threadIdx.x`), each a 4 x 4 register tile (`cache_write`); `k` advances by 16, the
+/// 64 x 16 tile of `A` and the 16 x 64 tile of `B` staged in shared memory
+/// (`cache_read_shared`, four elements per thread each).
+///
+/// # Errors
+/// Sizes that are not multiples of the tiles.
+pub fn opencl_matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
+    let (tile, kt) = (OPENCL_MATMUL_TILE, OPENCL_MATMUL_KTILE);
+    let mut s = Schedule::new(plain::matmul_sized(m, n, k));
+    if m % tile != 0 || n % tile != 0 || k % kt != 0 {
+        return Err(s.form(
+            "opencl_matmul_sized",
+            format!("needs m and n multiples of {tile} and k of {kt}, found {m} x {n} x {k}"),
+        ));
+    }
+    let r = tile / 16;
+    let (io, ii) = s.split("i", tile)?;
+    let (ty, ri) = s.split(&ii, r)?;
+    let (jo, ji) = s.split("j", tile)?;
+    let (tx, ci) = s.split(&ji, r)?;
+    s.reorder(&[&io, &jo, &ty, &tx, &ri, &ci])?;
+    s.bind(&io, ThreadTag::Block(1))?;
+    s.bind(&jo, ThreadTag::Block(0))?;
+    s.bind(&ty, ThreadTag::Thread(1))?;
+    s.bind(&tx, ThreadTag::Thread(0))?;
+    // The thread's 4 x 4 block of C in registers over the whole k loop.
+    s.cache_write("C", &tx)?;
+    let c_loops = s.fission(&ci)?;
+    let r_loops = s.fission(&ri)?;
+    s.reorder(&["k0", &r_loops[1], &c_loops[1]])?;
+    let (ko, _ki) = s.split("k0", kt)?;
+    s.cache_read_shared("A", &ko)?;
+    s.cache_read_shared("B", &ko)?;
+    for l in r_loops.iter().chain(&c_loops) {
+        s.unroll(l)?;
+    }
+    s.finish()
+}
+
+/// The OpenCL benchmark matmul, 1024 x 1024 x 1024.
+///
+/// # Errors
+/// None in practice.
+pub fn opencl_matmul() -> ScheduleResult<PrimFunc> {
+    opencl_matmul_sized(1024, 1024, 1024)
+}
+
+/// `rowsum(A[rows, cols], B[rows])` for the `opencl` target; `cols` must be a multiple of 256.
+/// One work-group per row (`blockIdx.x`), 256 threads: thread `t` sums the columns `t, t + 256,
+/// ...` (coalesced), then a tree reduction in shared memory (`block_reduce`); thread 0 writes
+/// `B[i]`.
+///
+/// # Errors
+/// `cols` not a multiple of 256.
+pub fn opencl_rowsum_sized(rows: i64, cols: i64) -> ScheduleResult<PrimFunc> {
+    let mut s = Schedule::new(plain::rowsum_sized(rows, cols));
+    s.bind("i", ThreadTag::Block(0))?;
+    let (ko, ki) = split_exact(&mut s, "k0", cols)?;
+    s.block_reduce(&ko, &ki)?;
+    s.finish()
+}
+
+/// The OpenCL benchmark rowsum, 4096 x 4096.
+///
+/// # Errors
+/// None in practice.
+pub fn opencl_rowsum() -> ScheduleResult<PrimFunc> {
+    opencl_rowsum_sized(4096, 4096)
+}
+
+fn split_exact(s: &mut Schedule, l: &str, extent: i64) -> ScheduleResult<(String, String)> {
+    if extent % OPENCL_THREADS != 0 {
+        return Err(s.form(
+            "split",
+            format!("needs loop `{l}`'s extent {extent} to be a multiple of {OPENCL_THREADS}"),
+        ));
+    }
+    s.split(l, OPENCL_THREADS)
+}
+
+/// `softmax(A[rows, cols], B[rows, cols])` for the `opencl` target ([`softmax_algorithm`]);
+/// `cols` must be a multiple of 256. One work-group per row (`blockIdx.x`), 256 threads; the
+/// row max and the sum are `block_reduce`s (every thread gets the result: `maxv` and `sum` are
+/// per-thread `local`s), `exp` and the scaling have thread `t` on columns `t, t + 256, ...`, so
+/// each thread reads back only what it wrote.
+///
+/// # Errors
+/// `cols` not a multiple of 256.
+pub fn opencl_softmax_sized(rows: i64, cols: i64) -> ScheduleResult<PrimFunc> {
+    let mut s = Schedule::new(softmax_algorithm(rows, cols));
+    s.bind("i", ThreadTag::Block(0))?;
+    for l in ["jm", "js"] {
+        let (o, i) = split_exact(&mut s, l, cols)?;
+        s.block_reduce(&o, &i)?;
+    }
+    for l in ["je", "jn"] {
+        let (_, i) = split_exact(&mut s, l, cols)?;
+        s.bind(&i, ThreadTag::Thread(0))?;
+    }
+    s.finish()
+}
+
+/// The OpenCL benchmark softmax, 4096 x 4096.
+///
+/// # Errors
+/// None in practice.
+pub fn opencl_softmax() -> ScheduleResult<PrimFunc> {
+    opencl_softmax_sized(4096, 4096)
 }

@@ -20,6 +20,9 @@
 //! | [`transform_layout`](Schedule::transform_layout) | pack a read-only buffer into a workspace with another layout (e.g. `B[k, n]` → `Bp[n/16, k, n%16]`) |
 //! | [`cache_write`](Schedule::cache_write) | accumulate a buffer's region touched by one iteration of a loop in a `local` buffer (registers), then write it back |
 //! | [`rfactor`](Schedule::rfactor) | turn a reduction over `for r_o { for r_i }` into per-lane partial results `rf[r_i]` plus a final reduction |
+//! | [`bind`](Schedule::bind) | bind a loop to `blockIdx.*` / `threadIdx.*` (device kernels) |
+//! | [`cache_read_shared`](Schedule::cache_read_shared) | stage the tile one iteration of a loop reads in a `shared` buffer, loaded by the block's threads between barriers |
+//! | [`block_reduce`](Schedule::block_reduce) | a reduction over `for o { for t }` done by `t` threads: per-thread partials, then a tree in `shared` memory |
 //!
 //! The primitives check the *shape* of what they transform (perfect nests, constant extents,
 //! affine indices). Like TVM's, they trust the caller about dependences: `parallel`, `vectorize`,
@@ -42,6 +45,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod device;
 mod rewrite;
 
 pub mod kernels;
@@ -51,7 +55,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ir::builder::Reducer;
-use crate::ir::{BinOp, Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope, Var};
+use crate::ir::{
+    BinOp, Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope, ThreadTag, Var,
+};
 use rewrite::{linear, loop_names, rw_stmt, subst_stmt, Lin, Rewriter};
 
 /// Why a schedule primitive refused to transform the function. Fix the schedule.
@@ -192,6 +198,28 @@ pub enum Step {
         /// The outer reduction loop.
         outer: String,
         /// The inner reduction loop (becomes the factor axis).
+        inner: String,
+    },
+    /// [`Schedule::bind`].
+    Bind {
+        /// Loop name.
+        #[serde(rename = "loop")]
+        loop_: String,
+        /// `blockIdx.x` .. `threadIdx.z`.
+        thread: String,
+    },
+    /// [`Schedule::cache_read_shared`].
+    CacheReadShared {
+        /// The buffer staged.
+        buffer: String,
+        /// The loop whose iterations read one tile.
+        at: String,
+    },
+    /// [`Schedule::block_reduce`].
+    BlockReduce {
+        /// The outer (per-thread, serial) reduction loop.
+        outer: String,
+        /// The inner reduction loop (becomes `threadIdx.x`).
         inner: String,
     },
 }
@@ -1178,6 +1206,21 @@ impl Schedule {
                 }
                 Step::Rfactor { outer, inner } => {
                     self.rfactor(outer, inner)?;
+                }
+                Step::Bind { loop_, thread } => {
+                    let tag = ThreadTag::from_name(thread).ok_or_else(|| {
+                        self.form(
+                            "bind",
+                            format!("expects blockIdx.x|y|z or threadIdx.x|y|z, found `{thread}`"),
+                        )
+                    })?;
+                    self.bind(loop_, tag)?;
+                }
+                Step::CacheReadShared { buffer, at } => {
+                    self.cache_read_shared(buffer, at)?;
+                }
+                Step::BlockReduce { outer, inner } => {
+                    self.block_reduce(outer, inner)?;
                 }
             }
         }
