@@ -277,6 +277,16 @@ impl OpenClDeviceApi {
         Ok(self.dev(dev)?.platform.clone())
     }
 
+    /// The largest buffer `dev` can allocate (`CL_DEVICE_MAX_MEM_ALLOC_SIZE`); larger requests
+    /// are [`DeviceError::OutOfMemory`] without calling the driver.
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidDevice`].
+    pub fn max_alloc_size(&self, dev: Device) -> DeviceResult<u64> {
+        self.check_device(dev)?;
+        Ok(self.dev(dev)?.max_alloc)
+    }
+
     /// The stream `s` of `dev` (the device's default queue for [`StreamHandle::DEFAULT`]).
     pub(crate) fn stream(&self, dev: Device, s: StreamHandle) -> DeviceResult<Arc<ClStream>> {
         if s.is_default() {
