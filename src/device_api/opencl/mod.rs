@@ -437,11 +437,16 @@ impl DeviceApi for OpenClDeviceApi {
                     None
                 }
             }
-            AttrKind::API_VERSION => id
+            // TVM's `CL_TARGET_OPENCL_VERSION` convention: 3.0 is 300, 1.2 is 120.
+            AttrKind::API_VERSION => int(id
                 .string(info::VERSION)
                 .ok()
                 .and_then(|s| version_number(&s))
-                .map(AttrValue::Str),
+                .and_then(|v| {
+                    let (major, minor) = v.split_once('.')?;
+                    let minor = minor.chars().next()?.to_digit(10)?;
+                    Some(major.parse::<u64>().ok()? * 100 + u64::from(minor) * 10)
+                })),
             AttrKind::DRIVER_VERSION => id.string(info::DRIVER_VERSION).ok().map(AttrValue::Str),
             AttrKind::L2_CACHE_SIZE_BYTES => int(id
                 .ulong(info::GLOBAL_MEM_CACHE_SIZE)
