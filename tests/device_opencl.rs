@@ -525,3 +525,72 @@ fn without_a_platform_the_count_is_zero_and_the_error_says_how_to_install_one() 
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn strided_device_tensors_copy_as_rectangles() {
+    let Some((api, dev)) = device("strided_device_tensors_copy_as_rectangles") else {
+        return;
+    };
+    const F32: DLDataType = DLDataType {
+        code: DLDataTypeCode::FLOAT,
+        bits: 32,
+        lanes: 1,
+    };
+    let m: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let p = upload_f32(&api, dev, &m, S);
+    // Rows 1..3, columns 2..5 of the 4x8 matrix.
+    let (mut shape, mut strides) = ([2i64, 3], [8i64, 1]);
+    let mut view = dl(p.as_raw().cast(), dev, &mut shape);
+    view.dtype = F32;
+    view.strides = strides.as_mut_ptr();
+    view.byte_offset = 40;
+    let mut host = vec![0f32; 6];
+    let mut hshape = [2i64, 3];
+    let mut hdst = dl(host.as_mut_ptr().cast(), Device::cpu(), &mut hshape);
+    hdst.dtype = F32;
+    // SAFETY: the view lies inside `p`; `host` holds 6 floats; synchronized below.
+    unsafe { api.copy_data_from_to(&view, &hdst, S).unwrap() };
+    api.sync_stream(dev, S).unwrap();
+    assert_eq!(host, [10., 11., 12., 18., 19., 20.]);
+    // Device view -> compact device buffer.
+    let q = api.alloc_data_space(dev, 24, 64, U8).unwrap();
+    let mut qshape = [2i64, 3];
+    let mut qt = dl(q.as_raw().cast(), dev, &mut qshape);
+    qt.dtype = F32;
+    // SAFETY: both inside live buffers; synchronized below.
+    unsafe { api.copy_data_from_to(&view, &qt, S).unwrap() };
+    assert_eq!(
+        download_f32(&api, dev, q, 6),
+        [10., 11., 12., 18., 19., 20.]
+    );
+    // Compact host -> device view (rows 2..4, columns 0..3).
+    let mut src: Vec<f32> = (100..106).map(|i| i as f32).collect();
+    let mut sshape = [2i64, 3];
+    let mut hsrc = dl(src.as_mut_ptr().cast(), Device::cpu(), &mut sshape);
+    hsrc.dtype = F32;
+    view.byte_offset = 64;
+    // SAFETY: as above.
+    unsafe { api.copy_data_from_to(&hsrc, &view, S).unwrap() };
+    api.sync_stream(dev, S).unwrap();
+    let got = download_f32(&api, dev, p, 32);
+    let mut want = m.clone();
+    want[16..19].copy_from_slice(&[100., 101., 102.]);
+    want[24..27].copy_from_slice(&[103., 104., 105.]);
+    assert_eq!(got, want);
+    // A view running past the end of the buffer is refused before the driver sees it.
+    view.byte_offset = 4 * 30;
+    // SAFETY: refused before any memory is touched.
+    let e = unsafe { api.copy_data_from_to(&view, &hdst, S) }.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DeviceError::OutOfBounds {
+                allocation: Some(128),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    api.free_data_space(dev, p).unwrap();
+    api.free_data_space(dev, q).unwrap();
+}

@@ -47,12 +47,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use super::api::{AttrKind, AttrValue, DeviceApi};
+use super::api::{shape_of, strides_of, AttrKind, AttrValue, DeviceApi};
 use super::device::{Device, DeviceType};
 use super::error::{DeviceError, DeviceResult};
 use super::memory::{DeviceMemoryApi, DevicePtr, HostCallback, MemRegion, MemoryStats};
 use super::stream::{DeviceStreamApi, EventHandle, HandleTable, StreamHandle};
-use crate::packed_func::ffi::DLDataType;
+use crate::packed_func::ffi::{DLDataType, DLTensor};
 
 pub use program::{KernelArg, OpenClProgram};
 pub use sys::error_name;
@@ -345,6 +345,100 @@ impl OpenClDeviceApi {
     }
 }
 
+/// A strided copy as one rectangle of up to 3 dimensions (`clEnqueue*BufferRect`).
+#[derive(Debug, PartialEq, Eq)]
+struct RectPlan {
+    /// Bytes per row, rows, slices.
+    region: [usize; 3],
+    from: sys::Rect,
+    to: sys::Rect,
+    /// Bytes from each side's base + byte offset to one past its last byte.
+    from_span: u64,
+    to_span: u64,
+}
+
+/// Plans a copy of `shape` between two layouts (strides in elements, `None` = compact), or `None`
+/// when no rectangle describes it: negative strides, a non-contiguous inner run, more than three
+/// dimensions after merging, or pitches OpenCL refuses.
+fn plan_rect(
+    shape: &[i64],
+    fs: Option<&[i64]>,
+    ts: Option<&[i64]>,
+    elem: usize,
+    foff: u64,
+    toff: u64,
+) -> Option<RectPlan> {
+    let compact = |shape: &[i64]| -> Vec<i64> {
+        let mut st = vec![1i64; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            st[i] = st[i + 1].saturating_mul(shape[i + 1]);
+        }
+        st
+    };
+    let fs = fs.map_or_else(|| compact(shape), <[i64]>::to_vec);
+    let ts = ts.map_or_else(|| compact(shape), <[i64]>::to_vec);
+    // (extent, from stride, to stride), innermost first, extents of 1 dropped, mergeable
+    // neighbours merged.
+    let mut dims: Vec<(usize, usize, usize)> = Vec::new();
+    for i in (0..shape.len()).rev() {
+        let n = usize::try_from(shape[i]).ok()?;
+        if n == 1 {
+            continue;
+        }
+        let (f, t) = (usize::try_from(fs[i]).ok()?, usize::try_from(ts[i]).ok()?);
+        match dims.last_mut() {
+            Some(top) if top.1.checked_mul(top.0)? == f && top.2.checked_mul(top.0)? == t => {
+                top.0 = top.0.checked_mul(n)?;
+            }
+            _ => dims.push((n, f, t)),
+        }
+    }
+    if dims.is_empty() {
+        dims.push((1, 1, 1));
+    }
+    if dims.len() > 3 || dims[0].1 != 1 || dims[0].2 != 1 {
+        return None;
+    }
+    let get = |k: usize| dims.get(k).copied();
+    let region = [
+        dims[0].0.checked_mul(elem)?,
+        get(1).map_or(1, |d| d.0),
+        get(2).map_or(1, |d| d.0),
+    ];
+    let side = |pick: fn(&(usize, usize, usize)) -> usize, off: u64| -> Option<(sys::Rect, u64)> {
+        let row = match get(1) {
+            Some(d) => pick(&d).checked_mul(elem)?,
+            None => region[0],
+        };
+        let slice = match get(2) {
+            Some(d) => pick(&d).checked_mul(elem)?,
+            None => row.checked_mul(region[1])?,
+        };
+        if row < region[0] || slice < row.checked_mul(region[1])? || slice % row != 0 {
+            return None;
+        }
+        let span = (region[2] - 1)
+            .checked_mul(slice)?
+            .checked_add((region[1] - 1).checked_mul(row)?)?
+            .checked_add(region[0])?;
+        let rect = sys::Rect {
+            origin: [usize::try_from(off).ok()?, 0, 0],
+            row_pitch: row,
+            slice_pitch: slice,
+        };
+        Some((rect, span as u64))
+    };
+    let (from, from_span) = side(|d| d.1, foff)?;
+    let (to, to_span) = side(|d| d.2, toff)?;
+    Some(RectPlan {
+        region,
+        from,
+        to,
+        from_span,
+        to_span,
+    })
+}
+
 /// `"OpenCL C 1.2 pocl"` -> `"1.2"`.
 fn version_number(s: &str) -> Option<String> {
     s.split_whitespace()
@@ -593,6 +687,75 @@ impl DeviceMemoryApi for OpenClDeviceApi {
         }
     }
 
+    unsafe fn raw_copy_strided(
+        &self,
+        from: &DLTensor,
+        to: &DLTensor,
+        stream: StreamHandle,
+    ) -> DeviceResult<()> {
+        let (fdev, tdev) = (Device::from(from.device), Device::from(to.device));
+        let unsupported = |what: &str| DeviceError::Unsupported {
+            device: if fdev.device_type == DeviceType::OPENCL {
+                fdev
+            } else {
+                tdev
+            },
+            what: what.to_owned(),
+        };
+        let bits = usize::from(from.dtype.bits) * usize::from(from.dtype.lanes);
+        if bits % 8 != 0 {
+            return Err(unsupported("strided copies of sub-byte elements"));
+        }
+        // SAFETY: shape and strides hold `ndim` entries (this function's contract).
+        let (shape, fs, ts) = unsafe { (shape_of(from)?, strides_of(from), strides_of(to)) };
+        let plan = plan_rect(shape, fs, ts, bits / 8, from.byte_offset, to.byte_offset)
+            .ok_or_else(|| {
+                unsupported(
+                    "this strided copy (OpenCL copies rectangles of up to 3 dimensions with a                      contiguous inner run and growing pitches)",
+                )
+            })?;
+        let cl = |d: Device| d.device_type == DeviceType::OPENCL;
+        let (fptr, tptr) = (DevicePtr::from_raw(from.data), DevicePtr::from_raw(to.data));
+        match (cl(fdev), cl(tdev)) {
+            (true, true) if fdev == tdev => {
+                let a = self.buffer("copy", fdev, fptr, from.byte_offset, plan.from_span)?;
+                let b = self.buffer("copy", tdev, tptr, to.byte_offset, plan.to_span)?;
+                self.stream(fdev, stream)?
+                    .enqueue(|q| q.copy_rect(&a, &b, plan.from, plan.to, plan.region))
+                    .map_err(|e| driver(fdev, e))
+            }
+            (false, true) if fdev.is_cpu() => {
+                let b = self.buffer("copy", tdev, tptr, to.byte_offset, plan.to_span)?;
+                self.stream(tdev, stream)?
+                    .enqueue(|q| {
+                        // SAFETY: the host tensor's elements are readable until the copy
+                        // completes (this function's contract); the rectangle covers exactly
+                        // them.
+                        unsafe {
+                            q.write_rect(&b, plan.to, fptr.0 as *const u8, plan.from, plan.region)
+                        }
+                    })
+                    .map_err(|e| driver(tdev, e))
+            }
+            (true, false) if tdev.is_cpu() => {
+                let a = self.buffer("copy", fdev, fptr, from.byte_offset, plan.from_span)?;
+                self.stream(fdev, stream)?
+                    .enqueue(|q| {
+                        // SAFETY: the host tensor's elements are writable until the copy
+                        // completes (this function's contract); the rectangle covers exactly
+                        // them.
+                        unsafe {
+                            q.read_rect(&a, plan.from, tptr.0 as *mut u8, plan.to, plan.region)
+                        }
+                    })
+                    .map_err(|e| driver(fdev, e))
+            }
+            _ => Err(unsupported(&format!(
+                "direct strided copies between {fdev} and {tdev}"
+            ))),
+        }
+    }
+
     fn raw_memset(
         &self,
         dev: Device,
@@ -833,5 +996,30 @@ fn event_done(dev: Device, ev: &sys::Event) -> DeviceResult<bool> {
             ),
         }),
         _ => Ok(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_rect;
+
+    #[test]
+    fn a_sub_block_of_a_matrix_is_one_rectangle() {
+        // Rows 1..3, columns 2..5 of a 4x8 f32 matrix, to a compact 2x3.
+        let p = plan_rect(&[2, 3], Some(&[8, 1]), None, 4, 40, 0).unwrap();
+        assert_eq!(p.region, [12, 2, 1]);
+        assert_eq!((p.from.origin, p.from.row_pitch), ([40, 0, 0], 32));
+        assert_eq!((p.to.row_pitch, p.to.slice_pitch), (12, 24));
+        assert_eq!((p.from_span, p.to_span), (44, 24));
+    }
+
+    #[test]
+    fn compact_layouts_merge_and_transposes_are_refused() {
+        let p = plan_rect(&[2, 3, 4], None, Some(&[12, 4, 1]), 1, 0, 0).unwrap();
+        assert_eq!(p.region, [24, 1, 1]);
+        assert!(plan_rect(&[4, 3], Some(&[1, 4]), None, 4, 0, 0).is_none());
+        // Four dimensions that do not merge.
+        assert!(plan_rect(&[2, 2, 2, 2], Some(&[64, 16, 4, 1]), None, 4, 0, 0).is_none());
+        assert!(plan_rect(&[3], Some(&[-1]), None, 4, 0, 0).is_none());
     }
 }

@@ -292,6 +292,53 @@ struct Fns {
         *const cl_event,
         *mut cl_event,
     ) -> cl_int,
+    enqueue_read_buffer_rect: unsafe extern "C" fn(
+        cl_command_queue,
+        cl_mem,
+        cl_bool,
+        *const usize,
+        *const usize,
+        *const usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        *mut c_void,
+        cl_uint,
+        *const cl_event,
+        *mut cl_event,
+    ) -> cl_int,
+    enqueue_write_buffer_rect: unsafe extern "C" fn(
+        cl_command_queue,
+        cl_mem,
+        cl_bool,
+        *const usize,
+        *const usize,
+        *const usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        *const c_void,
+        cl_uint,
+        *const cl_event,
+        *mut cl_event,
+    ) -> cl_int,
+    enqueue_copy_buffer_rect: unsafe extern "C" fn(
+        cl_command_queue,
+        cl_mem,
+        cl_mem,
+        *const usize,
+        *const usize,
+        *const usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        cl_uint,
+        *const cl_event,
+        *mut cl_event,
+    ) -> cl_int,
     enqueue_copy_buffer: unsafe extern "C" fn(
         cl_command_queue,
         cl_mem,
@@ -427,6 +474,9 @@ fn open() -> Result<Cl, String> {
             release_mem_object: sym!("clReleaseMemObject"),
             enqueue_read_buffer: sym!("clEnqueueReadBuffer"),
             enqueue_write_buffer: sym!("clEnqueueWriteBuffer"),
+            enqueue_read_buffer_rect: sym!("clEnqueueReadBufferRect"),
+            enqueue_write_buffer_rect: sym!("clEnqueueWriteBufferRect"),
+            enqueue_copy_buffer_rect: sym!("clEnqueueCopyBufferRect"),
             enqueue_copy_buffer: sym!("clEnqueueCopyBuffer"),
             enqueue_fill_buffer: sym!("clEnqueueFillBuffer"),
             finish: sym!("clFinish"),
@@ -892,6 +942,18 @@ fn list_ptr(v: &[cl_event]) -> *const cl_event {
     }
 }
 
+/// One side of a rectangular copy: where the rectangle starts (`origin[0]` in bytes, then rows
+/// and slices) and the bytes between rows and between slices.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Rect {
+    /// Bytes, rows, slices.
+    pub origin: [usize; 3],
+    /// Bytes from one row to the next.
+    pub row_pitch: usize,
+    /// Bytes from one slice to the next.
+    pub slice_pitch: usize,
+}
+
 impl Mem {
     /// The `cl_mem` value (kiln's `DevicePtr` for the buffer).
     pub fn raw(&self) -> usize {
@@ -1001,6 +1063,130 @@ impl Queue {
             )
         };
         ret("clEnqueueCopyBuffer", r, ev, |raw| Event {
+            raw,
+            cl: self.cl,
+        })
+    }
+
+    /// `clEnqueueWriteBufferRect`, non-blocking: `region` (bytes, rows, slices) from the host
+    /// rectangle at `host` to the buffer rectangle.
+    ///
+    /// # Errors
+    /// Driver failures.
+    ///
+    /// # Safety
+    /// - Every byte of the host rectangle (`host_rect` over `region` from `host`) is readable
+    ///   until the command completes.
+    pub unsafe fn write_rect(
+        &self,
+        mem: &Mem,
+        buf: Rect,
+        host: *const u8,
+        host_rect: Rect,
+        region: [usize; 3],
+    ) -> ClResult<Event> {
+        let mut ev: cl_event = std::ptr::null_mut();
+        // SAFETY: live queue and buffer; the three arrays hold 3 entries; the host rectangle is
+        // readable until completion (caller); the driver checks the buffer rectangle.
+        let r = unsafe {
+            (self.cl.fns.enqueue_write_buffer_rect)(
+                self.raw,
+                mem.raw,
+                CL_FALSE,
+                buf.origin.as_ptr(),
+                host_rect.origin.as_ptr(),
+                region.as_ptr(),
+                buf.row_pitch,
+                buf.slice_pitch,
+                host_rect.row_pitch,
+                host_rect.slice_pitch,
+                host.cast(),
+                0,
+                std::ptr::null(),
+                &mut ev,
+            )
+        };
+        ret("clEnqueueWriteBufferRect", r, ev, |raw| Event {
+            raw,
+            cl: self.cl,
+        })
+    }
+
+    /// `clEnqueueReadBufferRect`, non-blocking: `region` from the buffer rectangle to the host
+    /// rectangle at `host`.
+    ///
+    /// # Errors
+    /// Driver failures.
+    ///
+    /// # Safety
+    /// - Every byte of the host rectangle is writable until the command completes, and nothing
+    ///   else accesses it meanwhile.
+    pub unsafe fn read_rect(
+        &self,
+        mem: &Mem,
+        buf: Rect,
+        host: *mut u8,
+        host_rect: Rect,
+        region: [usize; 3],
+    ) -> ClResult<Event> {
+        let mut ev: cl_event = std::ptr::null_mut();
+        // SAFETY: as `write_rect`, with the host rectangle writable (caller).
+        let r = unsafe {
+            (self.cl.fns.enqueue_read_buffer_rect)(
+                self.raw,
+                mem.raw,
+                CL_FALSE,
+                buf.origin.as_ptr(),
+                host_rect.origin.as_ptr(),
+                region.as_ptr(),
+                buf.row_pitch,
+                buf.slice_pitch,
+                host_rect.row_pitch,
+                host_rect.slice_pitch,
+                host.cast(),
+                0,
+                std::ptr::null(),
+                &mut ev,
+            )
+        };
+        ret("clEnqueueReadBufferRect", r, ev, |raw| Event {
+            raw,
+            cl: self.cl,
+        })
+    }
+
+    /// `clEnqueueCopyBufferRect`: `region` from the `src` rectangle to the `dst` rectangle.
+    ///
+    /// # Errors
+    /// Driver failures (`CL_MEM_COPY_OVERLAP` for overlapping rectangles of one buffer).
+    pub fn copy_rect(
+        &self,
+        src: &Mem,
+        dst: &Mem,
+        s: Rect,
+        d: Rect,
+        region: [usize; 3],
+    ) -> ClResult<Event> {
+        let mut ev: cl_event = std::ptr::null_mut();
+        // SAFETY: live queue and buffers; 3-entry arrays; the driver checks both rectangles.
+        let r = unsafe {
+            (self.cl.fns.enqueue_copy_buffer_rect)(
+                self.raw,
+                src.raw,
+                dst.raw,
+                s.origin.as_ptr(),
+                d.origin.as_ptr(),
+                region.as_ptr(),
+                s.row_pitch,
+                s.slice_pitch,
+                d.row_pitch,
+                d.slice_pitch,
+                0,
+                std::ptr::null(),
+                &mut ev,
+            )
+        };
+        ret("clEnqueueCopyBufferRect", r, ev, |raw| Event {
             raw,
             cl: self.cl,
         })
