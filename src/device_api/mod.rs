@@ -25,7 +25,8 @@
 //!
 //! `unsafe` code lives in `cpu.rs` (allocator and host copies), `tensor.rs` (slice views and
 //! DLPack), `null.rs` (host side of its copies), `copy.rs` (forwarding the copy contract),
-//! `plugin/sys.rs` (the plugin ABI) and `opencl/sys.rs` (the OpenCL C API).
+//! `plugin/sys.rs` (the plugin ABI) and `opencl/sys.rs` (the OpenCL C API; `opencl/mod.rs`
+//! forwards the copy contract to it).
 //!
 //! # Example
 //!

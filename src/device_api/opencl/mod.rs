@@ -3,7 +3,7 @@
 //!
 //! # Design
 //!
-//! - **Binding.** [`sys`] opens `libOpenCL.so.1` (the Khronos ICD loader) with `libloading` and
+//! - **Binding.** `sys.rs` opens `libOpenCL.so.1` (the Khronos ICD loader) with `libloading` and
 //!   keeps a small typed table of the entry points used here. Nothing is linked at build time:
 //!   kiln builds and runs without OpenCL, and then this backend has 0 devices. Devices are
 //!   discovered on first use, not at registry initialization, so processes that never touch
@@ -21,8 +21,9 @@
 //! - **Copies.** Host <-> device: non-blocking `clEnqueueWrite/ReadBuffer`; device -> device on
 //!   one device: `clEnqueueCopyBuffer`. Between two OpenCL devices, and between OpenCL and any
 //!   other backend, `raw_copy` answers `Unsupported` and the provided `copy_data_from_to`
-//!   bounces through host memory. Strided device tensors are not walked by the device (the
-//!   provided fallback packs a strided *host* side through a compact buffer).
+//!   bounces through host memory. A strided layout that is one rectangle of up to three
+//!   dimensions with a contiguous inner run is copied with `clEnqueue*BufferRect`; other strided
+//!   host sides are packed through a compact buffer by the provided fallback.
 //! - **Streams** are in-order command queues with profiling enabled; the default stream is one
 //!   queue per device. Each stream remembers the event of the last command enqueued on it, so
 //!   querying a stream never blocks and never enqueues. Sync is `clFinish`.
@@ -36,6 +37,9 @@
 //! - **Errors** from the driver are [`DeviceError::Backend`] with the failed call and the error
 //!   code's name (`clCreateBuffer failed with CL_OUT_OF_RESOURCES (-5)`), and become the thread's
 //!   last error like every other failure.
+//!
+//! The `unsafe` code is in `sys.rs`; this file only forwards the host-pointer contract of
+//! `raw_copy` / `raw_copy_strided` to the enqueue calls, and reads a tensor's shape and strides.
 //!
 //! Without any OpenCL platform, `device_count()` is 0 and using `opencl:0` says that no platform
 //! was found and how to install one ([`NO_PLATFORM_HELP`]).
