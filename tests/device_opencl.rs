@@ -391,6 +391,17 @@ fn bad_launches_are_clear_errors() {
         m.contains("argument 0") && m.contains("not a live allocation"),
         "{m}"
     );
+    // A scalar for a pointer parameter (which the driver would read as a cl_mem), and back.
+    let m = launch("add1", &[int_arg(1), int_arg(1)], one, one);
+    assert!(
+        m.contains("argument 0") && m.contains("takes a buffer"),
+        "{m}"
+    );
+    let m = launch("add1", &[buf(256), buf(256)], one, one);
+    assert!(
+        m.contains("argument 1") && m.contains("takes a scalar"),
+        "{m}"
+    );
     let m = launch("add1", &[buf(256), int_arg(1)], [100, 1, 1], [64, 1, 1]);
     assert!(m.contains("not a multiple"), "{m}");
     let huge = 1usize << 20;

@@ -38,10 +38,23 @@ pub enum KernelArg {
     },
 }
 
+/// What a kernel parameter takes, from `clGetKernelArgInfo`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Param {
+    /// A `__global` or `__constant` pointer: a buffer.
+    Buffer,
+    /// A `__local` pointer (not expressible as a [`KernelArg`]).
+    Local,
+    /// A value.
+    Scalar,
+}
+
 struct KernelEntry {
     kernel: sys::Kernel,
     num_args: u32,
     max_work_group: usize,
+    /// Each parameter's kind and type name, when the driver reports them.
+    params: Option<Vec<(Param, String)>>,
 }
 
 struct Built {
@@ -118,7 +131,8 @@ impl OpenClProgram {
             .context
             .program(&self.source)
             .map_err(|e| driver(dev, e))?;
-        if let Err((e, log)) = program.build(d.id, "") {
+        // Argument info lets launches check buffer-versus-scalar parameters.
+        if let Err((e, log)) = program.build(d.id, "-cl-kernel-arg-info") {
             return Err(DeviceError::Backend {
                 device: dev,
                 message: format!("building the OpenCL program: {e}; build log:\n{log}"),
@@ -164,10 +178,23 @@ impl OpenClProgram {
             .work_group_size(d.id)
             .map_err(|e| driver(dev, e))?
             .min(d.max_work_group);
+        let params = (0..num_args)
+            .map(|i| {
+                let kind = match kernel.arg_address_qualifier(i).ok()? {
+                    sys::CL_KERNEL_ARG_ADDRESS_GLOBAL | sys::CL_KERNEL_ARG_ADDRESS_CONSTANT => {
+                        Param::Buffer
+                    }
+                    sys::CL_KERNEL_ARG_ADDRESS_LOCAL => Param::Local,
+                    _ => Param::Scalar,
+                };
+                Some((kind, kernel.arg_type_name(i).unwrap_or_default()))
+            })
+            .collect();
         let entry = Arc::new(Mutex::new(KernelEntry {
             kernel,
             num_args,
             max_work_group,
+            params,
         }));
         kernels.insert(name.to_owned(), entry.clone());
         Ok(entry)
@@ -176,7 +203,9 @@ impl OpenClProgram {
     /// Enqueues kernel `name` on the calling thread's current stream of opencl:`device_id` and
     /// returns without waiting. `global[i]` is the total work-items per axis (grid * block),
     /// `local[i]` the work-group size per axis (block). Checked before the driver is called:
-    /// the device exists, the kernel exists, the argument count matches, each buffer is a live
+    /// the device exists, the kernel exists, the argument count matches, each argument is a
+    /// buffer or a scalar as its parameter wants (from the driver's argument info, the program
+    /// being built with `-cl-kernel-arg-info`), each buffer is a live
     /// allocation of that device holding at least `min_bytes`, `global` is a multiple of
     /// `local`, and the work-group fits the kernel's and device's limits. Any zero global extent
     /// launches nothing.
@@ -214,15 +243,36 @@ impl OpenClProgram {
         };
         let built = self.built(api, dev)?;
         let entry = self.kernel(api, dev, &built, name)?;
-        let (num_args, max_wg) = {
+        let (num_args, max_wg, params) = {
             let k = lock(&entry);
-            (k.num_args, k.max_work_group)
+            (k.num_args, k.max_work_group, k.params.clone())
         };
         if args.len() != num_args as usize {
             return Err(invalid(format!(
                 "the kernel takes {num_args} argument(s), the launch passes {}",
                 args.len()
             )));
+        }
+        // A value passed for a pointer parameter would make the driver read it as a `cl_mem`.
+        for (i, (a, (param, ty))) in args.iter().zip(params.iter().flatten()).enumerate() {
+            let given = match a {
+                KernelArg::Buffer { .. } => Param::Buffer,
+                KernelArg::Scalar { .. } => Param::Scalar,
+            };
+            if *param == Param::Local {
+                return Err(invalid(format!(
+                    "argument {i}: the parameter is `__local {ty}`, which launches cannot set"
+                )));
+            }
+            if given != *param {
+                let (want, got) = match param {
+                    Param::Buffer => ("a buffer", "a scalar"),
+                    _ => ("a scalar", "a buffer"),
+                };
+                return Err(invalid(format!(
+                    "argument {i}: the parameter `{ty}` takes {want}, the launch passes {got}"
+                )));
+            }
         }
         let mut buffers = Vec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {

@@ -69,6 +69,14 @@ const CL_PROGRAM_KERNEL_NAMES: cl_uint = 0x1168;
 const CL_KERNEL_NUM_ARGS: cl_uint = 0x1191;
 const CL_KERNEL_WORK_GROUP_SIZE: cl_uint = 0x11B0;
 const CL_PLATFORM_NAME: cl_uint = 0x0902;
+const CL_KERNEL_ARG_ADDRESS_QUALIFIER: cl_uint = 0x1196;
+const CL_KERNEL_ARG_TYPE_NAME: cl_uint = 0x1198;
+/// `CL_KERNEL_ARG_ADDRESS_GLOBAL`.
+pub const CL_KERNEL_ARG_ADDRESS_GLOBAL: cl_uint = 0x119B;
+/// `CL_KERNEL_ARG_ADDRESS_LOCAL`.
+pub const CL_KERNEL_ARG_ADDRESS_LOCAL: cl_uint = 0x119C;
+/// `CL_KERNEL_ARG_ADDRESS_CONSTANT`.
+pub const CL_KERNEL_ARG_ADDRESS_CONSTANT: cl_uint = 0x119D;
 
 /// `clGetDeviceInfo` parameter names kiln asks for.
 pub mod device_info {
@@ -398,6 +406,8 @@ struct Fns {
     create_kernel: unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel,
     get_kernel_info: InfoFn,
     get_kernel_work_group_info: Info2Fn,
+    get_kernel_arg_info:
+        unsafe extern "C" fn(cl_kernel, cl_uint, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
     set_kernel_arg: unsafe extern "C" fn(cl_kernel, cl_uint, usize, *const c_void) -> cl_int,
     release_kernel: RefFn,
     enqueue_nd_range_kernel: unsafe extern "C" fn(
@@ -500,6 +510,7 @@ fn open() -> Result<Cl, String> {
             create_kernel: sym!("clCreateKernel"),
             get_kernel_info: sym!("clGetKernelInfo"),
             get_kernel_work_group_info: sym!("clGetKernelWorkGroupInfo"),
+            get_kernel_arg_info: sym!("clGetKernelArgInfo"),
             set_kernel_arg: sym!("clSetKernelArg"),
             release_kernel: sym!("clReleaseKernel"),
             enqueue_nd_range_kernel: sym!("clEnqueueNDRangeKernel"),
@@ -1498,6 +1509,32 @@ impl Kernel {
             // SAFETY: live kernel, a device of its program; `v` holds `n` bytes.
             unsafe { f(self.raw, dev.id, CL_KERNEL_WORK_GROUP_SIZE, n, v, r) }
         })
+    }
+
+    /// `CL_KERNEL_ARG_ADDRESS_QUALIFIER` of parameter `index` (`CL_KERNEL_ARG_ADDRESS_*`); needs a
+    /// program built with `-cl-kernel-arg-info`.
+    ///
+    /// # Errors
+    /// Driver failures (`CL_KERNEL_ARG_INFO_NOT_AVAILABLE`).
+    pub fn arg_address_qualifier(&self, index: u32) -> ClResult<u32> {
+        let f = self.cl.fns.get_kernel_arg_info;
+        info_value("clGetKernelArgInfo", |n, v, r| {
+            // SAFETY: live kernel; `v` holds `n` bytes.
+            unsafe { f(self.raw, index, CL_KERNEL_ARG_ADDRESS_QUALIFIER, n, v, r) }
+        })
+    }
+
+    /// `CL_KERNEL_ARG_TYPE_NAME` of parameter `index` (`"float*"`).
+    ///
+    /// # Errors
+    /// Driver failures (`CL_KERNEL_ARG_INFO_NOT_AVAILABLE`).
+    pub fn arg_type_name(&self, index: u32) -> ClResult<String> {
+        let f = self.cl.fns.get_kernel_arg_info;
+        info_bytes("clGetKernelArgInfo", |n, v, r| {
+            // SAFETY: live kernel; `v` is NULL (n = 0) or holds `n` bytes.
+            unsafe { f(self.raw, index, CL_KERNEL_ARG_TYPE_NAME, n, v, r) }
+        })
+        .map(c_string)
     }
 
     /// Sets argument `index` to a buffer.
