@@ -605,3 +605,53 @@ fn strided_device_tensors_copy_as_rectangles() {
     api.free_data_space(dev, p).unwrap();
     api.free_data_space(dev, q).unwrap();
 }
+
+#[test]
+fn tensors_cross_between_opencl_and_other_backends_through_the_host() {
+    let Some((_api, dev)) = device("tensors_cross_between_opencl_and_other_backends") else {
+        return;
+    };
+    let code = device_api::next_extension_code().unwrap();
+    let null: Arc<dyn DeviceApi> = Arc::new(kiln::device_api::NullDeviceApi::new(
+        "ocl_test_null",
+        code,
+        1,
+        1 << 20,
+    ));
+    device_api::register_device_api("ocl_test_null", code, null).unwrap();
+    let other = Device::new(code, 0);
+    let data: Vec<i32> = (0..100).collect();
+    let t = kiln::device_api::Tensor::from_slice(&data, &[10, 10], dev).unwrap();
+    let u = t.copy_to(other).unwrap();
+    assert_eq!(u.to_vec::<i32>().unwrap(), data);
+    let back = u.copy_to(dev).unwrap();
+    assert_eq!(back.to_vec::<i32>().unwrap(), data);
+}
+
+#[test]
+fn kiln_devices_lists_the_opencl_devices_and_their_attributes() {
+    let Some((api, _dev)) = device("kiln_devices_lists_the_opencl_devices") else {
+        return;
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["devices", "opencl", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = &v["backends"][0];
+    assert_eq!(b["name"], "opencl");
+    assert_eq!(b["code"], 4);
+    assert_eq!(
+        b["device_count"].as_u64().unwrap() as usize,
+        api.device_count().unwrap()
+    );
+    let attrs = b["devices"][0]["attributes"].as_object().unwrap();
+    assert_eq!(attrs.len(), 17);
+    assert!(!attrs["device_name"].as_str().unwrap().is_empty());
+    assert!(attrs["max_threads_per_block"].as_i64().unwrap() > 0);
+}
