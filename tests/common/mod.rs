@@ -150,7 +150,7 @@ pub fn check_vadd(f: &kiln::packed_func::PackedFunc, n: i64) {
 }
 
 /// `opencl:0` and its backend when an OpenCL device exists. Without one, prints a visible
-/// `skipping: no OpenCL device (...)` line for `test` and returns `None` (the caller returns),
+/// `skipping: no OpenCL device (...) [test]` line and returns `None` (the caller returns),
 /// except under `KILN_REQUIRE_OPENCL=1` (CI), where this panics.
 pub fn opencl_device(
     test: &str,
@@ -171,6 +171,6 @@ pub fn opencl_device(
         Ok("1"),
         "KILN_REQUIRE_OPENCL=1 but there is no OpenCL device: {why}"
     );
-    eprintln!("skipping {test}: no OpenCL device ({why})");
+    eprintln!("skipping: no OpenCL device ({why}) [{test}]");
     None
 }
