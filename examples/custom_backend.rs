@@ -99,6 +99,7 @@ impl FooDeviceApi {
                 ptr: r.ptr,
                 offset: r.offset,
                 nbytes: nbytes as u64,
+                allocation: None,
             }),
         }
     }

@@ -769,6 +769,25 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
                 .and_then(|()| self.raw_destroy_event(dev, event)),
         )
     }
+
+    /// The device time from `start`'s recorded point to `end`'s, after both have completed
+    /// (blocks until then).
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidEvent`]; [`DeviceError::Unsupported`] for a backend without event
+    /// timing; an event never recorded.
+    fn event_elapsed(
+        &self,
+        dev: Device,
+        start: EventHandle,
+        end: EventHandle,
+    ) -> DeviceResult<std::time::Duration> {
+        noted(
+            self,
+            self.check_device(dev)
+                .and_then(|()| self.raw_event_elapsed(dev, start, end)),
+        )
+    }
 }
 
 /// The shape of a `DLTensor` as a slice, after checking `ndim` and the pointer.

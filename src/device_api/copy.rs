@@ -331,6 +331,9 @@ mod forward {
         fn host_accessible(&self) -> bool {
             self.0.host_accessible()
         }
+        fn pointers_are_handles(&self) -> bool {
+            self.0.pointers_are_handles()
+        }
     }
 
     impl<A: DeviceApi + ?Sized> DeviceStreamApi for ForwardRef<'_, A> {
@@ -381,6 +384,14 @@ mod forward {
         }
         fn raw_destroy_event(&self, dev: Device, e: EventHandle) -> DeviceResult<()> {
             self.0.raw_destroy_event(dev, e)
+        }
+        fn raw_event_elapsed(
+            &self,
+            dev: Device,
+            start: EventHandle,
+            end: EventHandle,
+        ) -> DeviceResult<std::time::Duration> {
+            self.0.raw_event_elapsed(dev, start, end)
         }
     }
 }

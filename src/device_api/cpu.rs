@@ -111,6 +111,7 @@ impl CpuDeviceApi {
             ptr,
             offset,
             nbytes: nbytes as u64,
+            allocation: None,
         };
         let start = usize::try_from(offset)
             .ok()

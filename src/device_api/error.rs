@@ -100,7 +100,8 @@ pub enum DeviceError {
     /// A byte range outside every live allocation of the backend (memset or copy on device
     /// memory). Fix the input.
     #[error(
-        "{op} on {device}: bytes [{ptr} + {offset}, +{nbytes}) are not inside a live allocation"
+        "{op} on {device}: bytes [{ptr} + {offset}, +{nbytes}) {}",
+        oob_detail(*.allocation)
     )]
     OutOfBounds {
         /// The operation.
@@ -113,6 +114,9 @@ pub enum DeviceError {
         offset: u64,
         /// The length.
         nbytes: u64,
+        /// The size of the allocation `ptr` starts, when it is a live one (the range runs past
+        /// its end); `None` when `ptr` is not a live allocation.
+        allocation: Option<u64>,
     },
     /// Source and destination of a copy disagree (shape, dtype or byte size). Fix the input.
     #[error("copying {from} to {to}: {reason}")]
@@ -122,6 +126,17 @@ pub enum DeviceError {
         /// The destination, described.
         to: String,
         /// What differs: expected vs found.
+        reason: String,
+    },
+    /// A kernel launch the runtime refused before reaching the driver (unknown kernel, wrong
+    /// argument count, a buffer too small or not live, a bad work-group size). Fix the launch.
+    #[error("launching kernel `{kernel}` on {device}: {reason}")]
+    InvalidLaunch {
+        /// The device.
+        device: Device,
+        /// The kernel's name.
+        kernel: String,
+        /// What is wrong: expected vs found.
         reason: String,
     },
     /// A malformed tensor (negative extent, NULL data with elements, bad ndim...). Fix the input.
@@ -183,6 +198,13 @@ pub enum DeviceError {
     },
 }
 
+fn oob_detail(allocation: Option<u64>) -> String {
+    match allocation {
+        Some(size) => format!("run past the end of its allocation of {size} bytes"),
+        None => "are not inside a live allocation".to_owned(),
+    }
+}
+
 fn detail(reason: &str) -> String {
     if reason.is_empty() {
         String::new()
@@ -204,6 +226,7 @@ impl DeviceError {
             | Self::CopyMismatch { .. }
             | Self::InvalidTensor(_)
             | Self::OutOfBounds { .. }
+            | Self::InvalidLaunch { .. }
             | Self::DlPack(_) => "ValueError",
             _ => "RuntimeError",
         }

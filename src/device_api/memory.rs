@@ -198,6 +198,14 @@ pub trait DeviceMemoryApi {
     fn host_accessible(&self) -> bool {
         false
     }
+
+    /// Whether this backend's pointers are opaque handles rather than addresses (OpenCL's
+    /// `cl_mem`, as TVM's OpenCL runtime keeps in `DLTensor::data`): they carry no alignment
+    /// and take no arithmetic; offsets travel separately (`byte_offset`, [`MemRegion::offset`]).
+    /// False by default.
+    fn pointers_are_handles(&self) -> bool {
+        false
+    }
 }
 
 /// The number of bytes of a tensor's elements (TVM's `GetDataSize`): the element count times

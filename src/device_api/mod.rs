@@ -20,11 +20,13 @@
 //!   backend. [`init`] also fills the context slots `__TVMBackendAllocWorkspace` /
 //!   `__TVMBackendFreeWorkspace` that generated code calls.
 //! - [`CpuDeviceApi`] is the host; [`NullDeviceApi`] a device without hardware for tests;
+//!   [`OpenClDeviceApi`] any OpenCL 1.2+ driver, loaded at run time ([`opencl`]);
 //!   [`plugin`] loads vendor backends from shared libraries (`include/kiln/device_plugin.h`).
 //!
 //! `unsafe` code lives in `cpu.rs` (allocator and host copies), `tensor.rs` (slice views and
-//! DLPack), `null.rs` (host side of its copies), `copy.rs` (forwarding the copy contract) and
-//! `plugin/sys.rs` (the plugin ABI).
+//! DLPack), `null.rs` (host side of its copies), `copy.rs` (forwarding the copy contract),
+//! `plugin/sys.rs` (the plugin ABI) and `opencl/sys.rs` (the OpenCL C API; `opencl/mod.rs`
+//! forwards the copy contract to it).
 //!
 //! # Example
 //!
@@ -49,6 +51,7 @@ pub mod error;
 pub mod kernels;
 pub mod memory;
 pub mod null;
+pub mod opencl;
 pub mod plugin;
 pub mod registry;
 pub mod stream;
@@ -61,6 +64,7 @@ pub use device::{Device, DeviceType};
 pub use error::{DeviceError, DeviceResult};
 pub use memory::{data_size, DeviceMemoryApi, DevicePtr, HostCallback, MemRegion, MemoryStats};
 pub use null::NullDeviceApi;
+pub use opencl::OpenClDeviceApi;
 pub use plugin::{load_plugin, load_plugins_from_env, PluginDeviceApi, PluginError};
 pub use registry::{
     copy_data_from_to, get, get_by_name, get_for, init, list, next_extension_code,

@@ -84,6 +84,7 @@ impl NullDeviceApi {
             ptr: r.ptr,
             offset: r.offset,
             nbytes: nbytes as u64,
+            allocation: None,
         };
         let dev = usize::try_from(r.device.device_id).map_err(|_| oob())?;
         let mem = st.memory.get(dev).ok_or_else(oob)?;

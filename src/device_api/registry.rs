@@ -40,7 +40,7 @@ fn write() -> RwLockWriteGuard<'static, Vec<Entry>> {
     table().write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Registers the built-in backends (the CPU), the `device_api.<name>` globals and the runtime
+/// Registers the built-in backends (the CPU, OpenCL), the `device_api.<name>` globals and the runtime
 /// context slots (`__TVMBackendAllocWorkspace`, `__TVMBackendFreeWorkspace`). Idempotent and
 /// cheap after the first call; every lookup here calls it, so calling it is only needed before
 /// loading a library that uses the slots.
@@ -54,6 +54,14 @@ pub fn init() {
             api: cpu,
         });
         register_global("cpu", DeviceType::CPU);
+        // OpenCL is always registered; it finds its devices (maybe none) on first use.
+        let opencl: Arc<dyn DeviceApi> = super::opencl::instance();
+        write().push(Entry {
+            name: "opencl".to_owned(),
+            code: DeviceType::OPENCL,
+            api: opencl,
+        });
+        register_global("opencl", DeviceType::OPENCL);
         crate::packed_func::library::register_context_symbol(
             "__TVMBackendAllocWorkspace",
             workspace::backend_alloc_workspace_ptr(),

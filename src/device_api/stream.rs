@@ -271,4 +271,23 @@ pub trait DeviceStreamApi {
     /// # Errors
     /// A dead handle.
     fn raw_destroy_event(&self, dev: Device, event: EventHandle) -> DeviceResult<()>;
+
+    /// The device time between the recorded points of `start` and `end`, blocking until both
+    /// have completed (CUDA's `cudaEventElapsedTime`). The default has no timer.
+    ///
+    /// # Errors
+    /// [`DeviceError::Unsupported`](super::DeviceError::Unsupported) by default; a dead handle; an
+    /// event never recorded; no timing information from the driver.
+    fn raw_event_elapsed(
+        &self,
+        dev: Device,
+        start: EventHandle,
+        end: EventHandle,
+    ) -> DeviceResult<std::time::Duration> {
+        let _ = (start, end);
+        Err(super::DeviceError::Unsupported {
+            device: dev,
+            what: "timing between events".to_owned(),
+        })
+    }
 }

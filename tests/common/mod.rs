@@ -148,3 +148,29 @@ pub fn check_vadd(f: &kiln::packed_func::PackedFunc, n: i64) {
     let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
     assert_eq!(tc.to_f32(), want);
 }
+
+/// `opencl:0` and its backend when an OpenCL device exists. Without one, prints a visible
+/// `skipping: no OpenCL device (...) [test]` line and returns `None` (the caller returns),
+/// except under `KILN_REQUIRE_OPENCL=1` (CI), where this panics.
+pub fn opencl_device(
+    test: &str,
+) -> Option<(
+    std::sync::Arc<kiln::device_api::OpenClDeviceApi>,
+    kiln::device_api::Device,
+)> {
+    use kiln::device_api::{opencl, Device, DeviceApi, DeviceType};
+    let why = match opencl::global() {
+        Ok(api) if api.device_count().unwrap_or(0) > 0 => {
+            return Some((api, Device::new(DeviceType::OPENCL, 0)))
+        }
+        Ok(_) => "the OpenCL backend has no device".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    assert_ne!(
+        std::env::var("KILN_REQUIRE_OPENCL").as_deref(),
+        Ok("1"),
+        "KILN_REQUIRE_OPENCL=1 but there is no OpenCL device: {why}"
+    );
+    eprintln!("skipping: no OpenCL device ({why}) [{test}]");
+    None
+}

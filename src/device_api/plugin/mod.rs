@@ -395,6 +395,7 @@ impl PluginDeviceApi {
             ptr: r.ptr,
             offset: r.offset,
             nbytes: n as u64,
+            allocation: None,
         };
         let addr = usize::try_from(r.offset)
             .ok()
