@@ -17,6 +17,8 @@ pub mod cache;
 pub mod device;
 #[cfg(feature = "llvm")]
 pub mod llvm;
+#[cfg(feature = "llvm")]
+pub mod opencl;
 pub mod parallel;
 
 use std::sync::Arc;
@@ -169,6 +171,10 @@ pub fn register_builtin_codegens() {
             });
             // A user may have registered their own first: theirs wins.
             let _ = registry::register("target.build.llvm", f, false);
+            let f = codegen_func("target.build.opencl", |m, t| {
+                Ok(Arc::new(opencl::OpenClModule::build(m, t)?) as ModuleRef)
+            });
+            let _ = registry::register("target.build.opencl", f, false);
         }
     });
 }

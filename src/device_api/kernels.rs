@@ -34,7 +34,7 @@ use super::{DevicePtr, DeviceResult};
 use crate::ir::DataType;
 
 /// One argument of a kernel launch.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelArg {
     /// A device buffer: its handle, and the bytes the kernel may touch (the launcher checks the
     /// allocation holds them).
@@ -301,7 +301,12 @@ pub type DeviceModuleLoader = fn(String, Vec<KernelInfo>) -> Result<DeviceModule
 
 fn loaders() -> &'static RwLock<BTreeMap<String, DeviceModuleLoader>> {
     static L: OnceLock<RwLock<BTreeMap<String, DeviceModuleLoader>>> = OnceLock::new();
-    L.get_or_init(|| RwLock::new(BTreeMap::new()))
+    L.get_or_init(|| {
+        let mut m = BTreeMap::new();
+        let opencl: DeviceModuleLoader = super::opencl::program::load_device_module;
+        m.insert("opencl".to_owned(), opencl);
+        RwLock::new(m)
+    })
 }
 
 /// Registers how libraries with device code of `kind` get their device module.

@@ -409,9 +409,10 @@ impl Kernel<'_> {
     }
 
     fn buffer_name(&self, b: &Buffer) -> R<String> {
-        self.names.get(&b.data.id).cloned().ok_or_else(|| {
-            unsupported(self.name, format!("buffer `{}` is not bound here", b.name))
-        })
+        self.names
+            .get(&b.data.id)
+            .cloned()
+            .ok_or_else(|| unsupported(self.name, format!("buffer `{}` is not bound here", b.name)))
     }
 
     /// The flat element index of `buffer[indices]`.
@@ -504,7 +505,10 @@ impl Kernel<'_> {
             Expr::IntImm { dtype, value } => self.literal_int(*dtype, *value)?,
             Expr::FloatImm { dtype, value } => self.literal_float(*dtype, *value)?,
             Expr::Var(v) => self.names.get(&v.id).cloned().ok_or_else(|| {
-                unsupported(self.name, format!("variable `{}` is not bound here", v.name))
+                unsupported(
+                    self.name,
+                    format!("variable `{}` is not bound here", v.name),
+                )
             })?,
             Expr::Not(a) => format!("(!{})", self.expr(a, pre)?),
             Expr::Select { cond, t, f } => {

@@ -110,12 +110,12 @@ impl OpenClModule {
     pub fn build(module: &IRModule, target: &Target) -> CodegenResult<Self> {
         let (_, source, infos) = device_code(module, target)?;
         let mut opts = host_options(target)?;
-        let launcher = crate::device_api::opencl::OpenClLauncher::new(source.clone());
+        let program = crate::device_api::opencl::OpenClProgram::new(source.clone());
         let device = Arc::new(DeviceModule::new(
             "opencl",
             source.clone(),
             infos.clone(),
-            Box::new(launcher),
+            Box::new(program),
         ));
         let host = LlvmModule::jit_device(module, &opts, device.clone())?;
         opts.device_meta = Some(DeviceModule::meta_json("opencl", &source, &infos));

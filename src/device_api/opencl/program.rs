@@ -16,27 +16,8 @@ use super::{driver, lock, sys, OpenClDeviceApi};
 use crate::device_api::api::DeviceApi;
 use crate::device_api::device::{Device, DeviceType};
 use crate::device_api::error::{DeviceError, DeviceResult};
-use crate::device_api::memory::DevicePtr;
 
-/// One argument of a kernel launch.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum KernelArg {
-    /// A buffer of the launch's device (a `cl_mem`, as `DLTensor::data` holds it) that must hold
-    /// at least `min_bytes` bytes.
-    Buffer {
-        /// The allocation.
-        ptr: DevicePtr,
-        /// The bytes the kernel may touch.
-        min_bytes: u64,
-    },
-    /// A scalar: the first `size` (1..=8) bytes of `bytes`, in native byte order.
-    Scalar {
-        /// The value's bytes.
-        bytes: [u8; 8],
-        /// How many of them the kernel parameter has.
-        size: usize,
-    },
-}
+pub use crate::device_api::kernels::KernelArg;
 
 /// What a kernel parameter takes, from `clGetKernelArgInfo`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -362,4 +343,31 @@ fn noted<T>(api: &OpenClDeviceApi, r: DeviceResult<T>) -> DeviceResult<T> {
         api.set_last_error(e.to_string());
     }
     r
+}
+
+impl crate::device_api::kernels::KernelLauncher for OpenClProgram {
+    fn launch(
+        &self,
+        device_id: usize,
+        name: &str,
+        args: &[KernelArg],
+        global: [usize; 3],
+        local: [usize; 3],
+    ) -> DeviceResult<()> {
+        OpenClProgram::launch(self, device_id, name, args, global, local)
+    }
+}
+
+/// The device module of a library with OpenCL kernels (kiln's loader, `device_api::kernels`).
+pub(crate) fn load_device_module(
+    source: String,
+    kernels: Vec<crate::device_api::kernels::KernelInfo>,
+) -> Result<crate::device_api::kernels::DeviceModule, String> {
+    let program = OpenClProgram::new(source.clone());
+    Ok(crate::device_api::kernels::DeviceModule::new(
+        "opencl",
+        source,
+        kernels,
+        Box::new(program),
+    ))
 }
