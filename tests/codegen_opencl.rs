@@ -527,3 +527,83 @@ fn workspace_buffers_carry_data_between_kernels() {
     let want: Vec<f32> = x.iter().map(|v| v * 2.0 + 1.0).collect();
     assert_eq!(bt.to_vec::<f32>().unwrap(), want);
 }
+
+/// Runs `f` on the device and in the interpreter on the same random inputs; returns the largest
+/// difference over every buffer parameter.
+fn device_vs_interpreter(f: &PrimFunc, shapes: &[Vec<i64>], dev: Device) -> f64 {
+    let api = kiln::device_api::get(dev.device_type).unwrap();
+    let inputs: Vec<Vec<f32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| floats(s.iter().product::<i64>() as usize, k as u32 + 11))
+        .collect();
+    let mut iargs: Vec<InterpArg> = inputs
+        .iter()
+        .zip(shapes)
+        .map(|(x, s)| InterpArg::Buffer(HostBuffer::from_slice(s, x)))
+        .collect();
+    run(f, &mut iargs).unwrap();
+    let m = build(f.clone());
+    let pf = m.get_function(&f.name).unwrap();
+    let ts: Vec<Tensor> = inputs
+        .iter()
+        .zip(shapes)
+        .map(|(x, s)| Tensor::from_slice(x, s, dev).unwrap())
+        .collect();
+    let refs: Vec<&Tensor> = ts.iter().collect();
+    call(&pf, &refs).unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    let mut worst = 0f64;
+    for (t, ia) in ts.iter().zip(&iargs) {
+        let got = t.to_vec::<f32>().unwrap();
+        let want = ia.to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            let d = ((g - w).abs() / w.abs().max(1.0)) as f64;
+            worst = if d.is_nan() {
+                f64::INFINITY
+            } else {
+                worst.max(d)
+            };
+        }
+    }
+    worst
+}
+
+#[test]
+fn the_scheduled_example_kernels_agree_with_the_interpreter_on_the_device() {
+    let Some((_, dev)) = common::opencl_device("the_scheduled_example_kernels_agree") else {
+        return;
+    };
+    use kiln::schedule::kernels as sk;
+    let cases: Vec<(PrimFunc, Vec<Vec<i64>>)> = vec![
+        (
+            sk::opencl_matmul_sized(128, 64, 64).unwrap(),
+            vec![vec![128, 64], vec![64, 64], vec![128, 64]],
+        ),
+        (
+            sk::opencl_rowsum_sized(16, 1024).unwrap(),
+            vec![vec![16, 1024], vec![16]],
+        ),
+        (
+            sk::opencl_softmax_sized(8, 512).unwrap(),
+            vec![vec![8, 512], vec![8, 512]],
+        ),
+    ];
+    for (f, shapes) in cases {
+        let params: Vec<Vec<i64>> = f
+            .params
+            .iter()
+            .filter_map(|p| match p {
+                Param::Buffer(b) => Some(b.shape.iter().map(|e| e.as_int().unwrap()).collect()),
+                Param::Scalar(_) => None,
+            })
+            .collect();
+        assert_eq!(params, shapes, "{}", f.name);
+        let d = device_vs_interpreter(&f, &shapes, dev);
+        assert!(
+            d < 1e-5,
+            "{}: device and interpreter differ by {d:e}",
+            f.name
+        );
+    }
+}
