@@ -6,7 +6,7 @@ use std::time::Instant;
 use kiln::codegen::ModuleRef;
 use kiln::ir::{IRModule, Param, PrimFunc};
 use kiln::npy::{dtype_name, parse_dtype, NpyArray};
-use kiln::packed_func::{Any, AnyView, DLTensor, LibraryModule};
+use kiln::packed_func::{Any, AnyView, DLTensor, LibraryModule, Module};
 use kiln::target::Target;
 
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -21,7 +21,8 @@ pub struct BuildArgs {
     /// The target (JSON, legacy string or tag).
     #[arg(long, short, default_value = DEFAULT_TARGET)]
     target: String,
-    /// The output: `.so`, `.o`, `.ll` or `.s`, by extension.
+    /// The output: `.so`, `.o`, `.ll` or `.s`, by extension; with an `opencl` target also
+    /// `.cl` (the kernels' OpenCL C source; `.so` embeds it beside the host code).
     #[arg(long, short)]
     output: PathBuf,
 }
@@ -37,7 +38,8 @@ pub struct RunArgs {
     /// `1024x1024`, DTYPE default float32), an integer, a float, `true`/`false`. With an IR module
     /// and no arguments, tensors of constant shape are generated at random.
     args: Vec<String>,
-    /// The target used to compile an IR module.
+    /// The target used to compile an IR module. With `opencl`, tensors are copied to
+    /// `opencl:0`, the function runs there, and `--repeat` times it with device events.
     #[arg(long, short, default_value = DEFAULT_TARGET)]
     target: String,
     /// Call the function this many times and print the median, min and max time.
@@ -64,16 +66,22 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
         .verify()
         .map_err(|e| format!("`{}`: {e}", a.module.display()))?;
     let target = Target::parse(&a.target)?;
-    if target.kind_name() != "llvm" {
-        return Err(format!(
-            "`kiln build` writes files with the LLVM backend; target kind `{}` is not `llvm`",
-            target.kind_name()
-        )
-        .into());
-    }
-    let opts = kiln::codegen::llvm::CodegenOptions::from_target(&target)?;
     let t = Instant::now();
-    kiln::codegen::llvm::export(&module, &opts, &a.output)?;
+    match target.kind_name() {
+        "llvm" => {
+            let opts = kiln::codegen::llvm::CodegenOptions::from_target(&target)?;
+            kiln::codegen::llvm::export(&module, &opts, &a.output)?;
+        }
+        "opencl" => {
+            kiln::codegen::opencl::OpenClModule::build(&module, &target)?.export(&a.output)?;
+        }
+        other => {
+            return Err(format!(
+                "`kiln build` writes files for target kinds `llvm` and `opencl`, found `{other}`"
+            )
+            .into())
+        }
+    }
     eprintln!(
         "wrote {} ({} function(s), {:.1} ms)",
         a.output.display(),
@@ -190,14 +198,17 @@ fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
 /// `kiln run`.
 pub fn run_run(a: &RunArgs) -> CmdResult {
     let is_lib = a.module.extension().is_some_and(|e| e == "so");
+    let on_device;
     let (rt, ir): (ModuleRef, Option<IRModule>) = if is_lib {
         // SAFETY: the user asked to run this library; loading it runs its initializers, as any
         // dlopen does (kiln checks it is an ELF shared object first).
         let lib = unsafe { LibraryModule::load(&a.module) }?;
+        on_device = lib.get_source("cl").is_some();
         (std::sync::Arc::new(lib), None)
     } else {
         let module = read_module(&a.module)?;
         let target = Target::parse(&a.target)?;
+        on_device = target.kind_name() == "opencl";
         let t = Instant::now();
         let rt = kiln::codegen::build(&module, &target)?;
         eprintln!(
@@ -235,6 +246,9 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
             .as_ref()
             .ok_or("--check needs an IR module, not a library")?;
         interp_inputs = Some(to_interp(&args, p)?);
+    }
+    if on_device {
+        return run_on_device(a, &f, &mut args, interp_inputs, pf);
     }
     // Tensor views live as long as `args`; no array is moved while they are used.
     let dls: Vec<Option<DLTensor>> = args
@@ -278,8 +292,106 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
     if !result.is_none() {
         println!("result: {:?}", result.value());
     }
+    finish(a, &args, interp_inputs, pf)
+}
+
+/// Runs `f` on `opencl:0`: tensors copied in, one call (and `--repeat` more, timed with device
+/// events), synchronized, tensors copied back into `args`.
+fn run_on_device(
+    a: &RunArgs,
+    f: &kiln::packed_func::PackedFunc,
+    args: &mut [Arg],
+    interp_inputs: Option<Vec<kiln::ir::interp::InterpArg>>,
+    pf: Option<PrimFunc>,
+) -> CmdResult {
+    use kiln::device_api::{self, Device, DeviceType, Tensor};
+    let dev = Device::new(DeviceType::OPENCL, 0);
+    let api = device_api::get(DeviceType::OPENCL)?;
+    api.check_device(dev)?;
+    let stream = api.current_stream(dev);
+    let mut host: Vec<Option<DLTensor>> = args
+        .iter_mut()
+        .map(|x| match x {
+            Arg::Tensor(_, t) => Some(t.as_dltensor()),
+            Arg::Scalar(_) => None,
+        })
+        .collect();
+    let mut on_dev: Vec<Option<Tensor>> = Vec::with_capacity(host.len());
+    for h in &host {
+        on_dev.push(match h {
+            None => None,
+            Some(h) => {
+                // SAFETY: `h` views a live host array of its shape.
+                let shape = unsafe { std::slice::from_raw_parts(h.shape, h.ndim as usize) };
+                let t = Tensor::empty(shape, h.dtype, dev)?;
+                // SAFETY: both tensors are live, of one shape and dtype; synchronized below.
+                unsafe { device_api::copy_data_from_to(h, t.as_dltensor(), stream) }?;
+                Some(t)
+            }
+        });
+    }
+    let views: Vec<AnyView<'_>> = args
+        .iter()
+        .zip(&on_dev)
+        .map(|(x, d)| match (x, d) {
+            (_, Some(t)) => AnyView::from(t.as_dltensor()),
+            (Arg::Scalar(s), None) => s.view(),
+            (Arg::Tensor(..), None) => unreachable!("every tensor has a device copy"),
+        })
+        .collect();
+    let result = f.call(&views)?;
+    api.sync_stream(dev, stream)?;
+    if a.repeat > 0 {
+        kiln::codegen::llvm::wait_all_optimized();
+        let (start, end) = (api.create_event(dev)?, api.create_event(dev)?);
+        let mut device_ms = Vec::with_capacity(a.repeat);
+        let mut wall_ms = Vec::with_capacity(a.repeat);
+        for _ in 0..a.repeat {
+            let t = Instant::now();
+            api.record_event(dev, stream, start)?;
+            f.call(&views)?;
+            api.record_event(dev, stream, end)?;
+            api.sync_event(dev, end)?;
+            wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            device_ms.push(api.event_elapsed(dev, start, end)?.as_secs_f64() * 1e3);
+        }
+        api.destroy_event(dev, start)?;
+        api.destroy_event(dev, end)?;
+        for v in [&mut device_ms, &mut wall_ms] {
+            v.sort_by(f64::total_cmp);
+        }
+        let m = |v: &[f64]| (v[v.len() / 2], v[0], v[v.len() - 1]);
+        let (dm, dmin, dmax) = m(&device_ms);
+        let (wm, wmin, wmax) = m(&wall_ms);
+        println!(
+            "{}: {} runs on {dev}, device time median {dm:.4} ms, min {dmin:.4} ms, max {dmax:.4} ms; call to completion median {wm:.4} ms [{wmin:.4}, {wmax:.4}]",
+            a.function, a.repeat
+        );
+    }
+    drop(views);
+    for (h, d) in host.iter_mut().zip(&on_dev) {
+        if let (Some(h), Some(d)) = (h, d) {
+            // SAFETY: both live, same shape and dtype; synchronized below.
+            unsafe { device_api::copy_data_from_to(d.as_dltensor(), h, stream) }?;
+        }
+    }
+    api.sync_stream(dev, stream)?;
+    if !result.is_none() {
+        println!("result: {:?}", result.value());
+    }
+    finish(a, args, interp_inputs, pf)
+}
+
+/// Writes every tensor argument as `.npy` into `--out` and, with `--check`, compares them with
+/// the reference interpreter's results.
+fn finish(
+    a: &RunArgs,
+    args: &[Arg],
+    interp_inputs: Option<Vec<kiln::ir::interp::InterpArg>>,
+    pf: Option<PrimFunc>,
+) -> CmdResult {
     std::fs::create_dir_all(&a.out).map_err(|e| format!("creating `{}`: {e}", a.out.display()))?;
-    for x in &args {
+    for x in args {
         if let Arg::Tensor(name, t) = x {
             let p = a.out.join(format!("{name}.npy"));
             t.write(&p)?;
