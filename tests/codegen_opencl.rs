@@ -607,3 +607,89 @@ fn the_scheduled_example_kernels_agree_with_the_interpreter_on_the_device() {
         );
     }
 }
+
+// ----- the command line ----------------------------------------------------------------------
+
+fn kiln_cli() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+}
+
+const CL_VADD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/examples/kernels/opencl/vadd.json"
+);
+
+#[test]
+fn kiln_build_writes_the_opencl_source_and_a_library() {
+    let dir = tempfile::tempdir().unwrap();
+    for ext in ["cl", "so", "ll"] {
+        let out = dir.path().join(format!("vadd.{ext}"));
+        let st = kiln_cli()
+            .args(["build", CL_VADD, "--target", "opencl", "-o"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{ext}: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+    }
+    let cl = std::fs::read_to_string(dir.path().join("vadd.cl")).unwrap();
+    assert!(cl.contains("__kernel void vadd_kernel0("), "{cl}");
+    let ll = std::fs::read_to_string(dir.path().join("vadd.ll")).unwrap();
+    assert!(ll.contains("__kiln_device_meta") && ll.contains("__KilnDeviceLaunch"));
+}
+
+#[test]
+fn kiln_run_runs_on_the_device_and_checks_against_the_interpreter() {
+    if common::opencl_device("kiln_run_runs_on_the_device").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let st = kiln_cli()
+        .args([
+            "run",
+            CL_VADD,
+            "vadd",
+            "rand:1000",
+            "rand:1000",
+            "zeros:1000",
+        ])
+        .args(["--target", "opencl", "--check", "--repeat", "3", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&st.stdout);
+    assert!(
+        st.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert!(out.contains("max abs difference 0e0"), "{out}");
+    assert!(
+        out.contains("runs on opencl:0, device time median"),
+        "{out}"
+    );
+    assert!(dir.path().join("C.npy").exists());
+    // The exported library runs the same way, its device found from the library.
+    let so = dir.path().join("vadd.so");
+    let st = kiln_cli()
+        .args(["build", CL_VADD, "--target", "opencl", "-o"])
+        .arg(&so)
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let st = kiln_cli()
+        .arg("run")
+        .arg(&so)
+        .args(["vadd", "rand:300", "rand:300", "zeros:300", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+}
