@@ -45,6 +45,7 @@ fn hand_source(n: usize) -> String {
         r#"#define N {n}
 
 // C = A + B, one work-item per element, 256 per work-group; the last group's tail idles.
+__attribute__((reqd_work_group_size(256, 1, 1)))
 __kernel void vadd(__global const float* restrict A, __global const float* restrict B,
                    __global float* restrict C, const int n) {{
     const int i = get_global_id(0);
@@ -53,6 +54,7 @@ __kernel void vadd(__global const float* restrict A, __global const float* restr
 
 // C = A B (N x N): a 64 x 64 block of C per work-group of 16 x 16 work-items, each a 4 x 4
 // register tile; per k step of 16, a 64 x 16 tile of A and a 16 x 64 tile of B in local memory.
+__attribute__((reqd_work_group_size(16, 16, 1)))
 __kernel void matmul(__global const float* restrict A, __global const float* restrict B,
                      __global float* restrict C) {{
     __local float As[64][16];
@@ -83,14 +85,17 @@ __kernel void matmul(__global const float* restrict A, __global const float* res
         for (int j = 0; j < 4; ++j) C[(row0 + ty * 4 + i) * N + col0 + tx * 4 + j] = acc[i][j];
 }}
 
-// B[r] = sum of row r of A (N x N): a work-group of 256 per row, strided partial sums
-// (coalesced), then a tree reduction in local memory.
+// B[r] = sum of row r of A (N x N): a work-group of 256 per row; work-item t sums columns
+// t, t + 256, ... (coalesced), then a tree reduction in local memory. (The loops count steps,
+// N / 256 for every work-item, as kiln's schedule does: on PoCL the `for (c = t; c < N; c +=
+// 256)` form, whose trip count depends on t, ran 1.5x (rowsum) to 1.85x (softmax) slower.)
+__attribute__((reqd_work_group_size(256, 1, 1)))
 __kernel void rowsum(__global const float* restrict A, __global float* restrict B) {{
     __local float red[256];
     const int r = get_group_id(0), t = get_local_id(0);
     __global const float* row = A + r * N;
     float s = 0.0f;
-    for (int c = t; c < N; c += 256) s += row[c];
+    for (int j = 0; j < N / 256; ++j) s += row[j * 256 + t];
     red[t] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int h = 128; h > 0; h >>= 1) {{
@@ -103,13 +108,14 @@ __kernel void rowsum(__global const float* restrict A, __global float* restrict 
 // Row softmax of A (N x N): a work-group of 256 per row, three phases with one column in 256
 // per work-item: the row max (tree reduction), exp(x - max) stored and summed (tree
 // reduction), the scaling by 1 / sum.
+__attribute__((reqd_work_group_size(256, 1, 1)))
 __kernel void softmax(__global const float* restrict A, __global float* restrict B) {{
     __local float red[256];
     const int r = get_group_id(0), t = get_local_id(0);
     __global const float* a = A + r * N;
     __global float* b = B + r * N;
     float m = -INFINITY;
-    for (int c = t; c < N; c += 256) m = fmax(m, a[c]);
+    for (int j = 0; j < N / 256; ++j) m = fmax(m, a[j * 256 + t]);
     red[t] = m;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int h = 128; h > 0; h >>= 1) {{
@@ -119,9 +125,9 @@ __kernel void softmax(__global const float* restrict A, __global float* restrict
     m = red[0];
     barrier(CLK_LOCAL_MEM_FENCE);
     float s = 0.0f;
-    for (int c = t; c < N; c += 256) {{
-        const float e = exp(a[c] - m);
-        b[c] = e;
+    for (int j = 0; j < N / 256; ++j) {{
+        const float e = exp(a[j * 256 + t] - m);
+        b[j * 256 + t] = e;
         s += e;
     }}
     red[t] = s;
@@ -131,7 +137,7 @@ __kernel void softmax(__global const float* restrict A, __global float* restrict
         barrier(CLK_LOCAL_MEM_FENCE);
     }}
     const float inv = 1.0f / red[0];
-    for (int c = t; c < N; c += 256) b[c] *= inv;
+    for (int j = 0; j < N / 256; ++j) b[j * 256 + t] *= inv;
 }}
 "#
     )
@@ -205,7 +211,10 @@ impl Bench {
         mut hand: impl FnMut(),
     ) -> (Times, Times) {
         let (api, dev) = (&self.api, self.dev);
-        let (e0, e1) = (api.create_event(dev).unwrap(), api.create_event(dev).unwrap());
+        let (e0, e1) = (
+            api.create_event(dev).unwrap(),
+            api.create_event(dev).unwrap(),
+        );
         let (mut tk, mut th) = (Times::default(), Times::default());
         for round in 0..warm + reps {
             for side in 0..2 {
@@ -567,12 +576,27 @@ fn main() {
          launch + sync;"
     );
     println!("x = hand-written time / kiln time (> 1: kiln faster); setup (builds, checks) {setup:.1?}\n");
-    let tp = |r: &Row, t: Stat| format!("{:.1} [{:.1}-{:.1}]", r.work / t.0 / 1e9, r.work / t.2 / 1e9, r.work / t.1 / 1e9);
+    let tp = |r: &Row, t: Stat| {
+        format!(
+            "{:.1} [{:.1}-{:.1}]",
+            r.work / t.0 / 1e9,
+            r.work / t.2 / 1e9,
+            r.work / t.1 / 1e9
+        )
+    };
     let ms = |t: Stat| format!("{:.2} [{:.2}-{:.2}]", t.0 * 1e3, t.1 * 1e3, t.2 * 1e3);
     println!(
         "{:<15} {:>7} | {:>20} {:>20} | {:>22} {:>22} {:>5} | {:>22} {:>22} {:>5} | check",
-        "kernel", "unit", "kiln (device)", "hand (device)", "kiln device ms", "hand device ms", "x",
-        "kiln wall ms", "hand wall ms", "x"
+        "kernel",
+        "unit",
+        "kiln (device)",
+        "hand (device)",
+        "kiln device ms",
+        "hand device ms",
+        "x",
+        "kiln wall ms",
+        "hand wall ms",
+        "x"
     );
     for r in &rows {
         let (kd, hd) = (stat(r.kiln.device.clone()), stat(r.hand.device.clone()));
