@@ -153,7 +153,7 @@ fn build(f: PrimFunc) -> OpenClModule {
 fn views(ts: &[&Tensor]) -> Vec<AnyView<'static>> {
     ts.iter()
         .map(|t| {
-            // SAFETY (bench): the tensors outlive every call made with these views.
+            // SAFETY: (bench) the tensors outlive every call made with these views.
             let d: &'static DLTensor = unsafe { &*(t.as_dltensor() as *const _) };
             AnyView::from(d)
         })
