@@ -88,7 +88,8 @@ __kernel void matmul(__global const float* restrict A, __global const float* res
 // B[r] = sum of row r of A (N x N): a work-group of 256 per row; work-item t sums columns
 // t, t + 256, ... (coalesced), then a tree reduction in local memory. (The loops count steps,
 // N / 256 for every work-item, as kiln's schedule does: on PoCL the `for (c = t; c < N; c +=
-// 256)` form, whose trip count depends on t, ran 1.5x (rowsum) to 1.85x (softmax) slower.)
+// 256)` form, whose trip count depends on t, took 1.5x (rowsum) and 1.85x (softmax) kiln's
+// time.)
 __attribute__((reqd_work_group_size(256, 1, 1)))
 __kernel void rowsum(__global const float* restrict A, __global float* restrict B) {{
     __local float red[256];
