@@ -104,7 +104,7 @@ fn build(f: PrimFunc) -> OpenClModule {
 fn views(ts: &[&Tensor]) -> Vec<AnyView<'static>> {
     ts.iter()
         .map(|t| {
-            // SAFETY (test): the tensors outlive every call made with these views.
+            // SAFETY: (test) the tensors outlive every call made with these views.
             let d: &'static kiln::packed_func::DLTensor =
                 unsafe { &*(t.as_dltensor() as *const _) };
             AnyView::from(d)

@@ -195,9 +195,21 @@ impl DeviceModule {
             })?;
             local[a] = b as usize;
         }
-        let mut out = Vec::with_capacity(args.len());
-        for (p, a) in k.params.iter().zip(args) {
-            out.push(match p {
+        // Up to 8 arguments are converted on the stack: no allocation per launch.
+        const INLINE: usize = 8;
+        let mut inline = [KernelArg::Scalar {
+            bytes: [0; 8],
+            size: 0,
+        }; INLINE];
+        let mut heap = Vec::new();
+        let out: &mut [KernelArg] = if args.len() <= INLINE {
+            &mut inline[..args.len()]
+        } else {
+            heap.resize(args.len(), inline[0]);
+            &mut heap
+        };
+        for ((o, p), a) in out.iter_mut().zip(&k.params).zip(args) {
+            *o = match p {
                 KernelParamKind::Buffer(_) => KernelArg::Buffer {
                     ptr: DevicePtr::from_raw(a.value as usize as *const c_void),
                     min_bytes: a.extra,
@@ -209,10 +221,10 @@ impl DeviceModule {
                         size,
                     }
                 }
-            });
+            };
         }
         self.launcher
-            .launch(device_id, &k.name, &out, global, local)
+            .launch(device_id, &k.name, out, global, local)
             .map_err(|e| format!("launching kernel `{}`: {e}", k.name))
     }
 

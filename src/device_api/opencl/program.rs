@@ -224,10 +224,10 @@ impl OpenClProgram {
         };
         let built = self.built(api, dev)?;
         let entry = self.kernel(api, dev, &built, name)?;
-        let (num_args, max_wg, params) = {
-            let k = lock(&entry);
-            (k.num_args, k.max_work_group, k.params.clone())
-        };
+        // The kernel's lock is held from the checks to the enqueue: its parameter table is
+        // read in place (not cloned per launch) and its arguments set under the same lock.
+        let mut k = lock(&entry);
+        let (num_args, max_wg) = (k.num_args, k.max_work_group);
         if args.len() != num_args as usize {
             return Err(invalid(format!(
                 "the kernel takes {num_args} argument(s), the launch passes {}",
@@ -235,7 +235,7 @@ impl OpenClProgram {
             )));
         }
         // A value passed for a pointer parameter would make the driver read it as a `cl_mem`.
-        for (i, (a, (param, ty))) in args.iter().zip(params.iter().flatten()).enumerate() {
+        for (i, (a, (param, ty))) in args.iter().zip(k.params.iter().flatten()).enumerate() {
             let given = match a {
                 KernelArg::Buffer { .. } => Param::Buffer,
                 KernelArg::Scalar { .. } => Param::Scalar,
@@ -255,7 +255,9 @@ impl OpenClProgram {
                 )));
             }
         }
-        let mut buffers = Vec::with_capacity(args.len());
+        // The buffers stay retained (`held`) until the command is enqueued, so one freed by
+        // another thread meanwhile is still alive when the driver reads the arguments.
+        let mut held = Vec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {
             match *a {
                 KernelArg::Buffer { ptr, min_bytes } => {
@@ -271,7 +273,7 @@ impl OpenClProgram {
                              buffer {ptr} has {size}"
                         )));
                     }
-                    buffers.push(Some(buf));
+                    held.push(buf);
                 }
                 KernelArg::Scalar { size, .. } => {
                     if !(1..=8).contains(&size) {
@@ -279,7 +281,6 @@ impl OpenClProgram {
                             "argument {i}: a scalar has 1 to 8 bytes, not {size}"
                         )));
                     }
-                    buffers.push(None);
                 }
             }
         }
@@ -319,14 +320,16 @@ impl OpenClProgram {
             .find(|&a| global[a] > 1 || local[a] > 1)
             .map_or(1, |a| a + 1);
         let stream = api.stream(dev, api.current_stream(dev))?;
-        let mut k = lock(&entry);
-        for (i, (a, buf)) in args.iter().zip(&buffers).enumerate() {
-            let r = match (a, buf) {
-                (_, Some(b)) => k.kernel.set_arg_mem(i as u32, b),
-                (KernelArg::Scalar { bytes, size }, None) => {
+        let mut bufs = held.iter();
+        for (i, a) in args.iter().enumerate() {
+            let r = match a {
+                KernelArg::Buffer { .. } => match bufs.next() {
+                    Some(b) => k.kernel.set_arg_mem(i as u32, b),
+                    None => Ok(()),
+                },
+                KernelArg::Scalar { bytes, size } => {
                     k.kernel.set_arg_bytes(i as u32, &bytes[..*size])
                 }
-                (KernelArg::Buffer { .. }, None) => Ok(()),
             };
             r.map_err(|e| invalid(format!("argument {i}: {e}")))?;
         }
@@ -334,6 +337,7 @@ impl OpenClProgram {
             .enqueue(|q| q.launch(&k.kernel, dims, &global, &local))
             .map_err(|e| driver(dev, e))?;
         drop(k);
+        drop(held);
         stream.queue.flush().map_err(|e| driver(dev, e))
     }
 }
