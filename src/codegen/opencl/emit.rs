@@ -552,7 +552,7 @@ impl Kernel<'_> {
                 let t = a.dtype();
                 let x = self.expr(a, pre)?;
                 let y = self.expr(b, pre)?;
-                self.binary(*op, t, x, y)?
+                self.binary(*op, t, x, y, b.as_int())?
             }
             Expr::Call { op, args } => {
                 let t = e.dtype();
@@ -594,9 +594,45 @@ impl Kernel<'_> {
         format!("kiln_{op}_{t}({x}, {y})")
     }
 
-    fn binary(&mut self, op: BinOp, t: DataType, x: String, y: String) -> R<String> {
+    /// `x op y` of type `t`; `divisor` is `y` when it is an integer constant, whose
+    /// divisions need no guard (nor a helper call): C's own operators, which the driver's
+    /// compiler turns into multiplications and shifts.
+    fn binary(
+        &mut self,
+        op: BinOp,
+        t: DataType,
+        x: String,
+        y: String,
+        divisor: Option<i64>,
+    ) -> R<String> {
         let ct = self.ty(t)?;
         let float = t.is_float();
+        if let (false, Some(c)) = (float, divisor) {
+            // A constant that is not 0 (an error) nor -1 (INT_MIN / -1 wraps).
+            let plain = c != 0 && !(c == -1 && t.is_signed_int());
+            let positive = c > 0 || (!t.is_signed_int() && c != 0);
+            match op {
+                BinOp::Div | BinOp::FloorDiv if positive && !t.is_signed_int() => {
+                    return Ok(format!("({x} / {y})"))
+                }
+                BinOp::Mod | BinOp::FloorMod if positive && !t.is_signed_int() => {
+                    return Ok(format!("({x} % {y})"))
+                }
+                BinOp::Div if plain => return Ok(format!("({x} / {y})")),
+                BinOp::Mod if plain => return Ok(format!("({x} % {y})")),
+                BinOp::FloorDiv if positive => {
+                    return Ok(format!(
+                        "(({x}) / {y} - ((({x}) % {y}) < 0 ? ({ct})1 : ({ct})0))"
+                    ))
+                }
+                BinOp::FloorMod if positive => {
+                    return Ok(format!(
+                        "((({x}) % {y}) + ((({x}) % {y}) < 0 ? {y} : ({ct})0))"
+                    ))
+                }
+                _ => {}
+            }
+        }
         let wrap = t.is_signed_int();
         let arith = |sym: &str| {
             if wrap {
