@@ -84,6 +84,7 @@ pub fn source(plans: &[KernelPlan], noalias: &dyn Fn(&str) -> bool) -> R<String>
             shared: Vec::new(),
             helpers: &mut helpers,
             uses_f64: false,
+            in_index: false,
         };
         k.emit(p, noalias(&p.func), &mut kernels)?;
         uses_f64 |= k.uses_f64;
@@ -145,6 +146,10 @@ struct Kernel<'a> {
     shared: Vec<String>,
     helpers: &'a mut BTreeSet<Helper>,
     uses_f64: bool,
+    /// Inside the indices of a load or store: signed arithmetic is plain C there (overflow
+    /// would be an out-of-bounds access, undefined anyway), so the driver's compiler may
+    /// strength-reduce addresses.
+    in_index: bool,
 }
 
 impl Kernel<'_> {
@@ -186,6 +191,8 @@ impl Kernel<'_> {
     }
 
     fn emit(&mut self, p: &KernelPlan, noalias: bool, out: &mut String) -> R<()> {
+        let mut written = std::collections::HashSet::new();
+        stored_buffers(&p.nest, &mut written);
         let mut params = Vec::new();
         let mut unpack = Vec::new();
         for kp in &p.params {
@@ -194,7 +201,12 @@ impl Kernel<'_> {
                 KernelParam::Buffer(b) => {
                     let t = self.mem_ty(b.dtype)?;
                     let r = if noalias { " restrict" } else { "" };
-                    params.push(format!("__global {t}*{r} {n}"));
+                    let c = if written.contains(&b.data.id) {
+                        ""
+                    } else {
+                        "const "
+                    };
+                    params.push(format!("__global {c}{t}*{r} {n}"));
                     self.names.insert(b.data.id, n);
                 }
                 KernelParam::Scalar(v) => {
@@ -273,6 +285,22 @@ impl Kernel<'_> {
                 self.line("{");
                 self.indent += 1;
                 self.flush(pre);
+                if min.as_int() == Some(0) {
+                    // The common form, which drivers unroll when the extent is constant.
+                    let n = extent.as_int().map_or(n, |c| c.to_string());
+                    if *kind == ForKind::Unrolled {
+                        self.line("#pragma unroll");
+                    }
+                    let v = self.bind(var);
+                    self.line(format!("for ({t} {v} = 0; {v} < {n}; ++{v}) {{"));
+                    self.indent += 1;
+                    self.stmt(body)?;
+                    self.indent -= 1;
+                    self.line("}");
+                    self.indent -= 1;
+                    self.line("}");
+                    return Ok(());
+                }
                 self.fresh += 1;
                 let k = self.fresh;
                 self.line(format!("const {t} lo_{k} = {lo};"));
@@ -439,6 +467,19 @@ impl Kernel<'_> {
             && buffer.shape.iter().all(small)
             && buffer.strides.iter().flatten().all(small));
         let it = if wide { "long" } else { "int" };
+        let outer = std::mem::replace(&mut self.in_index, true);
+        let r = self.flat_index(buffer, indices, it, pre);
+        self.in_index = outer;
+        r
+    }
+
+    fn flat_index(
+        &mut self,
+        buffer: &Buffer,
+        indices: &[Expr],
+        it: &str,
+        pre: &mut Vec<String>,
+    ) -> R<String> {
         let as_it = |k: &mut Self, e: &Expr, pre: &mut Vec<String>| -> R<String> {
             match e.as_int() {
                 Some(c) => Ok(format!("({it})({c}L)")),
@@ -633,7 +674,7 @@ impl Kernel<'_> {
                 _ => {}
             }
         }
-        let wrap = t.is_signed_int();
+        let wrap = t.is_signed_int() && !self.in_index;
         let arith = |sym: &str| {
             if wrap {
                 let u = unsigned_of(ct);
@@ -667,5 +708,29 @@ impl Kernel<'_> {
             BinOp::And => format!("({x} && {y})"),
             BinOp::Or => format!("({x} || {y})"),
         })
+    }
+}
+
+/// The buffers `s` stores to.
+fn stored_buffers(s: &Stmt, out: &mut std::collections::HashSet<VarId>) {
+    match s {
+        Stmt::Store { buffer, .. } => {
+            out.insert(buffer.data.id);
+        }
+        Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {
+            stored_buffers(body, out)
+        }
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => {
+            stored_buffers(then_case, out);
+            if let Some(e) = else_case {
+                stored_buffers(e, out);
+            }
+        }
+        Stmt::Seq(v) => v.iter().for_each(|s| stored_buffers(s, out)),
+        Stmt::Evaluate(_) | Stmt::Assert { .. } | Stmt::Return(_) | Stmt::Barrier => {}
     }
 }
