@@ -25,8 +25,10 @@
 //!
 //! `unsafe` code lives in `cpu.rs` (allocator and host copies), `tensor.rs` (slice views and
 //! DLPack), `null.rs` (host side of its copies), `copy.rs` (forwarding the copy contract),
-//! `plugin/sys.rs` (the plugin ABI) and `opencl/sys.rs` (the OpenCL C API; `opencl/mod.rs`
-//! forwards the copy contract to it).
+//! `plugin/sys.rs` (the plugin ABI), `opencl/sys.rs` (the OpenCL C API; `opencl/mod.rs`
+//! forwards the copy contract to it) and `kernels.rs` (the launch service's C entry point).
+//! - [`kernels`] is the runtime half of device code: the service generated host code calls to
+//!   launch a kernel, and the device modules of compiled modules and loaded libraries.
 //!
 //! # Example
 //!
