@@ -85,6 +85,7 @@ pub fn source(plans: &[KernelPlan], noalias: &dyn Fn(&str) -> bool) -> R<String>
             helpers: &mut helpers,
             uses_f64: false,
             in_index: false,
+            nonneg: std::collections::HashSet::new(),
         };
         k.emit(p, noalias(&p.func), &mut kernels)?;
         uses_f64 |= k.uses_f64;
@@ -150,9 +151,30 @@ struct Kernel<'a> {
     /// would be an out-of-bounds access, undefined anyway), so the driver's compiler may
     /// strength-reduce addresses.
     in_index: bool,
+    /// Integer variables known to be >= 0 (thread indices, loops from a non-negative start).
+    nonneg: std::collections::HashSet<VarId>,
 }
 
 impl Kernel<'_> {
+    /// Whether `e` is >= 0 in an index, where overflow is undefined (so sums and products of
+    /// non-negative values stay non-negative).
+    fn non_negative(&self, e: &Expr) -> bool {
+        match e {
+            Expr::IntImm { value, .. } => *value >= 0,
+            Expr::Var(v) => self.nonneg.contains(&v.id),
+            Expr::Cast { value, dtype } => dtype.is_int() && self.non_negative(value),
+            Expr::Binary { op, a, b } => {
+                matches!(
+                    op,
+                    BinOp::Add | BinOp::Mul | BinOp::Div | BinOp::FloorDiv | BinOp::Mod
+                        | BinOp::FloorMod | BinOp::Min | BinOp::Max
+                ) && self.non_negative(a)
+                    && self.non_negative(b)
+            }
+            _ => false,
+        }
+    }
+
     fn ty(&mut self, t: DataType) -> R<&'static str> {
         let s = cl_type(t).ok_or_else(|| {
             unsupported(
@@ -273,6 +295,7 @@ impl Kernel<'_> {
                     self.line("{");
                     self.indent += 1;
                     let n = self.bind(var);
+                    self.nonneg.insert(var.id);
                     self.line(format!("const {t} {n} = ({t}){f}({});", tag.axis()));
                     self.stmt(body)?;
                     self.indent -= 1;
@@ -292,6 +315,7 @@ impl Kernel<'_> {
                         self.line("#pragma unroll");
                     }
                     let v = self.bind(var);
+                    self.nonneg.insert(var.id);
                     self.line(format!("for ({t} {v} = 0; {v} < {n}; ++{v}) {{"));
                     self.indent += 1;
                     self.stmt(body)?;
@@ -593,7 +617,13 @@ impl Kernel<'_> {
                 let t = a.dtype();
                 let x = self.expr(a, pre)?;
                 let y = self.expr(b, pre)?;
-                self.binary(*op, t, x, y, b.as_int())?
+                // In an index, floor division of a non-negative value is C's division.
+                let op = match op {
+                    BinOp::FloorDiv if self.in_index && self.non_negative(a) => BinOp::Div,
+                    BinOp::FloorMod if self.in_index && self.non_negative(a) => BinOp::Mod,
+                    op => *op,
+                };
+                self.binary(op, t, x, y, b.as_int())?
             }
             Expr::Call { op, args } => {
                 let t = e.dtype();
