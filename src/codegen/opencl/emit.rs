@@ -86,6 +86,8 @@ pub fn source(plans: &[KernelPlan], noalias: &dyn Fn(&str) -> bool) -> R<String>
             uses_f64: false,
             in_index: false,
             nonneg: std::collections::HashSet::new(),
+            narrow: std::collections::HashSet::new(),
+            int_index: false,
         };
         k.emit(p, noalias(&p.func), &mut kernels)?;
         uses_f64 |= k.uses_f64;
@@ -153,9 +155,50 @@ struct Kernel<'a> {
     in_index: bool,
     /// Integer variables known to be >= 0 (thread indices, loops from a non-negative start).
     nonneg: std::collections::HashSet<VarId>,
+    /// 64-bit variables whose values fit 32 bits (thread indices, loops from 0 with a constant
+    /// extent that fits): declared `int`, so indices built from them are 32-bit arithmetic.
+    narrow: std::collections::HashSet<VarId>,
+    /// Emitting a 32-bit index: integer constants are plain `int` literals and integer casts
+    /// are dropped (every value fits, see [`Kernel::fits32`]).
+    int_index: bool,
 }
 
 impl Kernel<'_> {
+    /// Whether every value in `e` fits 32 bits: constants that fit, narrow or 32-bit variables,
+    /// integer casts and arithmetic of such (in an index, where overflow is undefined).
+    fn fits32(&self, e: &Expr) -> bool {
+        match e {
+            Expr::IntImm { value, dtype } => !dtype.is_bool() && i32::try_from(*value).is_ok(),
+            Expr::Var(v) => v.dtype.is_int() && (v.dtype.bits <= 32 || self.narrow.contains(&v.id)),
+            Expr::Cast { value, dtype } => dtype.is_int() && self.fits32(value),
+            Expr::Binary { op, a, b } => {
+                matches!(
+                    op,
+                    BinOp::Add
+                        | BinOp::Sub
+                        | BinOp::Mul
+                        | BinOp::Div
+                        | BinOp::FloorDiv
+                        | BinOp::Mod
+                        | BinOp::FloorMod
+                        | BinOp::Min
+                        | BinOp::Max
+                ) && self.fits32(a)
+                    && self.fits32(b)
+            }
+            _ => false,
+        }
+    }
+
+    /// The C type a variable is declared with: `int` for a narrow 64-bit one.
+    fn var_ty(&mut self, v: &crate::ir::Var) -> R<&'static str> {
+        if self.narrow.contains(&v.id) {
+            Ok("int")
+        } else {
+            self.ty(v.dtype)
+        }
+    }
+
     /// Whether `e` is >= 0 in an index, where overflow is undefined (so sums and products of
     /// non-negative values stay non-negative).
     fn non_negative(&self, e: &Expr) -> bool {
@@ -166,8 +209,14 @@ impl Kernel<'_> {
             Expr::Binary { op, a, b } => {
                 matches!(
                     op,
-                    BinOp::Add | BinOp::Mul | BinOp::Div | BinOp::FloorDiv | BinOp::Mod
-                        | BinOp::FloorMod | BinOp::Min | BinOp::Max
+                    BinOp::Add
+                        | BinOp::Mul
+                        | BinOp::Div
+                        | BinOp::FloorDiv
+                        | BinOp::Mod
+                        | BinOp::FloorMod
+                        | BinOp::Min
+                        | BinOp::Max
                 ) && self.non_negative(a)
                     && self.non_negative(b)
             }
@@ -296,6 +345,13 @@ impl Kernel<'_> {
                     self.indent += 1;
                     let n = self.bind(var);
                     self.nonneg.insert(var.id);
+                    // Work-item and work-group ids fit 32 bits when the extent does.
+                    if var.dtype.is_int()
+                        && (tag.is_thread() || extent.as_int().is_some_and(|c| c <= i32::MAX as i64))
+                    {
+                        self.narrow.insert(var.id);
+                    }
+                    let t = self.var_ty(var)?;
                     self.line(format!("const {t} {n} = ({t}){f}({});", tag.axis()));
                     self.stmt(body)?;
                     self.indent -= 1;
@@ -316,6 +372,10 @@ impl Kernel<'_> {
                     }
                     let v = self.bind(var);
                     self.nonneg.insert(var.id);
+                    if var.dtype.is_int() && extent.as_int().is_some_and(|c| c <= i32::MAX as i64) {
+                        self.narrow.insert(var.id);
+                    }
+                    let t = self.var_ty(var)?;
                     self.line(format!("for ({t} {v} = 0; {v} < {n}; ++{v}) {{"));
                     self.indent += 1;
                     self.stmt(body)?;
@@ -482,18 +542,19 @@ impl Kernel<'_> {
                 ),
             ));
         }
-        // 32-bit index arithmetic when every index and extent is 32-bit (GPUs prefer it).
-        let small = |e: &Expr| match e.as_int() {
-            Some(c) => i32::try_from(c).is_ok(),
-            None => e.dtype().bits <= 32,
-        };
-        let wide = !(indices.iter().all(small)
-            && buffer.shape.iter().all(small)
-            && buffer.strides.iter().flatten().all(small));
-        let it = if wide { "long" } else { "int" };
+        // 32-bit index arithmetic (as TVM's GPU code) when every value of the indices and
+        // the extents fits 32 bits and so does the buffer: an in-bounds index then does too.
+        let fits_buffer = buffer.const_numel().is_some_and(|n| n <= i32::MAX as i64);
+        let narrow = fits_buffer
+            && indices.iter().all(|e| self.fits32(e))
+            && buffer.shape.iter().all(|e| self.fits32(e))
+            && buffer.strides.iter().flatten().all(|e| self.fits32(e));
+        let it = if narrow { "int" } else { "long" };
         let outer = std::mem::replace(&mut self.in_index, true);
+        let outer_int = std::mem::replace(&mut self.int_index, narrow);
         let r = self.flat_index(buffer, indices, it, pre);
         self.in_index = outer;
+        self.int_index = outer_int;
         r
     }
 
@@ -506,7 +567,9 @@ impl Kernel<'_> {
     ) -> R<String> {
         let as_it = |k: &mut Self, e: &Expr, pre: &mut Vec<String>| -> R<String> {
             match e.as_int() {
+                Some(c) if it == "int" => Ok(c.to_string()),
                 Some(c) => Ok(format!("({it})({c}L)")),
+                None if it == "int" => k.expr(e, pre),
                 None => Ok(format!("({it})({})", k.expr(e, pre)?)),
             }
         };
@@ -542,6 +605,13 @@ impl Kernel<'_> {
     // ----- expressions -----------------------------------------------------------------------
 
     fn literal_int(&mut self, t: DataType, value: i64) -> R<String> {
+        if self.int_index && !t.is_bool() && i32::try_from(value).is_ok() {
+            return Ok(if value < 0 {
+                format!("({value})")
+            } else {
+                value.to_string()
+            });
+        }
         let ct = self.ty(t)?;
         Ok(match t.code {
             TypeCode::Bool => (if value != 0 { "true" } else { "false" }).into(),
@@ -583,6 +653,10 @@ impl Kernel<'_> {
                 let a = self.expr(t, pre)?;
                 let b = self.expr(f, pre)?;
                 format!("({c} ? {a} : {b})")
+            }
+            Expr::Cast { dtype, value } if self.int_index && dtype.is_int() => {
+                // Every value fits 32 bits here (`fits32`): the conversion is the identity.
+                self.expr(value, pre)?
             }
             Expr::Cast { dtype, value } => {
                 let from = value.dtype();
