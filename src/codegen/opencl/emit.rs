@@ -13,8 +13,11 @@
 //! (computed in the unsigned type), `min`/`max` propagate NaN and order `-0.0` below `+0.0`,
 //! float to integer casts saturate (`convert_T_sat`), `round` is `rint`, and every operand is
 //! a pure expression (`let` is hoisted into a declaration before the statement that uses it).
-//! One documented difference: a kernel cannot raise an error, so an integer division or
-//! modulo by zero gives 0 there instead of the host's `RuntimeError`.
+//! Two documented differences: a kernel cannot raise an error, so an integer division or
+//! modulo by zero gives 0 there instead of the host's `RuntimeError`; and the indices of loads
+//! and stores are address arithmetic, where overflow is undefined (as an out-of-bounds access
+//! is): plain C operators, in 32 bits when the buffer and every value of the index fit 32 bits
+//! (thread ids and loops with a constant extent are declared `int`), as TVM's GPU code does.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
