@@ -59,6 +59,10 @@ use crate::packed_func::ffi::DLDataType;
 use allocator::{AllocFailure, ChunkSource, FreeFailure};
 use sys::{call_opt, call_req, KilnStatus, RawPlugin, KILN_STATUS_NOT_READY, KILN_STATUS_SUCCESS};
 
+/// The most devices kiln accepts from one plugin's `get_device_count`: kiln keeps per-device state,
+/// and a larger count is a plugin bug, refused rather than allocated.
+pub const MAX_PLUGIN_DEVICES: usize = 1024;
+
 /// The environment variable listing plugin directories (`:`-separated, like `PATH`).
 pub const PLUGIN_PATH_VAR: &str = "KILN_PLUGIN_PATH";
 
@@ -247,6 +251,12 @@ impl ChunkSource for Source<'_> {
             return Err(self.api.status_message("device_memory_allocate", s));
         }
         let addr = p as usize;
+        if addr.checked_add(size).is_none() {
+            return Err(format!(
+                "device_memory_allocate returned {addr:#x} for {size} bytes, a range that wraps \
+                 around the address space"
+            ));
+        }
         if addr == 0 || addr % sys::KILN_PLUGIN_MIN_ALIGNMENT != 0 {
             let _ = call_req!(self.api.raw, device_memory_deallocate(self.dev, p, size));
             return Err(format!(
@@ -344,6 +354,51 @@ impl PluginDeviceApi {
         }
     }
 
+    /// A handle a plugin returned with success must be non-NULL and not one kiln holds already
+    /// (the ABI: the plugin creates a new handle). A bad one is refused (and not destroyed: kiln
+    /// cannot know what it refers to).
+    fn check_new_handle(
+        &self,
+        dev: Device,
+        entry: &str,
+        kind: &str,
+        h: usize,
+    ) -> DeviceResult<()> {
+        let d = dev.device_id;
+        let live = |t: &Mutex<HandleTable<(i32, usize)>>| {
+            lock(t).values_mut().any(|&mut (td, x)| td == d && x == h)
+        };
+        let dup = match kind {
+            "stream" => {
+                live(&self.streams)
+                    || lock(&self.default_streams)
+                        .get(d as usize)
+                        .is_some_and(|s| *s == Some(h))
+            }
+            _ => live(&self.events),
+        };
+        if h == 0 || dup {
+            return Err(self.bad_handle(dev, entry, kind, h));
+        }
+        Ok(())
+    }
+
+    fn bad_handle(&self, dev: Device, entry: &str, kind: &str, h: usize) -> DeviceError {
+        let seen = if h == 0 {
+            "NULL".to_owned()
+        } else {
+            format!("{h:#x}, a {kind} that is still live")
+        };
+        DeviceError::Backend {
+            device: dev,
+            message: format!(
+                "plugin `{}`: {entry} succeeded but returned {seen}; expected a new, non-NULL \
+                 {kind} handle",
+                self.info.name
+            ),
+        }
+    }
+
     /// The plugin stream behind `stream` on `dev` (creating the default one on first use).
     fn plugin_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<sys::KilnStream> {
         if stream.is_default() {
@@ -360,6 +415,9 @@ impl PluginDeviceApi {
             let mut s: sys::KilnStream = std::ptr::null_mut();
             let st = call_req!(self.raw, create_stream(dev.device_id, &mut s));
             self.check(dev, "create_stream (default stream)", st)?;
+            if s.is_null() {
+                return Err(self.bad_handle(dev, "create_stream (default stream)", "stream", 0));
+            }
             *slot = Some(s as usize);
             return Ok(s);
         }
@@ -387,36 +445,39 @@ impl PluginDeviceApi {
         self.check(dev, "synchronize_stream", st)
     }
 
-    /// Checks that `[ptr + offset, +n)` lies in a live allocation of `dev`; the device address.
+    /// Checks that `[ptr + offset, +n)` lies inside the live allocation of `dev` that the base
+    /// pointer `ptr` belongs to; the device address. An offset that lands in a neighbouring
+    /// allocation is out of bounds (naming the size of `ptr`'s allocation).
     fn device_range(&self, op: &'static str, r: MemRegion, n: usize) -> DeviceResult<usize> {
-        let oob = || DeviceError::OutOfBounds {
+        let oob = |allocation: Option<usize>| DeviceError::OutOfBounds {
             op,
             device: r.device,
             ptr: r.ptr,
             offset: r.offset,
             nbytes: n as u64,
-            allocation: None,
+            allocation: allocation.map(|a| a as u64),
         };
-        let addr = usize::try_from(r.offset)
-            .ok()
-            .and_then(|o| r.ptr.0.checked_add(o))
-            .ok_or_else(oob)?;
-        let in_pool = lock(self.allocator(r.device.device_id)?)
-            .find(addr, n)
-            .is_some();
-        let in_unified = || {
+        let pooled = lock(self.allocator(r.device.device_id)?).containing(r.ptr.0);
+        let owner = pooled.or_else(|| {
             lock(&self.unified)
-                .range(..=(r.device.device_id, addr))
+                .range(..=(r.device.device_id, r.ptr.0))
                 .next_back()
-                .is_some_and(|(&(d, base), &size)| {
-                    d == r.device.device_id && addr.checked_add(n).is_some_and(|e| e <= base + size)
+                .filter(|(&(d, base), &size)| {
+                    d == r.device.device_id && (r.ptr.0 == base || r.ptr.0 < base + size)
                 })
+                .map(|(&(_, base), &size)| (base, size))
+        });
+        let Some((base, size)) = owner else {
+            return Err(oob(None));
         };
-        if in_pool || in_unified() {
-            Ok(addr)
-        } else {
-            Err(oob())
-        }
+        // What is left of the allocation from `ptr` on.
+        let room = base + size - r.ptr.0;
+        let end = usize::try_from(r.offset)
+            .ok()
+            .and_then(|o| o.checked_add(n))
+            .filter(|&e| e <= room)
+            .ok_or_else(|| oob(Some(size)))?;
+        Ok(r.ptr.0 + end - n)
     }
 
     fn side(&self, op: &'static str, r: MemRegion, n: usize) -> DeviceResult<Side> {
@@ -492,7 +553,21 @@ impl PluginDeviceApi {
     fn device_memory(&self, id: i32) -> Option<(Option<u64>, Option<u64>)> {
         let (mut t, mut f) = (0usize, 0usize);
         match call_opt!(self.raw, device_memory_stats(id, &mut t, &mut f)) {
-            Some(KILN_STATUS_SUCCESS) => Some((Some(t as u64), Some(f as u64))),
+            // Sizes that do not fit an i64 attribute, or more free than total, are plugin bugs:
+            // kiln reports the figure as unknown (with a warning) rather than a wrapped value.
+            Some(KILN_STATUS_SUCCESS) => {
+                let fits = |v: usize| i64::try_from(v).is_ok();
+                if !fits(t) || !fits(f) || f > t {
+                    log::warn!(
+                        "plugin `{}`: device_memory_stats({id}) reported total {t} and free {f} \
+                         bytes; expected free <= total <= {}; ignoring them",
+                        self.info.name,
+                        i64::MAX
+                    );
+                    return None;
+                }
+                Some((Some(t as u64), Some(f as u64)))
+            }
             _ => None,
         }
     }
@@ -535,7 +610,15 @@ impl DeviceApi for PluginDeviceApi {
             Some(KILN_STATUS_SUCCESS) => {
                 return Ok(match v.type_ {
                     sys::KILN_ATTR_INT => Some(AttrValue::Int(v.int_value)),
-                    sys::KILN_ATTR_STRING => Some(AttrValue::Str(sys::attr_string(&v))),
+                    sys::KILN_ATTR_STRING => match sys::attr_string(&v) {
+                        Ok(s) => Some(AttrValue::Str(s)),
+                        Err(m) => {
+                            return Err(DeviceError::Backend {
+                                device: dev,
+                                message: format!("plugin `{}`: {m}", self.info.name),
+                            })
+                        }
+                    },
                     _ => None,
                 })
             }
@@ -808,6 +891,7 @@ impl DeviceStreamApi for PluginDeviceApi {
         let mut s: sys::KilnStream = std::ptr::null_mut();
         let st = call_req!(self.raw, create_stream(dev.device_id, &mut s));
         self.check(dev, "create_stream", st)?;
+        self.check_new_handle(dev, "create_stream", "stream", s as usize)?;
         Ok(StreamHandle::from_raw(
             lock(&self.streams).insert((dev.device_id, s as usize)),
         ))
@@ -823,6 +907,12 @@ impl DeviceStreamApi for PluginDeviceApi {
     fn raw_sync_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
         let s = self.plugin_stream(dev, stream)?;
         self.sync_plugin_stream(dev, s)
+    }
+
+    fn raw_check_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
+        // The handle table alone: `query_stream` (or its blocking fallback) would report, and
+        // consume, a failure of queued work that belongs to the next synchronization.
+        self.plugin_stream(dev, stream).map(|_| ())
     }
 
     fn raw_query_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<bool> {
@@ -864,6 +954,7 @@ impl DeviceStreamApi for PluginDeviceApi {
         let mut e: sys::KilnEvent = std::ptr::null_mut();
         let st = call_req!(self.raw, create_event(dev.device_id, &mut e));
         self.check(dev, "create_event", st)?;
+        self.check_new_handle(dev, "create_event", "event", e as usize)?;
         Ok(EventHandle::from_raw(
             lock(&self.events).insert((dev.device_id, e as usize)),
         ))
@@ -1039,7 +1130,16 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
         let _ = call_opt!(raw, finalize());
         return Err(init_failed(format!("get_device_count (status {s})"), m));
     }
-    let count = count.min(i32::MAX as usize);
+    if count > MAX_PLUGIN_DEVICES {
+        let _ = call_opt!(raw, finalize());
+        return Err(PluginError::Invalid {
+            path: p.clone(),
+            reason: format!(
+                "get_device_count reported {count} devices; kiln accepts at most \
+                 {MAX_PLUGIN_DEVICES}"
+            ),
+        });
+    }
     for id in 0..count as i32 {
         if let Some(s) = call_opt!(raw, init_device(id)) {
             if s != KILN_STATUS_SUCCESS {
@@ -1055,7 +1155,16 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
     let device_list = if count > 0 && raw.table().get_device_list.is_some() {
         let mut ids = vec![0usize; count];
         match call_opt!(raw, get_device_list(ids.as_mut_ptr())) {
-            Some(KILN_STATUS_SUCCESS) => ids,
+            Some(KILN_STATUS_SUCCESS) => {
+                if let Err(reason) = check_device_list(&ids) {
+                    for j in 0..count as i32 {
+                        let _ = call_opt!(raw, deinit_device(j));
+                    }
+                    let _ = call_opt!(raw, finalize());
+                    return Err(PluginError::Invalid { path: p, reason });
+                }
+                ids
+            }
             _ => (0..count).collect(),
         }
     } else {
@@ -1102,6 +1211,26 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
         }
     }
     Ok(api)
+}
+
+/// The ids of `get_device_list`: distinct and usable as kiln device ids (below 2^31).
+fn check_device_list(ids: &[usize]) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, &id) in ids.iter().enumerate() {
+        if i32::try_from(id).is_err() {
+            return Err(format!(
+                "get_device_list gave device id {id} at position {i}; expected ids below {}",
+                i32::MAX as u64 + 1
+            ));
+        }
+        if !seen.insert(id) {
+            return Err(format!(
+                "get_device_list gave device id {id} twice (again at position {i}); expected \
+                 distinct ids"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn register(api: &Arc<PluginDeviceApi>) -> Result<(), PluginError> {
