@@ -52,10 +52,10 @@ fn a_plugin_built_for_a_newer_major_version_is_refused() {
     let e = plugin::load_plugin(&lib).unwrap_err();
     let msg = e.to_string();
     assert!(
-        matches!(e, PluginError::Version { plugin: (2, 1), .. }),
+        matches!(e, PluginError::Version { plugin: (2, 2), .. }),
         "{msg}"
     );
-    assert!(msg.contains("built for device plugin ABI 2.1"), "{msg}");
+    assert!(msg.contains("built for device plugin ABI 2.2"), "{msg}");
     assert!(msg.contains("newer than this kiln"), "{msg}");
     assert!(device_api::get_by_name("load_major2").is_err());
     kiln_keeps_working();

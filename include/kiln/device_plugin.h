@@ -1,5 +1,5 @@
 /*
- * kiln device plugin ABI, version 1.1.
+ * kiln device plugin ABI, version 1.2.
  *
  * A vendor gives kiln a new device by building a shared library that exports one symbol,
  *
@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define KILN_PLUGIN_ABI_MAJOR 1 /* incompatible changes */
-#define KILN_PLUGIN_ABI_MINOR 1 /* fields appended */
+#define KILN_PLUGIN_ABI_MINOR 2 /* fields appended */
 
 /* The name of the entry symbol. */
 #define KILN_PLUGIN_ENTRY_SYMBOL "kiln_device_plugin_init"
@@ -272,11 +272,20 @@ typedef struct KilnDeviceInterface {
    *    function "<device_type>.<name>". Kernels run on the host thread that calls them and may
    *    take tensors whose data are this plugin's device pointers. [no kernels] */
   KilnStatus (*get_kernels)(const KilnPluginKernel** kernels, size_t* count);
+
+  /* ---- ABI 1.2: appended ---- */
+  /* O. Queues a fill of `size` bytes at `ptr` with `value` on `stream`, ordered like the async
+   *    copies (a failure is reported by the next synchronize_stream). kiln checks the range
+   *    first. [synchronize the stream, then device_memory_set, or fill a host buffer and h2d] */
+  KilnStatus (*async_memory_set)(int32_t device, KilnStream stream, void* ptr, unsigned char value,
+                                 size_t size);
 } KilnDeviceInterface;
 
-/* The size of the 1.0 table (everything up to get_last_error) and of today's. */
+/* The size of the 1.0 table (everything up to get_last_error), the 1.1 table (up to get_kernels)
+ * and today's. */
 #define KILN_DEVICE_INTERFACE_SIZE_1_0 KILN_STRUCT_SIZE(KilnDeviceInterface, get_last_error)
-#define KILN_DEVICE_INTERFACE_SIZE KILN_STRUCT_SIZE(KilnDeviceInterface, get_kernels)
+#define KILN_DEVICE_INTERFACE_SIZE_1_1 KILN_STRUCT_SIZE(KilnDeviceInterface, get_kernels)
+#define KILN_DEVICE_INTERFACE_SIZE KILN_STRUCT_SIZE(KilnDeviceInterface, async_memory_set)
 
 /* ------------------------------------------------------------------------------------------ */
 /* The entry point's parameters.                                                               */

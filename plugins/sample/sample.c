@@ -38,6 +38,7 @@
  *   SAMPLE_REFUSE_KILN          the entry refuses kiln as a plugin built for ABI 2 would
  *   SAMPLE_NO_QUERY_STREAM      leave query_stream NULL (kiln's blocking fallback)
  *   SAMPLE_NO_ASYNC_MEMSET      leave the 1.2 entry async_memory_set NULL
+ *   SAMPLE_TABLE_1_1            an ABI 1.1 table (async_memory_set past its end)
  */
 #include "kiln/device_plugin.h"
 
@@ -96,7 +97,7 @@ typedef struct KilnPluginEvent_st {
   int destroyed;
 } event_t;
 
-enum { OP_COPY, OP_CALLBACK, OP_RECORD, OP_WAIT };
+enum { OP_COPY, OP_CALLBACK, OP_RECORD, OP_WAIT, OP_MEMSET };
 enum { K_H2D, K_D2H, K_D2D, K_P2P };
 static const char* kind_name[] = {"h2d", "d2h", "d2d", "p2p"};
 
@@ -392,6 +393,16 @@ static void* worker(void* arg) {
         }
         break;
       }
+      case OP_MEMSET: {
+        pthread_mutex_unlock(&g_mu);
+        KilnStatus st = sample_memset(o->dst_dev, o->dst, (unsigned char)o->gen, o->size);
+        pthread_mutex_lock(&g_mu);
+        if (st != KILN_STATUS_SUCCESS && !s->has_error) {
+          s->has_error = 1;
+          snprintf(s->error, sizeof s->error, "%s (queued on a stream of device %d)", t_error, s->device);
+        }
+        break;
+      }
       case OP_CALLBACK: {
         KilnStatus st = s->has_error ? KILN_STATUS_ERROR : KILN_STATUS_SUCCESS;
         pthread_mutex_unlock(&g_mu);
@@ -517,6 +528,20 @@ static KilnStatus queue_copy(KilnStream s, int kind, int dst_dev, int src_dev, v
 static KilnStatus sample_async_h2d(int32_t d, KilnStream s, void* dst, const void* src, size_t n) { return queue_copy(s, K_H2D, d, -1, dst, src, n); }
 static KilnStatus sample_async_d2h(int32_t d, KilnStream s, void* dst, const void* src, size_t n) { return queue_copy(s, K_D2H, -1, d, dst, src, n); }
 static KilnStatus sample_async_d2d(int32_t d, KilnStream s, void* dst, const void* src, size_t n) { return queue_copy(s, K_D2D, d, d, dst, src, n); }
+
+static KilnStatus sample_async_memset(int32_t d, KilnStream s, void* p, unsigned char v, size_t n) {
+  op_t* o = calloc(1, sizeof *o);
+  if (!o) return fail(KILN_STATUS_OUT_OF_MEMORY, "sample: no memory to queue a memset");
+  o->kind = OP_MEMSET;
+  o->dst_dev = d;
+  o->dst = p;
+  o->gen = v;
+  o->size = n;
+  pthread_mutex_lock(&g_mu);
+  enqueue(s, o);
+  pthread_mutex_unlock(&g_mu);
+  return KILN_STATUS_SUCCESS;
+}
 
 static KilnStatus sample_add_callback(int32_t d, KilnStream s, KilnStreamCallback cb, void* user) {
   (void)d;
@@ -790,6 +815,9 @@ EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
   t->get_last_error = sample_get_last_error;
   t->get_attribute = sample_get_attribute;
   t->get_kernels = sample_get_kernels;
+#ifndef SAMPLE_NO_ASYNC_MEMSET
+  t->async_memory_set = sample_async_memset;
+#endif
 #else
   t->get_last_error = sample_get_last_error;
 #endif
@@ -798,6 +826,11 @@ EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
    * memory here, which kiln must not read. */
   t->struct_size = KILN_DEVICE_INTERFACE_SIZE_1_0;
   t->abi_minor = 0;
+#endif
+#ifdef SAMPLE_TABLE_1_1
+  /* A 1.1 plugin: async_memory_set lies past its table's end (set in memory, not to be read). */
+  t->struct_size = KILN_DEVICE_INTERFACE_SIZE_1_1;
+  t->abi_minor = 1;
 #endif
 #ifdef SAMPLE_DROP_REQUIRED
   t->memory_copy_d2h = NULL;

@@ -853,9 +853,16 @@ impl DeviceMemoryApi for PluginDeviceApi {
         };
         let addr = self.device_range("memset", r, nbytes)?;
         let ps = self.plugin_stream(dev, stream)?;
-        // Memset is synchronous in the ABI: finish the stream's earlier work first.
-        self.sync_plugin_stream(dev, ps)?;
         let dp = addr as *mut std::ffi::c_void;
+        // ABI 1.2: queued on the stream like the async copies.
+        if let Some(st) = call_opt!(
+            self.raw,
+            async_memory_set(dev.device_id, ps, dp, value, nbytes)
+        ) {
+            return self.check(dev, "async_memory_set", st);
+        }
+        // device_memory_set is synchronous: finish the stream's earlier work first.
+        self.sync_plugin_stream(dev, ps)?;
         if let Some(st) = call_opt!(
             self.raw,
             device_memory_set(dev.device_id, dp, value, nbytes)

@@ -22,7 +22,7 @@ use crate::packed_func::PackedFunc;
 /// `KILN_PLUGIN_ABI_MAJOR`.
 pub const KILN_PLUGIN_ABI_MAJOR: u32 = 1;
 /// `KILN_PLUGIN_ABI_MINOR`.
-pub const KILN_PLUGIN_ABI_MINOR: u32 = 1;
+pub const KILN_PLUGIN_ABI_MINOR: u32 = 2;
 /// `KILN_PLUGIN_ENTRY_SYMBOL`.
 pub const KILN_PLUGIN_ENTRY_SYMBOL: &str = "kiln_device_plugin_init";
 /// `KILN_PLUGIN_MIN_ALIGNMENT`.
@@ -201,6 +201,9 @@ pub struct KilnDeviceInterface {
     pub get_attribute: Option<unsafe extern "C" fn(i32, i32, *mut KilnAttrValue) -> KilnStatus>,
     pub get_kernels:
         Option<unsafe extern "C" fn(*mut *const KilnPluginKernel, *mut usize) -> KilnStatus>,
+    // ABI 1.2
+    pub async_memory_set:
+        Option<unsafe extern "C" fn(i32, KilnStream, *mut c_void, u8, usize) -> KilnStatus>,
 }
 
 /// `KilnPluginParams`.
@@ -222,16 +225,20 @@ pub struct KilnPluginParams {
 /// `KILN_DEVICE_INTERFACE_SIZE_1_0`: the table up to `get_last_error`.
 pub const KILN_DEVICE_INTERFACE_SIZE_1_0: usize =
     offset_of!(KilnDeviceInterface, get_last_error) + size_of::<usize>();
+/// `KILN_DEVICE_INTERFACE_SIZE_1_1`: the table up to `get_kernels`.
+pub const KILN_DEVICE_INTERFACE_SIZE_1_1: usize =
+    offset_of!(KilnDeviceInterface, get_kernels) + size_of::<usize>();
 /// `KILN_DEVICE_INTERFACE_SIZE`: today's table.
 pub const KILN_DEVICE_INTERFACE_SIZE: usize =
-    offset_of!(KilnDeviceInterface, get_kernels) + size_of::<usize>();
+    offset_of!(KilnDeviceInterface, async_memory_set) + size_of::<usize>();
 /// `KILN_PLUGIN_PARAMS_SIZE`.
 pub const KILN_PLUGIN_PARAMS_SIZE: usize =
     offset_of!(KilnPluginParams, interface) + size_of::<usize>();
 
 // Layout checks for LP64 (x86_64, aarch64): the header's sizes and offsets.
 const _: () = {
-    assert!(size_of::<KilnDeviceInterface>() == 16 + 48 * 8);
+    assert!(size_of::<KilnDeviceInterface>() == 16 + 49 * 8);
+    assert!(KILN_DEVICE_INTERFACE_SIZE_1_1 == 16 + 48 * 8);
     assert!(KILN_DEVICE_INTERFACE_SIZE == size_of::<KilnDeviceInterface>());
     assert!(KILN_DEVICE_INTERFACE_SIZE_1_0 == 16 + 46 * 8);
     assert!(offset_of!(KilnDeviceInterface, initialize) == 16);
@@ -337,6 +344,7 @@ const OPTIONAL: &[EntryCheck] = &[
     ("get_last_error", |t| t.get_last_error.is_some()),
     ("get_attribute", |t| t.get_attribute.is_some()),
     ("get_kernels", |t| t.get_kernels.is_some()),
+    ("async_memory_set", |t| t.async_memory_set.is_some()),
 ];
 
 /// The optional entries `t` leaves out (kiln's fallbacks apply to them).
@@ -605,10 +613,26 @@ impl RawPlugin {
                 .and_then(|f| unsafe { c_message(f()) })
         };
         if status != KILN_STATUS_SUCCESS {
+            let message = last_error(&table).unwrap_or_else(|| {
+                if status == KILN_STATUS_VERSION_MISMATCH {
+                    format!(
+                        "the plugin refused this kiln without a message (KILN_PLUGIN_CHECK_PARAMS \
+                         does so when kiln's ABI major version or params size differs from the \
+                         header the plugin was built with); this kiln speaks ABI \
+                         {KILN_PLUGIN_ABI_MAJOR}.{KILN_PLUGIN_ABI_MINOR} with a {}-byte \
+                         KilnPluginParams: rebuild the plugin against this kiln's \
+                         include/kiln/device_plugin.h",
+                        size_of::<KilnPluginParams>()
+                    )
+                } else {
+                    "the plugin gave no message (it has no get_last_error, or it returned NULL)"
+                        .to_owned()
+                }
+            });
             return Err(PluginError::EntryFailed {
                 path: p,
                 status: format!("{status} ({})", status_name(status)),
-                message: last_error(&table).unwrap_or_else(|| "no message".to_owned()),
+                message,
             });
         }
         let invalid = |reason: String| PluginError::Invalid {
