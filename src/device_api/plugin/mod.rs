@@ -1311,6 +1311,9 @@ pub struct PluginScan {
     pub loaded: Vec<Arc<PluginDeviceApi>>,
     /// The files (or directories) that failed, with why. They were skipped.
     pub failed: Vec<(PathBuf, PluginError)>,
+    /// Entries skipped without trying to load them (broken symbolic links), with why. Each is
+    /// also logged as a warning.
+    pub skipped: Vec<(PathBuf, String)>,
 }
 
 fn is_library_name(p: &Path) -> bool {
@@ -1319,7 +1322,10 @@ fn is_library_name(p: &Path) -> bool {
 }
 
 /// Loads every shared library (`*.so`, `*.so.*`, `*.dylib`) in each of `dirs`, in name order.
-/// Bad files are reported in [`PluginScan::failed`] and skipped; other files are ignored.
+/// An entry of `dirs` that is a file (not a directory) is loaded as a plugin itself, whatever its
+/// name. Bad files are reported in [`PluginScan::failed`] and skipped; broken symbolic links
+/// with a library name are logged and listed in [`PluginScan::skipped`]; other files are
+/// ignored.
 pub fn load_plugins_from_dirs<I, P>(dirs: I) -> PluginScan
 where
     I: IntoIterator<Item = P>,
@@ -1328,24 +1334,66 @@ where
     let mut scan = PluginScan::default();
     for dir in dirs {
         let dir = dir.as_ref();
+        let fail = |reason: String| {
+            (
+                dir.to_path_buf(),
+                PluginError::NotALibrary {
+                    path: dir.to_path_buf(),
+                    reason,
+                },
+            )
+        };
+        match std::fs::metadata(dir) {
+            Err(e) => {
+                scan.failed.push(fail(format!(
+                    "cannot read the plugin directory or file (expected a directory of plugins \
+                     or a plugin file): {e}"
+                )));
+                continue;
+            }
+            Ok(m) if !m.is_dir() => {
+                match load_plugin(dir) {
+                    Ok(api) => scan.loaded.push(api),
+                    Err(e) => scan.failed.push((dir.to_path_buf(), e)),
+                }
+                continue;
+            }
+            Ok(_) => {}
+        }
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) => {
-                scan.failed.push((
-                    dir.to_path_buf(),
-                    PluginError::NotALibrary {
-                        path: dir.to_path_buf(),
-                        reason: format!("cannot read the plugin directory: {e}"),
-                    },
-                ));
+                scan.failed
+                    .push(fail(format!("cannot read the plugin directory: {e}")));
                 continue;
             }
         };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.is_file() && is_library_name(p))
-            .collect();
+        let mut files: Vec<PathBuf> = Vec::new();
+        for p in entries.filter_map(Result::ok).map(|e| e.path()) {
+            if !is_library_name(&p) {
+                continue;
+            }
+            let is_link = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink());
+            match std::fs::metadata(&p) {
+                Ok(m) if m.is_file() => files.push(p),
+                Ok(_) => {}
+                Err(e) if is_link => {
+                    let target = std::fs::read_link(&p)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|_| "?".to_owned());
+                    let why = format!("a broken symbolic link to `{target}`: {e}");
+                    log::warn!("skipping plugin `{}`: {why}", p.display());
+                    scan.skipped.push((p, why));
+                }
+                Err(e) => scan.failed.push((
+                    p.clone(),
+                    PluginError::NotALibrary {
+                        path: p,
+                        reason: e.to_string(),
+                    },
+                )),
+            }
+        }
         files.sort();
         for f in files {
             match load_plugin(&f) {
@@ -1357,8 +1405,8 @@ where
     scan
 }
 
-/// Loads every plugin in the directories of `KILN_PLUGIN_PATH` (`:`-separated); nothing when it
-/// is unset or empty. See [`load_plugins_from_dirs`].
+/// Loads every plugin in the directories (or plugin files) of `KILN_PLUGIN_PATH`
+/// (`:`-separated); nothing when it is unset or empty. See [`load_plugins_from_dirs`].
 pub fn load_plugins_from_env() -> PluginScan {
     match std::env::var_os(PLUGIN_PATH_VAR) {
         Some(v) if !v.is_empty() => {
