@@ -452,3 +452,42 @@ fn an_async_memset_out_of_bounds_is_refused_before_it_is_queued() {
     api.free_stream(dev, s).unwrap();
     api.free_data_space(dev, p).unwrap();
 }
+
+// ------------------------------------------------------------------ 8. pinned staging
+
+fn p2p_roundtrip(name: &str, defines: &[&str]) {
+    let api = plugin_util::sample(name, defines);
+    let (d0, d1) = (Device::new(api.code(), 0), Device::new(api.code(), 1));
+    let n = 3 << 20;
+    let a = api.alloc_data_space(d0, n, 64, U8).unwrap();
+    let b = api.alloc_data_space(d1, n, 64, U8).unwrap();
+    let mut bytes: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    let mut shape = [n as i64];
+    for _ in 0..2 {
+        let src = dl(bytes.as_mut_ptr(), Device::cpu(), &mut shape, 0);
+        let dst = dl(a.as_raw().cast(), d0, &mut shape, 0);
+        // SAFETY: in bounds; synchronized below.
+        unsafe { api.copy_data_from_to(&src, &dst, StreamHandle::DEFAULT) }.unwrap();
+        let src = dl(a.as_raw().cast(), d0, &mut shape, 0);
+        let dst = dl(b.as_raw().cast(), d1, &mut shape, 0);
+        // SAFETY: in bounds; synchronized below.
+        unsafe { api.copy_data_from_to(&src, &dst, StreamHandle::DEFAULT) }.unwrap();
+        api.sync_stream(d0, StreamHandle::DEFAULT).unwrap();
+        let mut out = vec![0u8; n];
+        let src = dl(b.as_raw().cast(), d1, &mut shape, 0);
+        let dst = dl(out.as_mut_ptr(), Device::cpu(), &mut shape, 0);
+        // SAFETY: in bounds; synchronized below.
+        unsafe { api.copy_data_from_to(&src, &dst, StreamHandle::DEFAULT) }.unwrap();
+        api.sync_stream(d1, StreamHandle::DEFAULT).unwrap();
+        assert_eq!(out, bytes, "{name}");
+        bytes.reverse();
+    }
+    api.free_data_space(d0, a).unwrap();
+    api.free_data_space(d1, b).unwrap();
+}
+
+#[test]
+fn copies_between_plugin_devices_stage_through_pinned_memory_or_ordinary_memory() {
+    p2p_roundtrip("stage_pinned", &[]);
+    p2p_roundtrip("stage_plain", &["SAMPLE_NO_PINNED"]);
+}

@@ -39,6 +39,7 @@
  *   SAMPLE_NO_QUERY_STREAM      leave query_stream NULL (kiln's blocking fallback)
  *   SAMPLE_NO_ASYNC_MEMSET      leave the 1.2 entry async_memory_set NULL
  *   SAMPLE_TABLE_1_1            an ABI 1.1 table (async_memory_set past its end)
+ *   SAMPLE_NO_PINNED            leave host_memory_allocate/deallocate NULL (no pinned staging)
  */
 #include "kiln/device_plugin.h"
 
@@ -793,8 +794,10 @@ EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
   t->get_compute_capability = sample_get_compute_capability;
   t->get_runtime_version = sample_get_runtime_version;
   t->get_driver_version = sample_get_driver_version;
+#ifndef SAMPLE_NO_PINNED
   t->host_memory_allocate = sample_host_allocate;
   t->host_memory_deallocate = sample_host_deallocate;
+#endif
   t->unified_memory_allocate = sample_unified_allocate;
   t->unified_memory_deallocate = sample_unified_deallocate;
   /* memory_copy_p2p and async_memory_copy_p2p are left out: kiln bounces through the host. */

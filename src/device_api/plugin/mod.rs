@@ -219,6 +219,9 @@ pub struct PluginDeviceApi {
     events: Mutex<HandleTable<(i32, usize)>>,
     /// The plugin stream behind each device's default stream, created on first use.
     default_streams: Mutex<Vec<Option<usize>>>,
+    /// One cached page-locked staging buffer per device (address, size), from the plugin's
+    /// `host_memory_allocate`, for copies that go through the host.
+    staging: Mutex<Vec<Option<(usize, usize)>>>,
     /// The extension code, set once when the backend is registered.
     code: AtomicI32,
     /// The kernels registered, set once after registration.
@@ -492,7 +495,9 @@ impl PluginDeviceApi {
         }
     }
 
-    /// A copy between two devices of this plugin without p2p entries: through a host buffer.
+    /// A copy between two devices of this plugin without p2p entries: through a host buffer,
+    /// the plugin's page-locked memory when it offers `host_memory_allocate` (cached per
+    /// device), else ordinary host memory.
     fn bounce_p2p(
         &self,
         sdev: Device,
@@ -501,18 +506,93 @@ impl PluginDeviceApi {
         dst: usize,
         n: usize,
     ) -> DeviceResult<()> {
-        let mut host = vec![0u8; n];
-        let hp = host.as_mut_ptr().cast::<std::ffi::c_void>();
+        let pinned = self.take_staging(sdev.device_id, n);
+        let mut host = Vec::new();
+        let hp = match pinned {
+            Some((p, _)) => p as *mut std::ffi::c_void,
+            None => {
+                host = vec![0u8; n];
+                host.as_mut_ptr().cast::<std::ffi::c_void>()
+            }
+        };
         let st = call_req!(
             self.raw,
             memory_copy_d2h(sdev.device_id, hp, src as *const std::ffi::c_void, n)
         );
-        self.check(sdev, "memory_copy_d2h (p2p fallback)", st)?;
-        let st = call_req!(
+        let r = self
+            .check(sdev, "memory_copy_d2h (p2p fallback)", st)
+            .and_then(|()| {
+                let st = call_req!(
+                    self.raw,
+                    memory_copy_h2d(ddev.device_id, dst as *mut std::ffi::c_void, hp, n)
+                );
+                self.check(ddev, "memory_copy_h2d (p2p fallback)", st)
+            });
+        drop(host);
+        if let Some(b) = pinned {
+            self.put_staging(sdev.device_id, b);
+        }
+        r
+    }
+
+    /// The largest staging buffer kiln keeps cached per device; larger ones are freed after use.
+    const MAX_CACHED_STAGING: usize = 64 << 20;
+
+    /// A page-locked host buffer of at least `n` bytes from the plugin (the cached one when it is
+    /// large enough), or `None` when the plugin has no `host_memory_allocate` or it fails.
+    fn take_staging(&self, dev: i32, n: usize) -> Option<(usize, usize)> {
+        self.raw.table().host_memory_allocate?;
+        let cached = lock(&self.staging).get_mut(dev as usize)?.take();
+        match cached {
+            Some(b) if b.1 >= n => return Some(b),
+            Some((p, size)) => {
+                let _ = call_opt!(
+                    self.raw,
+                    host_memory_deallocate(dev, p as *mut std::ffi::c_void, size)
+                );
+            }
+            None => {}
+        }
+        let size = n.checked_next_multiple_of(1 << 20)?;
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        match call_opt!(self.raw, host_memory_allocate(dev, &mut p, size)) {
+            Some(KILN_STATUS_SUCCESS) if !p.is_null() && (p as usize).checked_add(size).is_some() => {
+                Some((p as usize, size))
+            }
+            Some(KILN_STATUS_SUCCESS) => {
+                log::warn!(
+                    "plugin `{}`: host_memory_allocate returned {p:?} for {size} bytes; using \
+                     ordinary host memory",
+                    self.info.name
+                );
+                None
+            }
+            Some(s) => {
+                log::debug!(
+                    "{}; using ordinary host memory",
+                    self.status_message("host_memory_allocate", s)
+                );
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Returns a staging buffer to the cache (freeing it when it is too large to keep or the
+    /// slot is taken meanwhile).
+    fn put_staging(&self, dev: i32, (p, size): (usize, usize)) {
+        if size <= Self::MAX_CACHED_STAGING {
+            if let Some(slot) = lock(&self.staging).get_mut(dev as usize) {
+                if slot.is_none() {
+                    *slot = Some((p, size));
+                    return;
+                }
+            }
+        }
+        let _ = call_opt!(
             self.raw,
-            memory_copy_h2d(ddev.device_id, dst as *mut std::ffi::c_void, hp, n)
+            host_memory_deallocate(dev, p as *mut std::ffi::c_void, size)
         );
-        self.check(ddev, "memory_copy_h2d (p2p fallback)", st)
     }
 
     fn query_config(&self, id: i32) -> ChunkConfig {
@@ -580,6 +660,14 @@ impl Drop for PluginDeviceApi {
         for (i, s) in lock(&self.default_streams).iter().enumerate() {
             if let Some(s) = s {
                 let _ = call_req!(self.raw, destroy_stream(i as i32, *s as sys::KilnStream));
+            }
+        }
+        for (i, b) in lock(&self.staging).iter_mut().enumerate() {
+            if let Some((p, n)) = b.take() {
+                let _ = call_opt!(
+                    self.raw,
+                    host_memory_deallocate(i as i32, p as *mut std::ffi::c_void, n)
+                );
             }
         }
         for i in 0..self.allocators.len() {
@@ -1198,6 +1286,7 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
         streams: Mutex::new(HandleTable::new()),
         events: Mutex::new(HandleTable::new()),
         default_streams: Mutex::new(vec![None; count]),
+        staging: Mutex::new(vec![None; count]),
         code: AtomicI32::new(0),
         kernels: Mutex::new(Vec::new()),
     };
