@@ -24,8 +24,12 @@ fn build(dir: &Path, name: &str, defines: &[&str]) -> std::path::PathBuf {
     for d in defines {
         cmd.arg(format!("-D{d}"));
     }
-    cmd.arg(root.join("plugins/sample/sample.c")).arg("-lpthread");
-    assert!(cmd.status().expect("running cc").success(), "building {name}");
+    cmd.arg(root.join("plugins/sample/sample.c"))
+        .arg("-lpthread");
+    assert!(
+        cmd.status().expect("running cc").success(),
+        "building {name}"
+    );
     out
 }
 

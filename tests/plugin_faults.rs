@@ -38,7 +38,10 @@ fn load_err(name: &str, defines: &[&str]) -> PluginError {
 
 #[test]
 fn a_huge_device_count_is_refused_with_a_message() {
-    let e = load_err("fault_count", &["SAMPLE_FAULT_DEVICE_COUNT=((size_t)1<<40)"]);
+    let e = load_err(
+        "fault_count",
+        &["SAMPLE_FAULT_DEVICE_COUNT=((size_t)1<<40)"],
+    );
     assert!(matches!(e, PluginError::Invalid { .. }), "{e}");
     let msg = e.to_string();
     assert!(
@@ -113,10 +116,16 @@ fn a_string_attribute_without_a_nul_is_an_error_not_a_truncated_name() {
         msg.contains("string attribute without a terminating NUL in its 256 bytes"),
         "{msg}"
     );
-    assert!(msg.contains("expected at most 255 bytes and a NUL"), "{msg}");
+    assert!(
+        msg.contains("expected at most 255 bytes and a NUL"),
+        "{msg}"
+    );
     // Other attributes still work.
     assert_eq!(
-        api.attr(dev, AttrKind::WARP_SIZE).unwrap().unwrap().as_int(),
+        api.attr(dev, AttrKind::WARP_SIZE)
+            .unwrap()
+            .unwrap()
+            .as_int(),
         Some(32)
     );
 }
@@ -130,7 +139,9 @@ fn a_null_stream_handle_is_refused() {
     let e = api.create_stream(dev).unwrap_err();
     let msg = e.to_string();
     assert!(
-        msg.contains("create_stream succeeded but returned NULL; expected a new, non-NULL stream handle"),
+        msg.contains(
+            "create_stream succeeded but returned NULL; expected a new, non-NULL stream handle"
+        ),
         "{msg}"
     );
 }
@@ -158,12 +169,22 @@ fn memory_figures_that_do_not_fit_are_reported_as_unknown() {
     let stats = api.memory_stats(dev).unwrap();
     assert_eq!((stats.total, stats.free), (None, None));
     // The plugin's own get_attribute still answers.
-    assert!(api.attr(dev, AttrKind::TOTAL_GLOBAL_MEMORY).unwrap().is_some());
+    assert!(api
+        .attr(dev, AttrKind::TOTAL_GLOBAL_MEMORY)
+        .unwrap()
+        .is_some());
 }
 
 // ------------------------------------------------------------------ 2. base-pointer bounds
 
-fn two_buffers(name: &str) -> (std::sync::Arc<plugin::PluginDeviceApi>, Device, DevicePtr, DevicePtr) {
+fn two_buffers(
+    name: &str,
+) -> (
+    std::sync::Arc<plugin::PluginDeviceApi>,
+    Device,
+    DevicePtr,
+    DevicePtr,
+) {
     let api = plugin_util::sample(name, &["SAMPLE_MINIMAL"]);
     let dev = Device::new(api.code(), 0);
     let a = api.alloc_data_space(dev, 1024, 64, U8).unwrap();
@@ -335,7 +356,11 @@ fn a_plugin_for_another_architecture_is_refused_naming_both() {
     let lib = plugin_util::build_sample("fault_arch", &[]);
     let mut bytes = std::fs::read(&lib).unwrap();
     // e_machine (offset 18, little-endian): claim another architecture.
-    let other: u16 = if cfg!(target_arch = "aarch64") { 62 } else { 183 };
+    let other: u16 = if cfg!(target_arch = "aarch64") {
+        62
+    } else {
+        183
+    };
     bytes[18..20].copy_from_slice(&other.to_le_bytes());
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("libkiln_other_arch.so");
@@ -353,8 +378,14 @@ fn a_failing_entry_point_is_reported_with_its_message() {
     let e = load_err("abi_entry_fails", &["SAMPLE_ENTRY_FAILS"]);
     assert!(matches!(e, PluginError::EntryFailed { .. }), "{e}");
     let msg = e.to_string();
-    assert!(msg.contains("kiln_device_plugin_init failed with status 1 (ERROR)"), "{msg}");
-    assert!(msg.contains("needs driver 9.9 (injected entry failure)"), "{msg}");
+    assert!(
+        msg.contains("kiln_device_plugin_init failed with status 1 (ERROR)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("needs driver 9.9 (injected entry failure)"),
+        "{msg}"
+    );
 }
 
 #[test]

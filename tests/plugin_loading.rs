@@ -228,8 +228,11 @@ fn a_plugin_file_in_the_plugin_path_is_loaded_and_a_missing_entry_is_named_corre
 fn a_broken_symlink_in_the_plugin_directory_is_skipped_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     plugin_util::build_sample_in(dir.path(), "scan_links", &[]);
-    std::os::unix::fs::symlink(dir.path().join("gone.so"), dir.path().join("libdangling.so"))
-        .unwrap();
+    std::os::unix::fs::symlink(
+        dir.path().join("gone.so"),
+        dir.path().join("libdangling.so"),
+    )
+    .unwrap();
     let scan = plugin::load_plugins_from_dirs([dir.path()]);
     let names: Vec<String> = scan.loaded.iter().map(|p| p.info().name).collect();
     assert_eq!(names, vec!["scan_links"]);

@@ -360,13 +360,7 @@ impl PluginDeviceApi {
     /// A handle a plugin returned with success must be non-NULL and not one kiln holds already
     /// (the ABI: the plugin creates a new handle). A bad one is refused (and not destroyed: kiln
     /// cannot know what it refers to).
-    fn check_new_handle(
-        &self,
-        dev: Device,
-        entry: &str,
-        kind: &str,
-        h: usize,
-    ) -> DeviceResult<()> {
+    fn check_new_handle(&self, dev: Device, entry: &str, kind: &str, h: usize) -> DeviceResult<()> {
         let d = dev.device_id;
         let live = |t: &Mutex<HandleTable<(i32, usize)>>| {
             lock(t).values_mut().any(|&mut (td, x)| td == d && x == h)
@@ -556,7 +550,9 @@ impl PluginDeviceApi {
         let size = n.checked_next_multiple_of(1 << 20)?;
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         match call_opt!(self.raw, host_memory_allocate(dev, &mut p, size)) {
-            Some(KILN_STATUS_SUCCESS) if !p.is_null() && (p as usize).checked_add(size).is_some() => {
+            Some(KILN_STATUS_SUCCESS)
+                if !p.is_null() && (p as usize).checked_add(size).is_some() =>
+            {
                 Some((p as usize, size))
             }
             Some(KILN_STATUS_SUCCESS) => {

@@ -641,7 +641,8 @@ impl RawPlugin {
         };
         // SAFETY: the plugin fills these with NULL or static NUL-terminated strings (ABI); kiln
         // reads at most MAX_NAME_LEN + 1 bytes of each.
-        let device_type = unsafe { c_name(params.device_type, "`device_type`") }.map_err(invalid)?;
+        let device_type =
+            unsafe { c_name(params.device_type, "`device_type`") }.map_err(invalid)?;
         // SAFETY: as above.
         let sub_device_type =
             unsafe { c_name(params.sub_device_type, "`sub_device_type`") }.map_err(invalid)?;
