@@ -86,6 +86,7 @@ fn struct_layouts_and_constants_match_the_c_header() {
             get_last_error,
             get_attribute,
             get_kernels,
+            async_memory_set,
         }
     );
     layout!(
@@ -117,6 +118,10 @@ fn struct_layouts_and_constants_match_the_c_header() {
         (
             "KILN_DEVICE_INTERFACE_SIZE_1_0",
             KILN_DEVICE_INTERFACE_SIZE_1_0,
+        ),
+        (
+            "KILN_DEVICE_INTERFACE_SIZE_1_1",
+            KILN_DEVICE_INTERFACE_SIZE_1_1,
         ),
         ("KILN_PLUGIN_PARAMS_SIZE", KILN_PLUGIN_PARAMS_SIZE),
         ("KILN_STATUS_SUCCESS", KILN_STATUS_SUCCESS as usize),

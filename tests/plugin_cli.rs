@@ -52,7 +52,7 @@ fn kiln_devices_json_includes_plugin_information() {
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let p = &doc["plugins"][0];
     assert_eq!(p["name"], "cli_json");
-    assert_eq!(p["abi"], serde_json::json!([1, 1]));
+    assert_eq!(p["abi"], serde_json::json!([1, 2]));
     assert!(p["absent_entries"]
         .as_array()
         .unwrap()

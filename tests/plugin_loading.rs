@@ -52,10 +52,10 @@ fn a_plugin_built_for_a_newer_major_version_is_refused() {
     let e = plugin::load_plugin(&lib).unwrap_err();
     let msg = e.to_string();
     assert!(
-        matches!(e, PluginError::Version { plugin: (2, 1), .. }),
+        matches!(e, PluginError::Version { plugin: (2, 2), .. }),
         "{msg}"
     );
-    assert!(msg.contains("built for device plugin ABI 2.1"), "{msg}");
+    assert!(msg.contains("built for device plugin ABI 2.2"), "{msg}");
     assert!(msg.contains("newer than this kiln"), "{msg}");
     assert!(device_api::get_by_name("load_major2").is_err());
     kiln_keeps_working();
@@ -197,4 +197,51 @@ fn every_library_in_the_plugin_directories_loads_and_bad_files_are_reported_and_
         .contains("cannot read the plugin directory"));
     assert!(device_api::get_by_name("scan_good").is_ok());
     kiln_keeps_working();
+}
+
+#[test]
+fn a_plugin_file_in_the_plugin_path_is_loaded_and_a_missing_entry_is_named_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = plugin_util::build_sample_in(dir.path(), "path_file", &[]);
+    let missing = dir.path().join("nowhere");
+    let scan = plugin::load_plugins_from_dirs([lib.clone(), missing.clone()]);
+    let names: Vec<String> = scan.loaded.iter().map(|p| p.info().name).collect();
+    assert_eq!(names, vec!["path_file"]);
+    assert_eq!(scan.failed.len(), 1, "{:?}", scan.failed);
+    assert_eq!(scan.failed[0].0, missing);
+    let msg = scan.failed[0].1.to_string();
+    assert!(
+        msg.contains("expected a directory of plugins or a plugin file"),
+        "{msg}"
+    );
+    // A file that is not a plugin is reported as such, not as an unreadable directory.
+    let junk = dir.path().join("notes.txt");
+    std::fs::write(&junk, "hello").unwrap();
+    let scan = plugin::load_plugins_from_dirs([junk.clone()]);
+    assert_eq!(scan.failed.len(), 1);
+    let msg = scan.failed[0].1.to_string();
+    assert!(!msg.contains("cannot read the plugin directory"), "{msg}");
+    assert!(msg.contains("is not a device plugin"), "{msg}");
+}
+
+#[test]
+fn a_broken_symlink_in_the_plugin_directory_is_skipped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    plugin_util::build_sample_in(dir.path(), "scan_links", &[]);
+    std::os::unix::fs::symlink(
+        dir.path().join("gone.so"),
+        dir.path().join("libdangling.so"),
+    )
+    .unwrap();
+    let scan = plugin::load_plugins_from_dirs([dir.path()]);
+    let names: Vec<String> = scan.loaded.iter().map(|p| p.info().name).collect();
+    assert_eq!(names, vec!["scan_links"]);
+    assert!(scan.failed.is_empty(), "{:?}", scan.failed);
+    assert_eq!(scan.skipped.len(), 1, "{:?}", scan.skipped);
+    assert!(scan.skipped[0].0.ends_with("libdangling.so"));
+    assert!(
+        scan.skipped[0].1.contains("a broken symbolic link to"),
+        "{:?}",
+        scan.skipped
+    );
 }

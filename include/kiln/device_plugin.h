@@ -1,5 +1,5 @@
 /*
- * kiln device plugin ABI, version 1.1.
+ * kiln device plugin ABI, version 1.2.
  *
  * A vendor gives kiln a new device by building a shared library that exports one symbol,
  *
@@ -34,6 +34,12 @@
  *     plugin created and has not destroyed (kiln checks its own handles first), never NULL; kiln
  *     creates one stream per device as that device's default stream.
  *   - Entries may be called from any thread, concurrently.
+ *   - kiln checks every value a plugin returns before using it: device counts (at most 1024),
+ *     device ids (distinct, below 2^31), names and strings (bounded reads, NUL required), string
+ *     attributes (NUL within KILN_ATTR_STRING_CAPACITY), handles (non-NULL, not already live),
+ *     allocations (aligned, not wrapping around), kernel counts (at most 65536) and memory
+ *     statistics (free <= total <= INT64_MAX). A bad value is refused with a message naming what
+ *     was expected and what was seen; it never takes the process down.
  *   - "Required" entries must be non-NULL: kiln refuses a plugin that leaves one NULL and names
  *     every missing one. "Optional" entries may be NULL: kiln then applies the fallback given.
  */
@@ -48,7 +54,7 @@ extern "C" {
 #endif
 
 #define KILN_PLUGIN_ABI_MAJOR 1 /* incompatible changes */
-#define KILN_PLUGIN_ABI_MINOR 1 /* fields appended */
+#define KILN_PLUGIN_ABI_MINOR 2 /* fields appended */
 
 /* The name of the entry symbol. */
 #define KILN_PLUGIN_ENTRY_SYMBOL "kiln_device_plugin_init"
@@ -149,7 +155,8 @@ typedef struct KilnDeviceInterface {
   /* O. Blocks until all work on all streams of `device` has completed. [kiln synchronizes every
    *    live stream of the device] */
   KilnStatus (*synchronize_device)(int32_t device);
-  /* R. The number of devices. 0 is allowed (the backend is registered without devices). */
+  /* R. The number of devices. 0 is allowed (the backend is registered without devices); more than
+   *    1024 is refused. */
   KilnStatus (*get_device_count)(size_t* count);
   /* O. Writes the ids of the visible devices into `devices` (room for get_device_count
    *    entries). kiln uses ids 0..count-1; the list is shown by `kiln devices`. [0..count-1] */
@@ -168,8 +175,10 @@ typedef struct KilnDeviceInterface {
   KilnStatus (*device_memory_allocate)(int32_t device, void** ptr, size_t size);
   /* R. Frees memory from device_memory_allocate; `size` is the size allocated. */
   KilnStatus (*device_memory_deallocate)(int32_t device, void* ptr, size_t size);
-  /* O. Allocates page-locked host memory (a real host pointer). [kiln uses ordinary host memory
-   *    for staging buffers] */
+  /* O. Allocates page-locked host memory (a real host pointer). kiln uses it as the staging
+   *    buffer of copies that go through the host (between two devices of this plugin without
+   *    p2p entries), keeping one buffer of up to 64 MiB cached per device. [kiln uses ordinary
+   *    host memory for staging buffers] */
   KilnStatus (*host_memory_allocate)(int32_t device, void** ptr, size_t size);
   /* O. Frees memory from host_memory_allocate. [required if host_memory_allocate is set] */
   KilnStatus (*host_memory_deallocate)(int32_t device, void* ptr, size_t size);
@@ -184,7 +193,10 @@ typedef struct KilnDeviceInterface {
   KilnStatus (*memory_copy_h2d)(int32_t device, void* dst, const void* src, size_t size);
   /* R. Device to host. */
   KilnStatus (*memory_copy_d2h)(int32_t device, void* dst, const void* src, size_t size);
-  /* R. Device to device, on one device. */
+  /* R. Device to device, on one device. The ranges may overlap (two views of one allocation):
+   *    kiln passes such copies through unchanged and does not order or split them. Their result
+   *    is the plugin's to define; as with cudaMemcpy, it is undefined unless the plugin documents
+   *    memmove semantics (the sample uses memmove). Applies to async_memory_copy_d2d too. */
   KilnStatus (*memory_copy_d2d)(int32_t device, void* dst, const void* src, size_t size);
   /* O. Between two devices of this plugin. [d2h into a host buffer, then h2d] */
   KilnStatus (*memory_copy_p2p)(int32_t dst_device, int32_t src_device, void* dst, const void* src,
@@ -231,7 +243,10 @@ typedef struct KilnDeviceInterface {
   /* R. Waits for the stream's queued work (running its callbacks), then destroys it. */
   KilnStatus (*destroy_stream)(int32_t device, KilnStream stream);
   /* O. SUCCESS if all queued work has completed, NOT_READY if not; never blocks.
-   *    [synchronize_stream, then "completed"] */
+   *    [synchronize_stream, then "completed": the fallback BLOCKS until the stream drains, and a
+   *    failure of queued work is reported (and consumed) by the query. kiln never uses the query
+   *    to check a handle (set_current_stream, sync_stream_from_to check kiln's own table), so
+   *    such failures stay with the next synchronize] */
   KilnStatus (*query_stream)(int32_t device, KilnStream stream);
   /* R. Blocks until all queued work has completed. If queued work failed since the last
    *    synchronize, returns an error with that work's message (once; the stream stays usable). */
@@ -247,7 +262,10 @@ typedef struct KilnDeviceInterface {
   /* ---- events ---- */
   /* R. Creates an event. An event never recorded counts as completed. */
   KilnStatus (*create_event)(int32_t device, KilnEvent* event);
-  /* R. Destroys an event. */
+  /* R. Destroys an event. It may be called while waits on the event (stream_wait_event) are
+   *    still queued: kiln's sync_stream_from_to records a temporary event, queues the wait and
+   *    destroys the event at once (as cudaEventDestroy allows). The plugin must keep what those
+   *    queued waits need until they have run. */
   KilnStatus (*destroy_event)(int32_t device, KilnEvent event);
   /* R. Records `event` at the current end of `stream` (re-recording replaces the earlier point). */
   KilnStatus (*record_event)(int32_t device, KilnStream stream, KilnEvent event);
@@ -259,7 +277,8 @@ typedef struct KilnDeviceInterface {
 
   /* ---- errors ---- */
   /* O. The message of the last failed call on the calling thread (NUL-terminated; valid until
-   *    the next call on this thread), or NULL. [kiln reports the status code alone] */
+   *    the next call on this thread), or NULL. kiln reads at most 4095 bytes of it and cuts a
+   *    longer message (or one without a NUL) there. [kiln reports the status code alone] */
   const char* (*get_last_error)(void);
 
   /* ---- ABI 1.1: appended ---- */
@@ -272,11 +291,20 @@ typedef struct KilnDeviceInterface {
    *    function "<device_type>.<name>". Kernels run on the host thread that calls them and may
    *    take tensors whose data are this plugin's device pointers. [no kernels] */
   KilnStatus (*get_kernels)(const KilnPluginKernel** kernels, size_t* count);
+
+  /* ---- ABI 1.2: appended ---- */
+  /* O. Queues a fill of `size` bytes at `ptr` with `value` on `stream`, ordered like the async
+   *    copies (a failure is reported by the next synchronize_stream). kiln checks the range
+   *    first. [synchronize the stream, then device_memory_set, or fill a host buffer and h2d] */
+  KilnStatus (*async_memory_set)(int32_t device, KilnStream stream, void* ptr, unsigned char value,
+                                 size_t size);
 } KilnDeviceInterface;
 
-/* The size of the 1.0 table (everything up to get_last_error) and of today's. */
+/* The size of the 1.0 table (everything up to get_last_error), the 1.1 table (up to get_kernels)
+ * and today's. */
 #define KILN_DEVICE_INTERFACE_SIZE_1_0 KILN_STRUCT_SIZE(KilnDeviceInterface, get_last_error)
-#define KILN_DEVICE_INTERFACE_SIZE KILN_STRUCT_SIZE(KilnDeviceInterface, get_kernels)
+#define KILN_DEVICE_INTERFACE_SIZE_1_1 KILN_STRUCT_SIZE(KilnDeviceInterface, get_kernels)
+#define KILN_DEVICE_INTERFACE_SIZE KILN_STRUCT_SIZE(KilnDeviceInterface, async_memory_set)
 
 /* ------------------------------------------------------------------------------------------ */
 /* The entry point's parameters.                                                               */
@@ -286,7 +314,8 @@ typedef struct KilnPluginParams {
   uint32_t abi_major; /* kiln fills: kiln's KILN_PLUGIN_ABI_MAJOR */
   uint32_t abi_minor; /* kiln fills: kiln's KILN_PLUGIN_ABI_MINOR */
   /* plugin fills: the device type name: lowercase letters, digits and '_' (kiln's backend name,
-   * e.g. "npu"); static storage. NULL refuses the plugin. */
+   * e.g. "npu"); static storage. NULL refuses the plugin, and so does a name without a NUL within
+   * 255 bytes (kiln reads no further; the same bound holds for sub_device_type and kernel names). */
   const char* device_type;
   /* plugin fills: a finer name (e.g. "Ascend910"), shown by `kiln devices`; may be NULL */
   const char* sub_device_type;
@@ -304,7 +333,9 @@ typedef struct KilnPluginParams {
 /* Check kiln's version at the top of kiln_device_plugin_init:
  *     KILN_PLUGIN_CHECK_PARAMS(params);
  * returns KILN_STATUS_VERSION_MISMATCH from the entry when kiln's major version differs or its
- * params struct is too small for the fields this header writes. */
+ * params struct is too small for the fields this header writes. It sets no message; kiln reports
+ * the refusal as "the plugin refused this kiln ..." with kiln's own ABI version and params size,
+ * and the advice to rebuild the plugin against kiln's header. */
 #define KILN_PLUGIN_CHECK_PARAMS(params)                                 \
   do {                                                                   \
     if ((params) == NULL || (params)->abi_major != KILN_PLUGIN_ABI_MAJOR || \

@@ -22,6 +22,24 @@
  *   SAMPLE_ABI_MAJOR=n          claim another major ABI version
  *   SAMPLE_DROP_REQUIRED        leave two required entries NULL
  *   SAMPLE_FAIL_INIT            initialize() fails
+ * Faulty variants (kiln must refuse what they return, with a message, and never abort):
+ *   SAMPLE_FAULT_DEVICE_COUNT=n get_device_count reports n devices (e.g. 2^40)
+ *   SAMPLE_FAULT_DEVICE_LIST    get_device_list gives 2^40 as the second id
+ *   SAMPLE_FAULT_ATTR_NO_NUL    the device_name attribute fills all 256 bytes, no NUL
+ *   SAMPLE_FAULT_NAME_NO_NUL    sub_device_type has no NUL within kiln's bound
+ *   SAMPLE_FAULT_NULL_STREAM    create_stream succeeds with a NULL stream
+ *   SAMPLE_FAULT_KERNEL_COUNT   get_kernels reports 2^40 kernels
+ *   SAMPLE_FAULT_WRAP_ALLOC     device_memory_allocate returns a range that wraps around
+ *   SAMPLE_FAULT_MEMORY_STATS   device_memory_stats reports SIZE_MAX total memory
+ *   SAMPLE_ENTRY_FAILS          kiln_device_plugin_init fails with a message
+ *   SAMPLE_NULL_DEVICE_TYPE     the entry leaves device_type NULL
+ *   SAMPLE_NULL_TABLE           the entry leaves interface NULL
+ *   SAMPLE_SHORT_TABLE          the table claims 64 bytes (smaller than ABI 1.0)
+ *   SAMPLE_REFUSE_KILN          the entry refuses kiln as a plugin built for ABI 2 would
+ *   SAMPLE_NO_QUERY_STREAM      leave query_stream NULL (kiln's blocking fallback)
+ *   SAMPLE_NO_ASYNC_MEMSET      leave the 1.2 entry async_memory_set NULL
+ *   SAMPLE_TABLE_1_1            an ABI 1.1 table (async_memory_set past its end)
+ *   SAMPLE_NO_PINNED            leave host_memory_allocate/deallocate NULL (no pinned staging)
  */
 #include "kiln/device_plugin.h"
 
@@ -80,7 +98,7 @@ typedef struct KilnPluginEvent_st {
   int destroyed;
 } event_t;
 
-enum { OP_COPY, OP_CALLBACK, OP_RECORD, OP_WAIT };
+enum { OP_COPY, OP_CALLBACK, OP_RECORD, OP_WAIT, OP_MEMSET };
 enum { K_H2D, K_D2H, K_D2D, K_P2P };
 static const char* kind_name[] = {"h2d", "d2h", "d2d", "p2p"};
 
@@ -178,12 +196,19 @@ static KilnStatus sample_get_device(int32_t* d) {
 }
 
 static KilnStatus sample_get_device_count(size_t* n) {
+#ifdef SAMPLE_FAULT_DEVICE_COUNT
+  *n = (size_t)(SAMPLE_FAULT_DEVICE_COUNT);
+  return KILN_STATUS_SUCCESS;
+#endif
   *n = SAMPLE_DEVICES;
   return KILN_STATUS_SUCCESS;
 }
 
 static KilnStatus sample_get_device_list(size_t* ids) {
   for (int d = 0; d < SAMPLE_DEVICES; ++d) ids[d] = (size_t)d;
+#ifdef SAMPLE_FAULT_DEVICE_LIST
+  ids[1] = (size_t)1 << 40;
+#endif
   return KILN_STATUS_SUCCESS;
 }
 
@@ -271,7 +296,15 @@ static KilnStatus remove_alloc(int d, void* p, size_t size, int unified) {
   return fail(KILN_STATUS_INVALID_ARGUMENT, "sample: %p is not an allocation on device %d", p, d);
 }
 
-static KilnStatus sample_device_allocate(int32_t d, void** p, size_t n) { return add_alloc(d, p, n, 0); }
+static KilnStatus sample_device_allocate(int32_t d, void** p, size_t n) {
+#ifdef SAMPLE_FAULT_WRAP_ALLOC
+  if (n > ((size_t)1 << 20)) { /* the initial chunk is fine; later ones wrap */
+    *p = (void*)(uintptr_t)0xffffffffffff0000ull;
+    return KILN_STATUS_SUCCESS;
+  }
+#endif
+  return add_alloc(d, p, n, 0);
+}
 static KilnStatus sample_device_deallocate(int32_t d, void* p, size_t n) { return remove_alloc(d, p, n, 0); }
 static KilnStatus sample_unified_allocate(int32_t d, void** p, size_t n) { return add_alloc(d, p, n, 1); }
 static KilnStatus sample_unified_deallocate(int32_t d, void* p, size_t n) { return remove_alloc(d, p, n, 1); }
@@ -325,6 +358,9 @@ static KilnStatus sample_memory_stats(int32_t d, size_t* total, size_t* free_byt
   pthread_mutex_lock(&g_mu);
   *total = SAMPLE_CAPACITY;
   *free_bytes = SAMPLE_CAPACITY - g_used[d];
+#ifdef SAMPLE_FAULT_MEMORY_STATS
+  *total = (size_t)-1;
+#endif
   pthread_mutex_unlock(&g_mu);
   return KILN_STATUS_SUCCESS;
 }
@@ -351,6 +387,16 @@ static void* worker(void* arg) {
       case OP_COPY: {
         pthread_mutex_unlock(&g_mu);
         KilnStatus st = do_copy(o->copy_kind, o->dst_dev, o->src_dev, o->dst, o->src, o->size);
+        pthread_mutex_lock(&g_mu);
+        if (st != KILN_STATUS_SUCCESS && !s->has_error) {
+          s->has_error = 1;
+          snprintf(s->error, sizeof s->error, "%s (queued on a stream of device %d)", t_error, s->device);
+        }
+        break;
+      }
+      case OP_MEMSET: {
+        pthread_mutex_unlock(&g_mu);
+        KilnStatus st = sample_memset(o->dst_dev, o->dst, (unsigned char)o->gen, o->size);
         pthread_mutex_lock(&g_mu);
         if (st != KILN_STATUS_SUCCESS && !s->has_error) {
           s->has_error = 1;
@@ -407,6 +453,9 @@ static KilnStatus sample_create_stream(int32_t d, KilnStream* out) {
   g_streams = s;
   pthread_mutex_unlock(&g_mu);
   *out = s;
+#ifdef SAMPLE_FAULT_NULL_STREAM
+  if (g_streams && g_streams->next_stream) *out = NULL; /* the default stream is fine */
+#endif
   return KILN_STATUS_SUCCESS;
 }
 
@@ -480,6 +529,20 @@ static KilnStatus queue_copy(KilnStream s, int kind, int dst_dev, int src_dev, v
 static KilnStatus sample_async_h2d(int32_t d, KilnStream s, void* dst, const void* src, size_t n) { return queue_copy(s, K_H2D, d, -1, dst, src, n); }
 static KilnStatus sample_async_d2h(int32_t d, KilnStream s, void* dst, const void* src, size_t n) { return queue_copy(s, K_D2H, -1, d, dst, src, n); }
 static KilnStatus sample_async_d2d(int32_t d, KilnStream s, void* dst, const void* src, size_t n) { return queue_copy(s, K_D2D, d, d, dst, src, n); }
+
+static KilnStatus sample_async_memset(int32_t d, KilnStream s, void* p, unsigned char v, size_t n) {
+  op_t* o = calloc(1, sizeof *o);
+  if (!o) return fail(KILN_STATUS_OUT_OF_MEMORY, "sample: no memory to queue a memset");
+  o->kind = OP_MEMSET;
+  o->dst_dev = d;
+  o->dst = p;
+  o->gen = v;
+  o->size = n;
+  pthread_mutex_lock(&g_mu);
+  enqueue(s, o);
+  pthread_mutex_unlock(&g_mu);
+  return KILN_STATUS_SUCCESS;
+}
 
 static KilnStatus sample_add_callback(int32_t d, KilnStream s, KilnStreamCallback cb, void* user) {
   (void)d;
@@ -570,7 +633,11 @@ static KilnStatus sample_get_attribute(int32_t d, int32_t kind, KilnAttrValue* v
     case 1: v->type = KILN_ATTR_INT; v->int_value = 1024; return KILN_STATUS_SUCCESS; /* max threads per block */
     case 2: v->type = KILN_ATTR_INT; v->int_value = 32; return KILN_STATUS_SUCCESS;   /* warp size */
     case 4: v->type = KILN_ATTR_STRING; snprintf(v->string_value, sizeof v->string_value, "1.2"); return KILN_STATUS_SUCCESS;
-    case 5: v->type = KILN_ATTR_STRING; snprintf(v->string_value, sizeof v->string_value, "Sample Accelerator #%d", d); return KILN_STATUS_SUCCESS;
+    case 5: v->type = KILN_ATTR_STRING; snprintf(v->string_value, sizeof v->string_value, "Sample Accelerator #%d", d);
+#ifdef SAMPLE_FAULT_ATTR_NO_NUL
+      memset(v->string_value, 'x', sizeof v->string_value);
+#endif
+      return KILN_STATUS_SUCCESS;
     case 7: v->type = KILN_ATTR_INT; v->int_value = 4; return KILN_STATUS_SUCCESS;    /* multiprocessors */
     case 14: v->type = KILN_ATTR_INT; v->int_value = (int64_t)SAMPLE_CAPACITY; return KILN_STATUS_SUCCESS;
     case 15: {
@@ -675,6 +742,9 @@ static const KilnPluginKernel g_kernels[] = {
 static KilnStatus sample_get_kernels(const KilnPluginKernel** k, size_t* n) {
   *k = g_kernels;
   *n = sizeof g_kernels / sizeof g_kernels[0];
+#ifdef SAMPLE_FAULT_KERNEL_COUNT
+  *n = (size_t)1 << 40;
+#endif
   return KILN_STATUS_SUCCESS;
 }
 
@@ -682,7 +752,15 @@ static KilnStatus sample_get_kernels(const KilnPluginKernel** k, size_t* n) {
 
 static KilnDeviceInterface g_iface;
 
+#ifdef SAMPLE_FAULT_NAME_NO_NUL
+static char g_long_name[8192];
+#endif
+
 EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
+#ifdef SAMPLE_REFUSE_KILN
+  /* What KILN_PLUGIN_CHECK_PARAMS does in a plugin built against an ABI 2 header. */
+  if (params == NULL || params->abi_major != 2) return KILN_STATUS_VERSION_MISMATCH;
+#endif
   KILN_PLUGIN_CHECK_PARAMS(params);
   KilnDeviceInterface* t = &g_iface;
   memset(t, 0, sizeof *t);
@@ -716,8 +794,10 @@ EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
   t->get_compute_capability = sample_get_compute_capability;
   t->get_runtime_version = sample_get_runtime_version;
   t->get_driver_version = sample_get_driver_version;
+#ifndef SAMPLE_NO_PINNED
   t->host_memory_allocate = sample_host_allocate;
   t->host_memory_deallocate = sample_host_deallocate;
+#endif
   t->unified_memory_allocate = sample_unified_allocate;
   t->unified_memory_deallocate = sample_unified_deallocate;
   /* memory_copy_p2p and async_memory_copy_p2p are left out: kiln bounces through the host. */
@@ -738,6 +818,9 @@ EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
   t->get_last_error = sample_get_last_error;
   t->get_attribute = sample_get_attribute;
   t->get_kernels = sample_get_kernels;
+#ifndef SAMPLE_NO_ASYNC_MEMSET
+  t->async_memory_set = sample_async_memset;
+#endif
 #else
   t->get_last_error = sample_get_last_error;
 #endif
@@ -747,9 +830,20 @@ EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
   t->struct_size = KILN_DEVICE_INTERFACE_SIZE_1_0;
   t->abi_minor = 0;
 #endif
+#ifdef SAMPLE_TABLE_1_1
+  /* A 1.1 plugin: async_memory_set lies past its table's end (set in memory, not to be read). */
+  t->struct_size = KILN_DEVICE_INTERFACE_SIZE_1_1;
+  t->abi_minor = 1;
+#endif
 #ifdef SAMPLE_DROP_REQUIRED
   t->memory_copy_d2h = NULL;
   t->create_event = NULL;
+#endif
+#ifdef SAMPLE_NO_QUERY_STREAM
+  t->query_stream = NULL;
+#endif
+#ifdef SAMPLE_SHORT_TABLE
+  t->struct_size = 64;
 #endif
   params->device_type = SAMPLE_DEVICE_TYPE;
   params->sub_device_type = "simulated";
@@ -757,5 +851,18 @@ EXPORT KilnStatus kiln_device_plugin_init(KilnPluginParams* params) {
   params->plugin_version_minor = 3;
   params->plugin_version_patch = 1;
   params->interface = t;
+#ifdef SAMPLE_FAULT_NAME_NO_NUL
+  memset(g_long_name, 'n', sizeof g_long_name);
+  params->sub_device_type = g_long_name;
+#endif
+#ifdef SAMPLE_NULL_DEVICE_TYPE
+  params->device_type = NULL;
+#endif
+#ifdef SAMPLE_NULL_TABLE
+  params->interface = NULL;
+#endif
+#ifdef SAMPLE_ENTRY_FAILS
+  return fail(KILN_STATUS_ERROR, "sample: this plugin needs driver 9.9 (injected entry failure)");
+#endif
   return KILN_STATUS_SUCCESS;
 }

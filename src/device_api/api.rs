@@ -588,7 +588,7 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
             self,
             self.check_device(dev).and_then(|()| {
                 if !stream.is_default() {
-                    self.raw_query_stream(dev, stream)?;
+                    self.raw_check_stream(dev, stream)?;
                 }
                 Ok(CURRENT_STREAM.with(|c| {
                     set_entry(
@@ -650,9 +650,10 @@ pub trait DeviceApi: DeviceMemoryApi + DeviceStreamApi + Send + Sync {
         noted(
             self,
             self.check_device(dev).and_then(|()| {
-                // Check both handles before creating anything.
-                self.raw_query_stream(dev, src)?;
-                self.raw_query_stream(dev, dst)?;
+                // Check both handles before creating anything (without synchronizing: a failure
+                // of queued work is reported by the next synchronization of its stream).
+                self.raw_check_stream(dev, src)?;
+                self.raw_check_stream(dev, dst)?;
                 let ev = self.raw_create_event(dev)?;
                 let res = self
                     .raw_record_event(dev, src, ev)

@@ -349,6 +349,9 @@ mod forward {
         fn raw_query_stream(&self, dev: Device, s: StreamHandle) -> DeviceResult<bool> {
             self.0.raw_query_stream(dev, s)
         }
+        fn raw_check_stream(&self, dev: Device, s: StreamHandle) -> DeviceResult<()> {
+            self.0.raw_check_stream(dev, s)
+        }
         fn raw_add_callback(
             &self,
             dev: Device,

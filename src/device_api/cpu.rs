@@ -276,8 +276,10 @@ impl DeviceMemoryApi for CpuDeviceApi {
         if layout.size() == 0 {
             return Err(DeviceError::ZeroSize { device: dev });
         }
+        // Zeroed, so that safe code never reads uninitialised bytes (`Tensor::empty` followed by
+        // `to_vec`). Large zeroed allocations come from fresh pages, so this costs little.
         // SAFETY: the layout has a non-zero size (checked above).
-        let p = unsafe { std::alloc::alloc(layout) };
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
         if p.is_null() {
             return Err(oom("the system allocator returned NULL"));
         }
@@ -323,8 +325,10 @@ impl DeviceMemoryApi for CpuDeviceApi {
         src: MemRegion,
         dst: MemRegion,
         nbytes: usize,
-        _stream: StreamHandle,
+        stream: StreamHandle,
     ) -> DeviceResult<()> {
+        // The copy runs at once, but a freed stream is still an error (as on every backend).
+        Self::check_stream(&self.queues(), src.device, stream)?;
         for r in [src, dst] {
             if !r.device.is_cpu() {
                 return Err(DeviceError::Unsupported {
@@ -355,8 +359,9 @@ impl DeviceMemoryApi for CpuDeviceApi {
         &self,
         from: &DLTensor,
         to: &DLTensor,
-        _stream: StreamHandle,
+        stream: StreamHandle,
     ) -> DeviceResult<()> {
+        Self::check_stream(&self.queues(), Device::cpu(), stream)?;
         // SAFETY: forwarded contract (host memory on the CPU).
         unsafe { strided_copy_host(from, to) }
     }
@@ -368,8 +373,9 @@ impl DeviceMemoryApi for CpuDeviceApi {
         offset: u64,
         value: u8,
         nbytes: usize,
-        _stream: StreamHandle,
+        stream: StreamHandle,
     ) -> DeviceResult<()> {
+        Self::check_stream(&self.queues(), dev, stream)?;
         let start = self.check_range("memset", dev, ptr, offset, nbytes)?;
         // SAFETY: `[start, start + nbytes)` lies inside a live allocation (checked above).
         unsafe { std::ptr::write_bytes(start as *mut u8, value, nbytes) };

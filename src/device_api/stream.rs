@@ -214,6 +214,17 @@ pub trait DeviceStreamApi {
     /// A dead handle.
     fn raw_query_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<bool>;
 
+    /// Checks that `stream` is a live handle of `dev`, without waiting for or consuming anything
+    /// queued on it (a failure of queued work belongs to the next synchronization). The default
+    /// asks [`raw_query_stream`](Self::raw_query_stream); backends whose query may block or
+    /// report queued work override it.
+    ///
+    /// # Errors
+    /// A dead handle.
+    fn raw_check_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
+        self.raw_query_stream(dev, stream).map(|_| ())
+    }
+
     /// Queues `callback` on `stream`: it runs on the host, once, after everything queued before it
     /// and before anything queued after it completes.
     ///

@@ -199,8 +199,13 @@ impl Tensor {
         })
     }
 
-    /// An uninitialized compact tensor (64-byte aligned). A tensor with zero elements allocates
-    /// nothing.
+    /// A compact tensor (64-byte aligned) whose contents are unspecified: kiln does not fill
+    /// it. A tensor with zero elements allocates nothing.
+    ///
+    /// Safe code never sees uninitialised memory through it: the CPU backend zeroes every
+    /// allocation (so on the CPU the tensor reads as zeros), and reading a device tensor copies
+    /// the device's bytes into initialised host memory. Use [`Tensor::zeros`] when the zeros
+    /// matter on every device.
     ///
     /// # Errors
     /// [`DeviceError::InvalidTensor`] for a negative extent; the backend's allocation errors;

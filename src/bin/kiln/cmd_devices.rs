@@ -107,6 +107,9 @@ pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
     for (path, e) in &scan.failed {
         eprintln!("warning: skipping plugin `{}`: {e}", path.display());
     }
+    for (path, why) in &scan.skipped {
+        eprintln!("warning: skipping plugin `{}`: {why}", path.display());
+    }
     for path in &args.plugins {
         plugin::load_plugin(path)?;
     }

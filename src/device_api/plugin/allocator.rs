@@ -357,6 +357,14 @@ impl ChunkAllocator {
         (end <= base + l.size).then_some((base, l.size))
     }
 
+    /// The live allocation that `addr` points into (its first byte up to, not including, its
+    /// end): its user address and size. A copy or memset is checked against the allocation its
+    /// base pointer belongs to, never against one its offset happens to land in.
+    pub fn containing(&self, addr: usize) -> Option<(usize, usize)> {
+        let (&base, l) = self.live.range(..=addr).next_back()?;
+        (addr == base || addr < base.checked_add(l.size)?).then_some((base, l.size))
+    }
+
     /// Returns wholly free chunks to the plugin; the bytes released.
     pub fn trim(&mut self, src: &mut dyn ChunkSource) -> u64 {
         let whole: Vec<(usize, usize)> = self

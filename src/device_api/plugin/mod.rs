@@ -59,6 +59,10 @@ use crate::packed_func::ffi::DLDataType;
 use allocator::{AllocFailure, ChunkSource, FreeFailure};
 use sys::{call_opt, call_req, KilnStatus, RawPlugin, KILN_STATUS_NOT_READY, KILN_STATUS_SUCCESS};
 
+/// The most devices kiln accepts from one plugin's `get_device_count`: kiln keeps per-device state,
+/// and a larger count is a plugin bug, refused rather than allocated.
+pub const MAX_PLUGIN_DEVICES: usize = 1024;
+
 /// The environment variable listing plugin directories (`:`-separated, like `PATH`).
 pub const PLUGIN_PATH_VAR: &str = "KILN_PLUGIN_PATH";
 
@@ -215,6 +219,9 @@ pub struct PluginDeviceApi {
     events: Mutex<HandleTable<(i32, usize)>>,
     /// The plugin stream behind each device's default stream, created on first use.
     default_streams: Mutex<Vec<Option<usize>>>,
+    /// One cached page-locked staging buffer per device (address, size), from the plugin's
+    /// `host_memory_allocate`, for copies that go through the host.
+    staging: Mutex<Vec<Option<(usize, usize)>>>,
     /// The extension code, set once when the backend is registered.
     code: AtomicI32,
     /// The kernels registered, set once after registration.
@@ -247,6 +254,12 @@ impl ChunkSource for Source<'_> {
             return Err(self.api.status_message("device_memory_allocate", s));
         }
         let addr = p as usize;
+        if addr.checked_add(size).is_none() {
+            return Err(format!(
+                "device_memory_allocate returned {addr:#x} for {size} bytes, a range that wraps \
+                 around the address space"
+            ));
+        }
         if addr == 0 || addr % sys::KILN_PLUGIN_MIN_ALIGNMENT != 0 {
             let _ = call_req!(self.api.raw, device_memory_deallocate(self.dev, p, size));
             return Err(format!(
@@ -344,6 +357,45 @@ impl PluginDeviceApi {
         }
     }
 
+    /// A handle a plugin returned with success must be non-NULL and not one kiln holds already
+    /// (the ABI: the plugin creates a new handle). A bad one is refused (and not destroyed: kiln
+    /// cannot know what it refers to).
+    fn check_new_handle(&self, dev: Device, entry: &str, kind: &str, h: usize) -> DeviceResult<()> {
+        let d = dev.device_id;
+        let live = |t: &Mutex<HandleTable<(i32, usize)>>| {
+            lock(t).values_mut().any(|&mut (td, x)| td == d && x == h)
+        };
+        let dup = match kind {
+            "stream" => {
+                live(&self.streams)
+                    || lock(&self.default_streams)
+                        .get(d as usize)
+                        .is_some_and(|s| *s == Some(h))
+            }
+            _ => live(&self.events),
+        };
+        if h == 0 || dup {
+            return Err(self.bad_handle(dev, entry, kind, h));
+        }
+        Ok(())
+    }
+
+    fn bad_handle(&self, dev: Device, entry: &str, kind: &str, h: usize) -> DeviceError {
+        let seen = if h == 0 {
+            "NULL".to_owned()
+        } else {
+            format!("{h:#x}, a {kind} that is still live")
+        };
+        DeviceError::Backend {
+            device: dev,
+            message: format!(
+                "plugin `{}`: {entry} succeeded but returned {seen}; expected a new, non-NULL \
+                 {kind} handle",
+                self.info.name
+            ),
+        }
+    }
+
     /// The plugin stream behind `stream` on `dev` (creating the default one on first use).
     fn plugin_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<sys::KilnStream> {
         if stream.is_default() {
@@ -360,6 +412,9 @@ impl PluginDeviceApi {
             let mut s: sys::KilnStream = std::ptr::null_mut();
             let st = call_req!(self.raw, create_stream(dev.device_id, &mut s));
             self.check(dev, "create_stream (default stream)", st)?;
+            if s.is_null() {
+                return Err(self.bad_handle(dev, "create_stream (default stream)", "stream", 0));
+            }
             *slot = Some(s as usize);
             return Ok(s);
         }
@@ -387,36 +442,39 @@ impl PluginDeviceApi {
         self.check(dev, "synchronize_stream", st)
     }
 
-    /// Checks that `[ptr + offset, +n)` lies in a live allocation of `dev`; the device address.
+    /// Checks that `[ptr + offset, +n)` lies inside the live allocation of `dev` that the base
+    /// pointer `ptr` belongs to; the device address. An offset that lands in a neighbouring
+    /// allocation is out of bounds (naming the size of `ptr`'s allocation).
     fn device_range(&self, op: &'static str, r: MemRegion, n: usize) -> DeviceResult<usize> {
-        let oob = || DeviceError::OutOfBounds {
+        let oob = |allocation: Option<usize>| DeviceError::OutOfBounds {
             op,
             device: r.device,
             ptr: r.ptr,
             offset: r.offset,
             nbytes: n as u64,
-            allocation: None,
+            allocation: allocation.map(|a| a as u64),
         };
-        let addr = usize::try_from(r.offset)
-            .ok()
-            .and_then(|o| r.ptr.0.checked_add(o))
-            .ok_or_else(oob)?;
-        let in_pool = lock(self.allocator(r.device.device_id)?)
-            .find(addr, n)
-            .is_some();
-        let in_unified = || {
+        let pooled = lock(self.allocator(r.device.device_id)?).containing(r.ptr.0);
+        let owner = pooled.or_else(|| {
             lock(&self.unified)
-                .range(..=(r.device.device_id, addr))
+                .range(..=(r.device.device_id, r.ptr.0))
                 .next_back()
-                .is_some_and(|(&(d, base), &size)| {
-                    d == r.device.device_id && addr.checked_add(n).is_some_and(|e| e <= base + size)
+                .filter(|(&(d, base), &size)| {
+                    d == r.device.device_id && (r.ptr.0 == base || r.ptr.0 < base + size)
                 })
+                .map(|(&(_, base), &size)| (base, size))
+        });
+        let Some((base, size)) = owner else {
+            return Err(oob(None));
         };
-        if in_pool || in_unified() {
-            Ok(addr)
-        } else {
-            Err(oob())
-        }
+        // What is left of the allocation from `ptr` on.
+        let room = base + size - r.ptr.0;
+        let end = usize::try_from(r.offset)
+            .ok()
+            .and_then(|o| o.checked_add(n))
+            .filter(|&e| e <= room)
+            .ok_or_else(|| oob(Some(size)))?;
+        Ok(r.ptr.0 + end - n)
     }
 
     fn side(&self, op: &'static str, r: MemRegion, n: usize) -> DeviceResult<Side> {
@@ -431,7 +489,9 @@ impl PluginDeviceApi {
         }
     }
 
-    /// A copy between two devices of this plugin without p2p entries: through a host buffer.
+    /// A copy between two devices of this plugin without p2p entries: through a host buffer,
+    /// the plugin's page-locked memory when it offers `host_memory_allocate` (cached per
+    /// device), else ordinary host memory.
     fn bounce_p2p(
         &self,
         sdev: Device,
@@ -440,18 +500,95 @@ impl PluginDeviceApi {
         dst: usize,
         n: usize,
     ) -> DeviceResult<()> {
-        let mut host = vec![0u8; n];
-        let hp = host.as_mut_ptr().cast::<std::ffi::c_void>();
+        let pinned = self.take_staging(sdev.device_id, n);
+        let mut host = Vec::new();
+        let hp = match pinned {
+            Some((p, _)) => p as *mut std::ffi::c_void,
+            None => {
+                host = vec![0u8; n];
+                host.as_mut_ptr().cast::<std::ffi::c_void>()
+            }
+        };
         let st = call_req!(
             self.raw,
             memory_copy_d2h(sdev.device_id, hp, src as *const std::ffi::c_void, n)
         );
-        self.check(sdev, "memory_copy_d2h (p2p fallback)", st)?;
-        let st = call_req!(
+        let r = self
+            .check(sdev, "memory_copy_d2h (p2p fallback)", st)
+            .and_then(|()| {
+                let st = call_req!(
+                    self.raw,
+                    memory_copy_h2d(ddev.device_id, dst as *mut std::ffi::c_void, hp, n)
+                );
+                self.check(ddev, "memory_copy_h2d (p2p fallback)", st)
+            });
+        drop(host);
+        if let Some(b) = pinned {
+            self.put_staging(sdev.device_id, b);
+        }
+        r
+    }
+
+    /// The largest staging buffer kiln keeps cached per device; larger ones are freed after use.
+    const MAX_CACHED_STAGING: usize = 64 << 20;
+
+    /// A page-locked host buffer of at least `n` bytes from the plugin (the cached one when it is
+    /// large enough), or `None` when the plugin has no `host_memory_allocate` or it fails.
+    fn take_staging(&self, dev: i32, n: usize) -> Option<(usize, usize)> {
+        self.raw.table().host_memory_allocate?;
+        let cached = lock(&self.staging).get_mut(dev as usize)?.take();
+        match cached {
+            Some(b) if b.1 >= n => return Some(b),
+            Some((p, size)) => {
+                let _ = call_opt!(
+                    self.raw,
+                    host_memory_deallocate(dev, p as *mut std::ffi::c_void, size)
+                );
+            }
+            None => {}
+        }
+        let size = n.checked_next_multiple_of(1 << 20)?;
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        match call_opt!(self.raw, host_memory_allocate(dev, &mut p, size)) {
+            Some(KILN_STATUS_SUCCESS)
+                if !p.is_null() && (p as usize).checked_add(size).is_some() =>
+            {
+                Some((p as usize, size))
+            }
+            Some(KILN_STATUS_SUCCESS) => {
+                log::warn!(
+                    "plugin `{}`: host_memory_allocate returned {p:?} for {size} bytes; using \
+                     ordinary host memory",
+                    self.info.name
+                );
+                None
+            }
+            Some(s) => {
+                log::debug!(
+                    "{}; using ordinary host memory",
+                    self.status_message("host_memory_allocate", s)
+                );
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Returns a staging buffer to the cache (freeing it when it is too large to keep or the
+    /// slot is taken meanwhile).
+    fn put_staging(&self, dev: i32, (p, size): (usize, usize)) {
+        if size <= Self::MAX_CACHED_STAGING {
+            if let Some(slot) = lock(&self.staging).get_mut(dev as usize) {
+                if slot.is_none() {
+                    *slot = Some((p, size));
+                    return;
+                }
+            }
+        }
+        let _ = call_opt!(
             self.raw,
-            memory_copy_h2d(ddev.device_id, dst as *mut std::ffi::c_void, hp, n)
+            host_memory_deallocate(dev, p as *mut std::ffi::c_void, size)
         );
-        self.check(ddev, "memory_copy_h2d (p2p fallback)", st)
     }
 
     fn query_config(&self, id: i32) -> ChunkConfig {
@@ -492,7 +629,21 @@ impl PluginDeviceApi {
     fn device_memory(&self, id: i32) -> Option<(Option<u64>, Option<u64>)> {
         let (mut t, mut f) = (0usize, 0usize);
         match call_opt!(self.raw, device_memory_stats(id, &mut t, &mut f)) {
-            Some(KILN_STATUS_SUCCESS) => Some((Some(t as u64), Some(f as u64))),
+            // Sizes that do not fit an i64 attribute, or more free than total, are plugin bugs:
+            // kiln reports the figure as unknown (with a warning) rather than a wrapped value.
+            Some(KILN_STATUS_SUCCESS) => {
+                let fits = |v: usize| i64::try_from(v).is_ok();
+                if !fits(t) || !fits(f) || f > t {
+                    log::warn!(
+                        "plugin `{}`: device_memory_stats({id}) reported total {t} and free {f} \
+                         bytes; expected free <= total <= {}; ignoring them",
+                        self.info.name,
+                        i64::MAX
+                    );
+                    return None;
+                }
+                Some((Some(t as u64), Some(f as u64)))
+            }
             _ => None,
         }
     }
@@ -505,6 +656,14 @@ impl Drop for PluginDeviceApi {
         for (i, s) in lock(&self.default_streams).iter().enumerate() {
             if let Some(s) = s {
                 let _ = call_req!(self.raw, destroy_stream(i as i32, *s as sys::KilnStream));
+            }
+        }
+        for (i, b) in lock(&self.staging).iter_mut().enumerate() {
+            if let Some((p, n)) = b.take() {
+                let _ = call_opt!(
+                    self.raw,
+                    host_memory_deallocate(i as i32, p as *mut std::ffi::c_void, n)
+                );
             }
         }
         for i in 0..self.allocators.len() {
@@ -535,7 +694,15 @@ impl DeviceApi for PluginDeviceApi {
             Some(KILN_STATUS_SUCCESS) => {
                 return Ok(match v.type_ {
                     sys::KILN_ATTR_INT => Some(AttrValue::Int(v.int_value)),
-                    sys::KILN_ATTR_STRING => Some(AttrValue::Str(sys::attr_string(&v))),
+                    sys::KILN_ATTR_STRING => match sys::attr_string(&v) {
+                        Ok(s) => Some(AttrValue::Str(s)),
+                        Err(m) => {
+                            return Err(DeviceError::Backend {
+                                device: dev,
+                                message: format!("plugin `{}`: {m}", self.info.name),
+                            })
+                        }
+                    },
                     _ => None,
                 })
             }
@@ -770,9 +937,16 @@ impl DeviceMemoryApi for PluginDeviceApi {
         };
         let addr = self.device_range("memset", r, nbytes)?;
         let ps = self.plugin_stream(dev, stream)?;
-        // Memset is synchronous in the ABI: finish the stream's earlier work first.
-        self.sync_plugin_stream(dev, ps)?;
         let dp = addr as *mut std::ffi::c_void;
+        // ABI 1.2: queued on the stream like the async copies.
+        if let Some(st) = call_opt!(
+            self.raw,
+            async_memory_set(dev.device_id, ps, dp, value, nbytes)
+        ) {
+            return self.check(dev, "async_memory_set", st);
+        }
+        // device_memory_set is synchronous: finish the stream's earlier work first.
+        self.sync_plugin_stream(dev, ps)?;
         if let Some(st) = call_opt!(
             self.raw,
             device_memory_set(dev.device_id, dp, value, nbytes)
@@ -808,6 +982,7 @@ impl DeviceStreamApi for PluginDeviceApi {
         let mut s: sys::KilnStream = std::ptr::null_mut();
         let st = call_req!(self.raw, create_stream(dev.device_id, &mut s));
         self.check(dev, "create_stream", st)?;
+        self.check_new_handle(dev, "create_stream", "stream", s as usize)?;
         Ok(StreamHandle::from_raw(
             lock(&self.streams).insert((dev.device_id, s as usize)),
         ))
@@ -823,6 +998,12 @@ impl DeviceStreamApi for PluginDeviceApi {
     fn raw_sync_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
         let s = self.plugin_stream(dev, stream)?;
         self.sync_plugin_stream(dev, s)
+    }
+
+    fn raw_check_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<()> {
+        // The handle table alone: `query_stream` (or its blocking fallback) would report, and
+        // consume, a failure of queued work that belongs to the next synchronization.
+        self.plugin_stream(dev, stream).map(|_| ())
     }
 
     fn raw_query_stream(&self, dev: Device, stream: StreamHandle) -> DeviceResult<bool> {
@@ -864,6 +1045,7 @@ impl DeviceStreamApi for PluginDeviceApi {
         let mut e: sys::KilnEvent = std::ptr::null_mut();
         let st = call_req!(self.raw, create_event(dev.device_id, &mut e));
         self.check(dev, "create_event", st)?;
+        self.check_new_handle(dev, "create_event", "event", e as usize)?;
         Ok(EventHandle::from_raw(
             lock(&self.events).insert((dev.device_id, e as usize)),
         ))
@@ -1039,7 +1221,16 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
         let _ = call_opt!(raw, finalize());
         return Err(init_failed(format!("get_device_count (status {s})"), m));
     }
-    let count = count.min(i32::MAX as usize);
+    if count > MAX_PLUGIN_DEVICES {
+        let _ = call_opt!(raw, finalize());
+        return Err(PluginError::Invalid {
+            path: p.clone(),
+            reason: format!(
+                "get_device_count reported {count} devices; kiln accepts at most \
+                 {MAX_PLUGIN_DEVICES}"
+            ),
+        });
+    }
     for id in 0..count as i32 {
         if let Some(s) = call_opt!(raw, init_device(id)) {
             if s != KILN_STATUS_SUCCESS {
@@ -1055,7 +1246,16 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
     let device_list = if count > 0 && raw.table().get_device_list.is_some() {
         let mut ids = vec![0usize; count];
         match call_opt!(raw, get_device_list(ids.as_mut_ptr())) {
-            Some(KILN_STATUS_SUCCESS) => ids,
+            Some(KILN_STATUS_SUCCESS) => {
+                if let Err(reason) = check_device_list(&ids) {
+                    for j in 0..count as i32 {
+                        let _ = call_opt!(raw, deinit_device(j));
+                    }
+                    let _ = call_opt!(raw, finalize());
+                    return Err(PluginError::Invalid { path: p, reason });
+                }
+                ids
+            }
             _ => (0..count).collect(),
         }
     } else {
@@ -1082,6 +1282,7 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
         streams: Mutex::new(HandleTable::new()),
         events: Mutex::new(HandleTable::new()),
         default_streams: Mutex::new(vec![None; count]),
+        staging: Mutex::new(vec![None; count]),
         code: AtomicI32::new(0),
         kernels: Mutex::new(Vec::new()),
     };
@@ -1102,6 +1303,26 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
         }
     }
     Ok(api)
+}
+
+/// The ids of `get_device_list`: distinct and usable as kiln device ids (below 2^31).
+fn check_device_list(ids: &[usize]) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, &id) in ids.iter().enumerate() {
+        if i32::try_from(id).is_err() {
+            return Err(format!(
+                "get_device_list gave device id {id} at position {i}; expected ids below {}",
+                i32::MAX as u64 + 1
+            ));
+        }
+        if !seen.insert(id) {
+            return Err(format!(
+                "get_device_list gave device id {id} twice (again at position {i}); expected \
+                 distinct ids"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn register(api: &Arc<PluginDeviceApi>) -> Result<(), PluginError> {
@@ -1175,6 +1396,9 @@ pub struct PluginScan {
     pub loaded: Vec<Arc<PluginDeviceApi>>,
     /// The files (or directories) that failed, with why. They were skipped.
     pub failed: Vec<(PathBuf, PluginError)>,
+    /// Entries skipped without trying to load them (broken symbolic links), with why. Each is
+    /// also logged as a warning.
+    pub skipped: Vec<(PathBuf, String)>,
 }
 
 fn is_library_name(p: &Path) -> bool {
@@ -1183,7 +1407,10 @@ fn is_library_name(p: &Path) -> bool {
 }
 
 /// Loads every shared library (`*.so`, `*.so.*`, `*.dylib`) in each of `dirs`, in name order.
-/// Bad files are reported in [`PluginScan::failed`] and skipped; other files are ignored.
+/// An entry of `dirs` that is a file (not a directory) is loaded as a plugin itself, whatever its
+/// name. Bad files are reported in [`PluginScan::failed`] and skipped; broken symbolic links
+/// with a library name are logged and listed in [`PluginScan::skipped`]; other files are
+/// ignored.
 pub fn load_plugins_from_dirs<I, P>(dirs: I) -> PluginScan
 where
     I: IntoIterator<Item = P>,
@@ -1192,24 +1419,66 @@ where
     let mut scan = PluginScan::default();
     for dir in dirs {
         let dir = dir.as_ref();
+        let fail = |reason: String| {
+            (
+                dir.to_path_buf(),
+                PluginError::NotALibrary {
+                    path: dir.to_path_buf(),
+                    reason,
+                },
+            )
+        };
+        match std::fs::metadata(dir) {
+            Err(e) => {
+                scan.failed.push(fail(format!(
+                    "cannot read the plugin directory or file (expected a directory of plugins \
+                     or a plugin file): {e}"
+                )));
+                continue;
+            }
+            Ok(m) if !m.is_dir() => {
+                match load_plugin(dir) {
+                    Ok(api) => scan.loaded.push(api),
+                    Err(e) => scan.failed.push((dir.to_path_buf(), e)),
+                }
+                continue;
+            }
+            Ok(_) => {}
+        }
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) => {
-                scan.failed.push((
-                    dir.to_path_buf(),
-                    PluginError::NotALibrary {
-                        path: dir.to_path_buf(),
-                        reason: format!("cannot read the plugin directory: {e}"),
-                    },
-                ));
+                scan.failed
+                    .push(fail(format!("cannot read the plugin directory: {e}")));
                 continue;
             }
         };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.is_file() && is_library_name(p))
-            .collect();
+        let mut files: Vec<PathBuf> = Vec::new();
+        for p in entries.filter_map(Result::ok).map(|e| e.path()) {
+            if !is_library_name(&p) {
+                continue;
+            }
+            let is_link = std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink());
+            match std::fs::metadata(&p) {
+                Ok(m) if m.is_file() => files.push(p),
+                Ok(_) => {}
+                Err(e) if is_link => {
+                    let target = std::fs::read_link(&p)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_else(|_| "?".to_owned());
+                    let why = format!("a broken symbolic link to `{target}`: {e}");
+                    log::warn!("skipping plugin `{}`: {why}", p.display());
+                    scan.skipped.push((p, why));
+                }
+                Err(e) => scan.failed.push((
+                    p.clone(),
+                    PluginError::NotALibrary {
+                        path: p,
+                        reason: e.to_string(),
+                    },
+                )),
+            }
+        }
         files.sort();
         for f in files {
             match load_plugin(&f) {
@@ -1221,8 +1490,8 @@ where
     scan
 }
 
-/// Loads every plugin in the directories of `KILN_PLUGIN_PATH` (`:`-separated); nothing when it
-/// is unset or empty. See [`load_plugins_from_dirs`].
+/// Loads every plugin in the directories (or plugin files) of `KILN_PLUGIN_PATH`
+/// (`:`-separated); nothing when it is unset or empty. See [`load_plugins_from_dirs`].
 pub fn load_plugins_from_env() -> PluginScan {
     match std::env::var_os(PLUGIN_PATH_VAR) {
         Some(v) if !v.is_empty() => {

@@ -9,7 +9,7 @@
 
 #![allow(non_camel_case_types)]
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use std::mem::{offset_of, size_of};
 use std::path::Path;
 use std::sync::Arc;
@@ -22,11 +22,13 @@ use crate::packed_func::PackedFunc;
 /// `KILN_PLUGIN_ABI_MAJOR`.
 pub const KILN_PLUGIN_ABI_MAJOR: u32 = 1;
 /// `KILN_PLUGIN_ABI_MINOR`.
-pub const KILN_PLUGIN_ABI_MINOR: u32 = 1;
+pub const KILN_PLUGIN_ABI_MINOR: u32 = 2;
 /// `KILN_PLUGIN_ENTRY_SYMBOL`.
 pub const KILN_PLUGIN_ENTRY_SYMBOL: &str = "kiln_device_plugin_init";
 /// `KILN_PLUGIN_MIN_ALIGNMENT`.
 pub const KILN_PLUGIN_MIN_ALIGNMENT: usize = 256;
+/// The most kernels kiln takes from `get_kernels`.
+pub const MAX_KERNELS: usize = 1 << 16;
 /// `KILN_ATTR_STRING_CAPACITY`.
 pub const KILN_ATTR_STRING_CAPACITY: usize = 256;
 
@@ -199,6 +201,9 @@ pub struct KilnDeviceInterface {
     pub get_attribute: Option<unsafe extern "C" fn(i32, i32, *mut KilnAttrValue) -> KilnStatus>,
     pub get_kernels:
         Option<unsafe extern "C" fn(*mut *const KilnPluginKernel, *mut usize) -> KilnStatus>,
+    // ABI 1.2
+    pub async_memory_set:
+        Option<unsafe extern "C" fn(i32, KilnStream, *mut c_void, u8, usize) -> KilnStatus>,
 }
 
 /// `KilnPluginParams`.
@@ -220,16 +225,20 @@ pub struct KilnPluginParams {
 /// `KILN_DEVICE_INTERFACE_SIZE_1_0`: the table up to `get_last_error`.
 pub const KILN_DEVICE_INTERFACE_SIZE_1_0: usize =
     offset_of!(KilnDeviceInterface, get_last_error) + size_of::<usize>();
+/// `KILN_DEVICE_INTERFACE_SIZE_1_1`: the table up to `get_kernels`.
+pub const KILN_DEVICE_INTERFACE_SIZE_1_1: usize =
+    offset_of!(KilnDeviceInterface, get_kernels) + size_of::<usize>();
 /// `KILN_DEVICE_INTERFACE_SIZE`: today's table.
 pub const KILN_DEVICE_INTERFACE_SIZE: usize =
-    offset_of!(KilnDeviceInterface, get_kernels) + size_of::<usize>();
+    offset_of!(KilnDeviceInterface, async_memory_set) + size_of::<usize>();
 /// `KILN_PLUGIN_PARAMS_SIZE`.
 pub const KILN_PLUGIN_PARAMS_SIZE: usize =
     offset_of!(KilnPluginParams, interface) + size_of::<usize>();
 
 // Layout checks for LP64 (x86_64, aarch64): the header's sizes and offsets.
 const _: () = {
-    assert!(size_of::<KilnDeviceInterface>() == 16 + 48 * 8);
+    assert!(size_of::<KilnDeviceInterface>() == 16 + 49 * 8);
+    assert!(KILN_DEVICE_INTERFACE_SIZE_1_1 == 16 + 48 * 8);
     assert!(KILN_DEVICE_INTERFACE_SIZE == size_of::<KilnDeviceInterface>());
     assert!(KILN_DEVICE_INTERFACE_SIZE_1_0 == 16 + 46 * 8);
     assert!(offset_of!(KilnDeviceInterface, initialize) == 16);
@@ -335,6 +344,7 @@ const OPTIONAL: &[EntryCheck] = &[
     ("get_last_error", |t| t.get_last_error.is_some()),
     ("get_attribute", |t| t.get_attribute.is_some()),
     ("get_kernels", |t| t.get_kernels.is_some()),
+    ("async_memory_set", |t| t.async_memory_set.is_some()),
 ];
 
 /// The optional entries `t` leaves out (kiln's fallbacks apply to them).
@@ -394,16 +404,95 @@ impl std::fmt::Debug for RawPlugin {
     }
 }
 
-/// Copies a C string, tolerating NULL and invalid UTF-8.
+/// The longest name kiln reads from a plugin (device type, sub-device type, kernel names).
+pub const MAX_NAME_LEN: usize = 255;
+/// The longest error message kiln reads from `get_last_error`; longer ones are cut.
+pub const MAX_MESSAGE_LEN: usize = 4095;
+
+/// Reads a C string of at most `max` bytes before its NUL, tolerating NULL and invalid UTF-8:
+/// `Ok(None)` for NULL, `Err(prefix)` when no NUL comes within `max + 1` bytes (the bytes read
+/// are returned, lossily decoded). kiln never reads further than that.
 ///
 /// # Safety
-/// - `p` is NULL or points to a NUL-terminated string.
-unsafe fn c_string(p: *const c_char) -> Option<String> {
+/// - `p` is NULL or points to at least `min(strlen(p) + 1, max + 1)` readable bytes.
+unsafe fn c_string_bounded(p: *const c_char, max: usize) -> Result<Option<String>, String> {
     if p.is_null() {
-        return None;
+        return Ok(None);
     }
-    // SAFETY: non-NULL and NUL-terminated (caller).
-    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    let mut bytes = Vec::new();
+    for i in 0..=max {
+        // SAFETY: byte `i` is readable: every earlier byte was non-NUL and `i <= max` (caller).
+        let b = unsafe { p.add(i).cast::<u8>().read() };
+        if b == 0 {
+            return Ok(Some(String::from_utf8_lossy(&bytes).into_owned()));
+        }
+        bytes.push(b);
+    }
+    bytes.truncate(max);
+    Err(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Copies an error message, tolerating NULL and invalid UTF-8, cut at [`MAX_MESSAGE_LEN`]
+/// bytes (with a note) when the plugin's string is longer or lacks its NUL.
+///
+/// # Safety
+/// As [`c_string_bounded`].
+unsafe fn c_message(p: *const c_char) -> Option<String> {
+    // SAFETY: forwarded (caller).
+    match unsafe { c_string_bounded(p, MAX_MESSAGE_LEN) } {
+        Ok(m) => m,
+        Err(prefix) => Some(format!(
+            "{prefix}... (cut: no terminating NUL within {MAX_MESSAGE_LEN} bytes)"
+        )),
+    }
+}
+
+/// Copies a name the plugin gave (`what`, for the message), refusing one without a NUL within
+/// [`MAX_NAME_LEN`] bytes.
+///
+/// # Safety
+/// As [`c_string_bounded`].
+unsafe fn c_name(p: *const c_char, what: &str) -> Result<Option<String>, String> {
+    // SAFETY: forwarded (caller).
+    unsafe { c_string_bounded(p, MAX_NAME_LEN) }.map_err(|prefix| {
+        format!(
+            "{what} has no terminating NUL within {MAX_NAME_LEN} bytes (expected a \
+             NUL-terminated name of at most {MAX_NAME_LEN} bytes; it starts `{}`)",
+            prefix.chars().take(32).collect::<String>()
+        )
+    })
+}
+
+/// An error and its sources, `: `-separated: libloading keeps the system loader's text
+/// (`dlerror`) in `source()`, behind a bare "dlopen failed".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let t = s.to_string();
+        if !t.is_empty() && !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        cur = s.source();
+    }
+    out
+}
+
+/// The architecture this process runs on, as `object` names it.
+fn host_architecture() -> object::Architecture {
+    use object::Architecture as A;
+    match std::env::consts::ARCH {
+        "x86_64" => A::X86_64,
+        "x86" => A::I386,
+        "aarch64" => A::Aarch64,
+        "arm" => A::Arm,
+        "riscv64" => A::Riscv64,
+        "powerpc64" => A::PowerPc64,
+        "s390x" => A::S390x,
+        "loongarch64" => A::LoongArch64,
+        _ => A::Unknown,
+    }
 }
 
 /// Whether the dynamic symbol table of the file at `data` defines the entry symbol. Errors when
@@ -415,6 +504,15 @@ pub(crate) fn defines_entry(data: &[u8]) -> Result<bool, String> {
         return Err(format!(
             "it is an object file of kind {:?}, not a shared library",
             file.kind()
+        ));
+    }
+    let host = host_architecture();
+    if host != object::Architecture::Unknown && file.architecture() != host {
+        return Err(format!(
+            "it is built for the {:?} architecture ({}-bit), but this process runs on {:?}",
+            file.architecture(),
+            if file.is_64() { 64 } else { 32 },
+            host
         ));
     }
     Ok(file
@@ -445,7 +543,7 @@ impl RawPlugin {
         }
         .map_err(|e| PluginError::Open {
             path: p.clone(),
-            reason: e.to_string(),
+            reason: error_chain(&e),
         })?;
         let lib: libloading::Library = lib.into();
         for (slot, addr) in crate::packed_func::library::context_symbols() {
@@ -467,7 +565,7 @@ impl RawPlugin {
             Err(e) => {
                 return Err(PluginError::NoEntry {
                     path: p,
-                    reason: e.to_string(),
+                    reason: error_chain(&e),
                 })
             }
         };
@@ -510,23 +608,44 @@ impl RawPlugin {
             t.as_ref()
                 .filter(|t| t.struct_size >= KILN_DEVICE_INTERFACE_SIZE_1_0)
                 .and_then(|t| t.get_last_error)
-                // SAFETY: get_last_error returns NULL or a NUL-terminated string (ABI).
-                .and_then(|f| unsafe { c_string(f()) })
+                // SAFETY: get_last_error returns NULL or a NUL-terminated string (ABI); kiln
+                // reads at most MAX_MESSAGE_LEN + 1 bytes of it.
+                .and_then(|f| unsafe { c_message(f()) })
         };
         if status != KILN_STATUS_SUCCESS {
+            let message = last_error(&table).unwrap_or_else(|| {
+                if status == KILN_STATUS_VERSION_MISMATCH {
+                    format!(
+                        "the plugin refused this kiln without a message (KILN_PLUGIN_CHECK_PARAMS \
+                         does so when kiln's ABI major version or params size differs from the \
+                         header the plugin was built with); this kiln speaks ABI \
+                         {KILN_PLUGIN_ABI_MAJOR}.{KILN_PLUGIN_ABI_MINOR} with a {}-byte \
+                         KilnPluginParams: rebuild the plugin against this kiln's \
+                         include/kiln/device_plugin.h",
+                        size_of::<KilnPluginParams>()
+                    )
+                } else {
+                    "the plugin gave no message (it has no get_last_error, or it returned NULL)"
+                        .to_owned()
+                }
+            });
             return Err(PluginError::EntryFailed {
                 path: p,
                 status: format!("{status} ({})", status_name(status)),
-                message: last_error(&table).unwrap_or_else(|| "no message".to_owned()),
+                message,
             });
         }
-        // SAFETY: the plugin fills these with NULL or static NUL-terminated strings (ABI).
-        let (device_type, sub_device_type) = unsafe {
-            (
-                c_string(params.device_type),
-                c_string(params.sub_device_type),
-            )
+        let invalid = |reason: String| PluginError::Invalid {
+            path: p.clone(),
+            reason,
         };
+        // SAFETY: the plugin fills these with NULL or static NUL-terminated strings (ABI); kiln
+        // reads at most MAX_NAME_LEN + 1 bytes of each.
+        let device_type =
+            unsafe { c_name(params.device_type, "`device_type`") }.map_err(invalid)?;
+        // SAFETY: as above.
+        let sub_device_type =
+            unsafe { c_name(params.sub_device_type, "`sub_device_type`") }.map_err(invalid)?;
         let Some(device_type) = device_type else {
             return Err(PluginError::Invalid {
                 path: p,
@@ -602,8 +721,8 @@ impl RawPlugin {
         let f = self.table.get_last_error?;
         // SAFETY: the entry is a valid function of the loaded library (checked at load); it
         // returns NULL or a NUL-terminated string valid until the next call on this thread,
-        // which we copy at once.
-        unsafe { c_string(f()) }
+        // which we copy at once (at most MAX_MESSAGE_LEN + 1 bytes).
+        unsafe { c_message(f()) }
     }
 
     /// The plugin's kernels as packed functions named `<prefix><name>`, each keeping the library
@@ -627,6 +746,12 @@ impl RawPlugin {
         }
         if count == 0 {
             return Ok(Vec::new());
+        }
+        if count > MAX_KERNELS {
+            return Err((
+                KILN_STATUS_ERROR,
+                format!("get_kernels reported {count} kernels; kiln accepts at most {MAX_KERNELS}"),
+            ));
         }
         if ptr.is_null() {
             return Err((
@@ -654,8 +779,11 @@ impl RawPlugin {
                     .cast::<KilnPluginKernel>()
                     .read_unaligned()
             };
-            // SAFETY: `name` is NULL or a static NUL-terminated string (ABI).
-            let name = unsafe { c_string(k.name) }.unwrap_or_default();
+            // SAFETY: `name` is NULL or a static NUL-terminated string (ABI); kiln reads at most
+            // MAX_NAME_LEN + 1 bytes of it.
+            let name = unsafe { c_name(k.name, &format!("the name of kernel #{i}")) }
+                .map_err(|m| (KILN_STATUS_ERROR, m))?
+                .unwrap_or_default();
             let Some(call) = k.call else {
                 return Err((
                     KILN_STATUS_ERROR,
@@ -762,13 +890,16 @@ pub(crate) fn attr_value() -> KilnAttrValue {
     }
 }
 
-/// The string of an attribute value (bounded by its capacity even without a NUL).
-pub(crate) fn attr_string(v: &KilnAttrValue) -> String {
-    let bytes: Vec<u8> = v
-        .string_value
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+/// The string of an attribute value: an error when the plugin filled all
+/// [`KILN_ATTR_STRING_CAPACITY`] bytes without a terminating NUL (kiln never reads past them).
+pub(crate) fn attr_string(v: &KilnAttrValue) -> Result<String, String> {
+    let Some(len) = v.string_value.iter().position(|&c| c == 0) else {
+        return Err(format!(
+            "get_attribute returned a string attribute without a terminating NUL in its \
+             {KILN_ATTR_STRING_CAPACITY} bytes (expected at most {} bytes and a NUL)",
+            KILN_ATTR_STRING_CAPACITY - 1
+        ));
+    };
+    let bytes: Vec<u8> = v.string_value[..len].iter().map(|&c| c as u8).collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
