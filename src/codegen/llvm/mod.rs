@@ -7,6 +7,10 @@
 //! the code generator never queries a device.
 
 mod emit;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+mod fault;
 mod helper;
 mod jit;
 mod packed;
