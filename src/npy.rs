@@ -2,9 +2,16 @@
 //! tests: host arrays that can be viewed as `DLTensor`s.
 //!
 //! Only what tensors need is supported: little-endian (or one-byte) numeric dtypes
-//! (`b1 i1 i2 i4 i8 u1 u2 u4 u8 f2 f4 f8`, plus `bfloat16` as `V2` is not standard and is not
-//! read), C order, any shape. Fortran-ordered files are rejected with a message rather than
-//! silently transposed. Data is kept 64-byte aligned.
+//! (`b1 i1 i2 i4 i8 u1 u2 u4 u8 f2 f4 f8`, float16 being numpy's `<f2`), C order, any shape.
+//! Fortran-ordered files are rejected with a message rather than silently transposed. Data is
+//! kept 64-byte aligned.
+//!
+//! `.npy` has no bfloat16. kiln follows `ml_dtypes` (what JAX and TensorFlow use): `np.save` of
+//! an `ml_dtypes.bfloat16` array writes the descr `'<V2'` (two opaque bytes) with the raw
+//! little-endian bfloat16 bits, so kiln writes bfloat16 as `'<V2'`, and reads `'<V2'` and
+//! `'|V2'` (what numpy itself writes for `a.view('V2')`) as bfloat16. In Python:
+//! `np.load(p).view(ml_dtypes.bfloat16)` reads kiln's file (or `.view(np.uint16)` for the
+//! bits); `np.save(p, a)` with an `ml_dtypes.bfloat16` array writes one kiln reads.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
@@ -102,6 +109,8 @@ const TABLE: &[(&str, u8, u8, &str)] = &[
     ("<f2", 2, 16, "float16"),
     ("<f4", 2, 32, "float32"),
     ("<f8", 2, 64, "float64"),
+    // No standard descr: ml_dtypes' (see the module documentation).
+    ("<V2", 4, 16, "bfloat16"),
 ];
 
 /// The dtype named `float32`, `int64`, `bool`, ...
@@ -212,6 +221,9 @@ impl NpyArray {
         let descr_norm = descr.replace('=', "<");
         let descr_norm = if descr_norm == "<b1" || descr_norm == "<i1" || descr_norm == "<u1" {
             descr_norm.replacen('<', "|", 1)
+        } else if descr_norm == "|V2" {
+            // Opaque bytes have no byte order: numpy writes `|V2` for `a.view('V2')`.
+            "<V2".to_owned()
         } else {
             descr_norm
         };

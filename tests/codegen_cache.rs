@@ -1,4 +1,5 @@
-//! The compile cache: a second build of the same module is served from the cache directory.
+//! The compile cache: a second build of the same module is served from the cache directory;
+//! keys hold the resolved CPU and features.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use kiln::target::Target;
 #[test]
 fn a_second_build_of_the_same_module_is_a_cache_hit_and_keys_follow_the_options() {
     let dir = tempfile::tempdir().unwrap();
-    // This test binary has one test, so setting the environment is race-free.
+    // The other test of this binary reads no environment, so setting it is race-free.
     std::env::set_var("KILN_CACHE_DIR", dir.path());
     std::env::remove_var("KILN_CACHE");
     let module = IRModule::from_functions(vec![kernels::vadd()]);
@@ -66,4 +67,39 @@ fn a_second_build_of_the_same_module_is_a_cache_hit_and_keys_follow_the_options(
     // Disabled: no lookups.
     std::env::set_var("KILN_CACHE", "off");
     assert!(CompileCache::from_env().is_none());
+}
+
+#[test]
+fn the_key_holds_the_resolved_cpu_and_features_not_native() {
+    let module = IRModule::from_functions(vec![kernels::vadd()]);
+    let native = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap();
+    let raw = CodegenOptions::from_target(&native).unwrap();
+    assert_eq!(raw.cpu, "native", "the target keeps `native`");
+    let resolved = raw.clone().resolved();
+    assert_ne!(resolved.cpu, "native");
+    // Unresolved and resolved options give the same key: `native` is expanded first.
+    let key = CompileCache::key(&module, &raw);
+    assert_eq!(key, CompileCache::key(&module, &resolved));
+    // ... which is the key of this machine's CPU named explicitly.
+    let pinned = CodegenOptions::from_target(&native.resolve_native().unwrap()).unwrap();
+    assert_eq!(key, CompileCache::key(&module, &pinned));
+    // Another machine's `native` (another CPU, or the same CPU name with other features)
+    // resolves to other options, hence another key: a shared cache never mixes them up.
+    let other_cpu = CodegenOptions {
+        cpu: if resolved.cpu == "skylake" {
+            "znver3"
+        } else {
+            "skylake"
+        }
+        .into(),
+        ..resolved.clone()
+    };
+    assert_ne!(key, CompileCache::key(&module, &other_cpu));
+    let other_features = CodegenOptions {
+        features: format!("{},-avx2", resolved.features),
+        ..resolved.clone()
+    };
+    assert_ne!(key, CompileCache::key(&module, &other_features));
+    let generic = CodegenOptions::from_target(&Target::parse("llvm").unwrap()).unwrap();
+    assert_ne!(key, CompileCache::key(&module, &generic));
 }

@@ -158,6 +158,131 @@ fn run_generates_inputs_times_and_checks_against_the_interpreter() {
     assert!(String::from_utf8_lossy(&st.stderr).contains("expected a .npy file"));
 }
 
+/// Writes a `.npy` (version 1.0) file of 16-bit elements with the given descr.
+fn write_npy16(path: &std::path::Path, descr: &str, bits: &[u16]) {
+    let mut h = format!(
+        "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({},), }}",
+        bits.len()
+    );
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    for x in bits {
+        b.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+fn read16(path: &std::path::Path, bf16: bool) -> Vec<f32> {
+    let a = kiln::npy::NpyArray::read(path).unwrap();
+    a.data
+        .as_slice()
+        .chunks_exact(2)
+        .map(|c| {
+            if bf16 {
+                half::bf16::from_le_bytes([c[0], c[1]]).to_f32()
+            } else {
+                half::f16::from_le_bytes([c[0], c[1]]).to_f32()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn run_reads_writes_and_checks_float16_and_bfloat16() {
+    let dir = tempfile::tempdir().unwrap();
+    let vadd = std::fs::read_to_string(VADD).unwrap();
+    for (dtype, descr, bf16) in [("float16", "<f2", false), ("bfloat16", "<V2", true)] {
+        let module = dir.path().join(format!("vadd_{dtype}.json"));
+        std::fs::write(&module, vadd.replace("float32", dtype)).unwrap();
+        let out = dir.path().join(dtype);
+        // Generated inputs, `--check` against the interpreter (which computes in f32).
+        let st = kiln()
+            .arg("run")
+            .arg(&module)
+            .args(["vadd"])
+            .arg(format!("rand:64:{dtype}"))
+            .arg(format!("rand:64:{dtype}"))
+            .arg(format!("zeros:64:{dtype}"))
+            .args(["--check", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&st.stdout);
+        assert!(
+            st.status.success(),
+            "{dtype}: {stdout}{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        assert!(stdout.contains(&format!("({dtype} [64])")), "{stdout}");
+        assert!(stdout.contains("max abs difference 0e0"), "{stdout}");
+        let header = std::fs::read(out.join("C.npy")).unwrap();
+        let header = String::from_utf8_lossy(&header[..64]);
+        assert!(header.contains(&format!("'descr': '{descr}'")), "{header}");
+        let (a, b, c) = (
+            read16(&out.join("A.npy"), bf16),
+            read16(&out.join("B.npy"), bf16),
+            read16(&out.join("C.npy"), bf16),
+        );
+        assert!(a.iter().any(|&x| x != 0.0), "rand: fills the inputs");
+        for i in 0..64 {
+            let want = if bf16 {
+                half::bf16::from_f32(a[i] + b[i]).to_f32()
+            } else {
+                half::f16::from_f32(a[i] + b[i]).to_f32()
+            };
+            assert_eq!(c[i], want, "{dtype} C[{i}]");
+        }
+
+        // `.npy` inputs: numpy's `<f2`; for bfloat16 what `np.save` writes for an
+        // `ml_dtypes.bfloat16` array (`<V2`) and for the bits viewed as `V2` (`|V2`).
+        let bits: [u16; 3] = if bf16 {
+            [0x3fc0, 0xc000, 0x4050] // 1.5, -2, 3.25
+        } else {
+            [0x3e00, 0xc000, 0x4280]
+        };
+        let descrs: &[&str] = if bf16 { &["<V2", "|V2"] } else { &["<f2"] };
+        for d in descrs {
+            let x = dir.path().join(format!("x_{dtype}.npy"));
+            write_npy16(&x, d, &bits);
+            let out = dir.path().join(format!("{dtype}_npy"));
+            let st = kiln()
+                .arg("run")
+                .arg(&module)
+                .arg("vadd")
+                .arg(&x)
+                .arg(&x)
+                .arg(format!("zeros:3:{dtype}"))
+                .args(["--check", "--out"])
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(
+                st.status.success(),
+                "{dtype} {d}: {}",
+                String::from_utf8_lossy(&st.stderr)
+            );
+            assert_eq!(read16(&out.join("C.npy"), bf16), [3.0, -4.0, 6.5], "{d}");
+        }
+    }
+    // A float32 file for a bfloat16 parameter: the generated code's dtype check.
+    let st = kiln()
+        .arg("run")
+        .arg(dir.path().join("vadd_bfloat16.json"))
+        .args(["vadd", "rand:4", "rand:4:bfloat16", "zeros:4:bfloat16"])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!st.status.success());
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(err.contains("bfloat16"), "{err}");
+}
+
 #[test]
 fn built_libraries_run_in_python_tvm_ffi_on_numpy_arrays() {
     let Some(py) = common::python_with_tvm_ffi() else {

@@ -332,18 +332,74 @@ fn llvm_canonicalizer_rules() {
     );
 }
 
+#[test]
+fn mcpu_native_is_kept_in_the_export_as_tvm_keeps_it() {
+    // TVM 0.27: {"kind": "llvm", "tag": "", "keys": ["cpu"], "mcpu": "native"}.
+    let t = parse(r#"{"kind":"llvm","mcpu":"native"}"#);
+    assert_eq!(
+        t.export(),
+        json!({"kind": "llvm", "tag": "", "keys": ["cpu"], "mcpu": "native"})
+    );
+    assert_eq!(
+        t.to_string(),
+        r#"{"kind":"llvm","tag":"","keys":["cpu"],"mcpu":"native"}"#
+    );
+    assert_eq!(parse(&t.to_string()), t);
+    // The legacy form, a given mattr, and `native` as a host mean the same everywhere.
+    assert_eq!(parse("llvm -mcpu=native"), t);
+    let t = parse(r#"{"kind":"llvm","mcpu":"native","mattr":["+user"]}"#);
+    assert_eq!(t.get_str("mcpu"), Some("native"));
+    assert_eq!(t.get_str_array("mattr"), Some(&["+user".to_string()][..]));
+    let t = parse(r#"{"kind":"cuda","arch":"sm_80","host":{"kind":"llvm","mcpu":"native"}}"#);
+    assert_eq!(t.host().and_then(|h| h.get_str("mcpu")), Some("native"));
+}
+
 #[cfg(feature = "llvm")]
 #[test]
-fn mcpu_native_resolves_to_the_host_cpu() {
-    let t = parse(r#"{"kind":"llvm","mcpu":"native","mattr":["+user"]}"#);
+fn resolve_native_gives_the_host_cpu_and_features() {
     let (name, features) = kiln::target::host_cpu().expect("LLVM knows the host");
-    assert_eq!(t.get_str("mcpu"), Some(name.as_str()));
-    let mattr = t.get_str_array("mattr").expect("mattr set");
+    let t = parse(r#"{"kind":"llvm","mcpu":"native","mattr":["+user"]}"#);
+    let r = t.resolve_native().unwrap();
+    assert_eq!(r.get_str("mcpu"), Some(name.as_str()));
+    let mattr = r.get_str_array("mattr").expect("mattr set");
     assert_eq!(&mattr[..features.len()], &features[..]);
     assert_eq!(mattr.last().map(String::as_str), Some("+user"));
-    let legacy = parse("llvm -mcpu=native");
-    assert_eq!(legacy.get_str("mcpu"), Some(name.as_str()));
-    assert_eq!(legacy.get_str_array("mattr"), Some(&features[..]));
+    assert_eq!(r.keys(), t.keys());
+    // The resolved target is a plain one: it parses back to itself and stays resolved.
+    assert_eq!(parse(&r.to_string()), r);
+    assert_eq!(r.resolve_native().unwrap(), r);
+    // Hosts are resolved too; other targets and named CPUs are unchanged.
+    let t = parse(r#"{"kind":"cuda","arch":"sm_80","host":{"kind":"llvm","mcpu":"native"}}"#);
+    let r = t.resolve_native().unwrap();
+    assert_eq!(
+        r.host().and_then(|h| h.get_str("mcpu")),
+        Some(name.as_str())
+    );
+    assert_eq!(r.clone().without_host(), t.clone().without_host());
+    for s in [
+        "llvm -mcpu=skylake",
+        "llvm",
+        "cuda -arch=sm_80",
+        "c -mcpu=native",
+    ] {
+        let t = parse(s);
+        assert_eq!(t.resolve_native().unwrap(), t, "{s}");
+    }
+    // Code generation sees the same CPU and features for `native` and its resolved form.
+    let native = kiln::codegen::llvm::CodegenOptions::from_target(&parse(
+        r#"{"kind":"llvm","mcpu":"native","mattr":["+user"]}"#,
+    ))
+    .unwrap()
+    .resolved();
+    let pinned = kiln::codegen::llvm::CodegenOptions::from_target(
+        &parse(r#"{"kind":"llvm","mcpu":"native","mattr":["+user"]}"#)
+            .resolve_native()
+            .unwrap(),
+    )
+    .unwrap()
+    .resolved();
+    assert_eq!(native.cpu, pinned.cpu);
+    assert_eq!(native.features, pinned.features);
 }
 
 #[test]

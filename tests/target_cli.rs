@@ -39,6 +39,43 @@ fn target_prints_one_line_of_canonical_json() {
 }
 
 #[test]
+fn target_keeps_native_and_resolve_shows_the_host_cpu() {
+    let native = r#"{"kind": "llvm", "mcpu": "native"}"#;
+    let o = kiln(&["target", native]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "{\"kind\":\"llvm\",\"tag\":\"\",\"keys\":[\"cpu\"],\"mcpu\":\"native\"}\n"
+    );
+
+    let o = kiln(&["target", "--resolve", "llvm -mcpu=native -mattr=+user"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("valid JSON");
+    let mcpu = v["mcpu"].as_str().expect("mcpu is a string");
+    assert!(!mcpu.is_empty() && mcpu != "native", "{v}");
+    if let Some((name, features)) = kiln::target::host_cpu() {
+        assert_eq!(mcpu, name);
+        let mut want: Vec<serde_json::Value> = features.iter().map(|f| f.as_str().into()).collect();
+        want.push("+user".into());
+        assert_eq!(v["mattr"], serde_json::Value::Array(want));
+    }
+    // The resolved form is itself a target, which resolves to itself.
+    let o2 = kiln(&["target", "--resolve", stdout(&o).trim()]);
+    assert_eq!(stdout(&o2), stdout(&o));
+
+    // Hosts are resolved; a named CPU is left alone.
+    let o = kiln(&["target", "--resolve", "cuda -arch=sm_80", "--host", native]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("valid JSON");
+    assert_ne!(v["host"]["mcpu"], "native");
+    let o = kiln(&["target", "--resolve", "llvm -mcpu=skylake"]);
+    assert_eq!(
+        stdout(&o),
+        "{\"kind\":\"llvm\",\"tag\":\"\",\"keys\":[\"cpu\"],\"mcpu\":\"skylake\"}\n"
+    );
+}
+
+#[test]
 fn target_errors_go_to_stderr_with_nonzero_exit() {
     let o = kiln(&["target", r#"{"kind":"llvm","mcpu":1}"#]);
     assert!(!o.status.success());

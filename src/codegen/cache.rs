@@ -91,8 +91,14 @@ impl CompileCache {
         &self.dir
     }
 
-    /// The key of `module` compiled with `opts` (which must be resolved: `native` expanded).
+    /// The key of `module` compiled with `opts`.
+    ///
+    /// The key holds the *resolved* CPU and features ([`CodegenOptions::resolved`]): `native`
+    /// is expanded to this machine's CPU first, so a cache directory shared between machines
+    /// never serves one machine the code compiled for another's CPU, and `native` shares its
+    /// entries with the same CPU named explicitly.
     pub fn key(module: &IRModule, opts: &CodegenOptions) -> String {
+        let opts = &opts.clone().resolved();
         let mut h = blake3::Hasher::new();
         h.update(b"kiln-cache/1\0");
         h.update(env!("CARGO_PKG_VERSION").as_bytes());

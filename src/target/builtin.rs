@@ -388,22 +388,14 @@ pub fn host_cpu() -> Option<&'static (String, Vec<String>)> {
     .as_ref()
 }
 
-/// The llvm/c canonicalizer: `mcpu=native` (kiln), the default triple, Arm features.
+/// The llvm/c canonicalizer: the default triple, Arm features.
+///
+/// `mcpu: native` is kept as written (as TVM 0.27 keeps it): a target string means the same
+/// thing on every machine. It is resolved only where code is generated
+/// ([`crate::codegen::llvm::CodegenOptions::resolved`]) and by
+/// [`super::Target::resolve_native`].
 fn canonicalize_llvm(c: &mut Config) -> TargetResult<()> {
     let is_llvm = c.get_str("kind") == Some("llvm");
-    if is_llvm && c.get_str("mcpu") == Some("native") {
-        match host_cpu() {
-            Some((name, features)) => {
-                c.set("mcpu", name.clone());
-                let mut mattr = features.clone();
-                if let Some(given) = c.get_str_array("mattr") {
-                    mattr.extend(given.iter().cloned());
-                }
-                c.set("mattr", mattr);
-            }
-            None => log::warn!("`mcpu: native` needs the `llvm` feature to resolve; kept as is"),
-        }
-    }
     if is_llvm && !c.contains("mtriple") && !c.contains("mcpu") {
         c.set("mtriple", default_triple());
     }

@@ -17,8 +17,10 @@
 //! (see `parse.rs`): tag names, JSON objects (with TVM's JSON reader quirks), bare kind names,
 //! `tag` + overrides, `host` nested to any depth, `keys`/`device` merging, `feature.*`
 //! attributes, and TVM's only type coercion (integers and booleans interchange). kiln adds the
-//! legacy string form (`llvm -mcpu=znver3 -mattr=+avx2,+fma`) at the top level, and resolves
-//! `"mcpu": "native"` to the host CPU. Errors ([`TargetError`]) say what was expected, what was
+//! legacy string form (`llvm -mcpu=znver3 -mattr=+avx2,+fma`) at the top level. `"mcpu":
+//! "native"` is kept as written, as TVM keeps it (a target string means the same on every
+//! machine); code generation resolves it to the host CPU, and [`Target::resolve_native`] shows
+//! what it resolves to. Errors ([`TargetError`]) say what was expected, what was
 //! found and where, and list the known names when a name is unknown.
 //!
 //! Export ([`Target::export`]) gives canonical JSON in a stable order — kind, tag, keys, host,
@@ -229,6 +231,49 @@ impl Target {
             .iter()
             .find(|(k, _)| k.strip_prefix("feature.") == Some(name))
             .map(|(_, v)| v)
+    }
+
+    /// This target with every `"mcpu": "native"` of an `llvm` target (itself, its host, and its
+    /// host's host) replaced by the host CPU's name, and `mattr` by the host's LLVM features
+    /// (sorted by name) followed by the `mattr` given: the CPU and features code generation
+    /// uses on this machine. Other targets are returned unchanged, as is `native` when kiln is
+    /// built without the `llvm` feature (nothing can resolve it).
+    ///
+    /// The result is a plain target naming this machine's CPU: parsed anywhere, it compiles
+    /// the code `native` compiles here.
+    ///
+    /// # Errors
+    /// None in practice: the resolved config is parsed again, which the canonicalizer could in
+    /// principle reject.
+    pub fn resolve_native(&self) -> TargetResult<Target> {
+        let host = match &self.host {
+            Some(h) => Some(h.resolve_native()?),
+            None => None,
+        };
+        let native = self.kind.name() == "llvm" && self.get_str("mcpu") == Some("native");
+        let resolved = match (native, host_cpu()) {
+            (true, Some((name, features))) => {
+                let mut config = match self.clone().without_host().export() {
+                    serde_json::Value::Object(m) => m,
+                    _ => unreachable!("an export is an object"),
+                };
+                let mut mattr = features.clone();
+                mattr.extend(
+                    self.get_str_array("mattr")
+                        .unwrap_or_default()
+                        .iter()
+                        .cloned(),
+                );
+                config.insert("mcpu".into(), name.clone().into());
+                config.insert("mattr".into(), mattr.into());
+                Target::from_json(&serde_json::Value::Object(config))?
+            }
+            _ => self.clone().without_host(),
+        };
+        Ok(match host {
+            Some(h) => resolved.with_host(h),
+            None => resolved,
+        })
     }
 
     /// The canonical export: `{kind, tag, keys, [host], options in declaration order,

@@ -13,6 +13,10 @@ pub struct TargetArgs {
     /// A host target (replaces any host the target has).
     #[arg(long)]
     pub host: Option<String>,
+    /// Print the target as code generation sees it on this machine: `"mcpu": "native"`
+    /// replaced by the host CPU and `mattr` by its features (then the `mattr` given).
+    #[arg(long)]
+    pub resolve: bool,
 }
 
 /// `kiln kinds [KIND] [--json]`
@@ -35,12 +39,16 @@ pub struct TagsArgs {
 
 use crate::emit;
 
-/// Prints the canonical export of the target as one line of JSON.
+/// Prints the canonical export of the target as one line of JSON (`--resolve`: with `native`
+/// resolved to the host CPU).
 pub fn run_target(args: &TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut t = Target::parse(&args.target)?;
     if let Some(h) = &args.host {
         let host = Target::parse(h).map_err(|e| format!("--host: {e}"))?;
         t = t.with_host(host);
+    }
+    if args.resolve {
+        t = t.resolve_native()?;
     }
     emit(&format!("{t}\n"))
 }

@@ -315,6 +315,9 @@ impl LazyChecks {
     }
 
     fn compile(&self) -> Result<(JitCode, Vec<usize>), String> {
+        if super::fault::hit(super::fault::Fault::CheckersCompile) {
+            return Err("injected fault: compiling the checkers fails".into());
+        }
         let linkage = Linkage::Checkers {
             slots: crate::packed_func::library::context_symbols(),
             suffix: self.suffix.clone(),

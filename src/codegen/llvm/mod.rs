@@ -7,6 +7,10 @@
 //! the code generator never queries a device.
 
 mod emit;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+mod fault;
 mod helper;
 mod jit;
 mod packed;
@@ -146,24 +150,22 @@ impl CodegenOptions {
         })
     }
 
-    /// Resolves `native` to the host CPU name and features.
+    /// Resolves `native` to the host CPU name and features (the host's LLVM features sorted by
+    /// name, then the features given), as [`crate::target::Target::resolve_native`] does: the
+    /// options of a `native` target and of its resolved form are equal.
     pub fn resolved(mut self) -> Self {
         if self.cpu == "native" {
+            init_llvm();
             // Asked once per process: LLVM reads them with `cpuid`, which traps in a VM.
-            static HOST: OnceLock<(String, String)> = OnceLock::new();
-            let (cpu, host) = HOST.get_or_init(|| {
-                init_llvm();
-                (
-                    TargetMachine::get_host_cpu_name().to_string(),
-                    TargetMachine::get_host_cpu_features().to_string(),
-                )
-            });
-            self.cpu = cpu.clone();
-            self.features = if self.features.is_empty() {
-                host.clone()
-            } else {
-                format!("{host},{}", self.features)
-            };
+            if let Some((cpu, host)) = crate::target::host_cpu() {
+                let host = host.join(",");
+                self.cpu = cpu.clone();
+                self.features = if self.features.is_empty() {
+                    host
+                } else {
+                    format!("{host},{}", self.features)
+                };
+            }
         }
         if self.cpu.is_empty() {
             self.cpu = "generic".into();

@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use inkwell::targets::FileType;
 
+use super::fault::{self, Fault};
 use super::jit::{self, JitCode};
 use super::{CodegenError, CodegenOptions, Linkage, Passes, R};
 use crate::ir::IRModule;
@@ -191,6 +192,14 @@ pub(crate) struct Job {
 
 impl Job {
     fn compile(&self) -> R<(JitCode, Vec<usize>)> {
+        if fault::hit(Fault::TierUpPanic) {
+            panic!("injected fault: the optimizing compilation panics");
+        }
+        if fault::hit(Fault::TierUpCompile) {
+            return Err(CodegenError::Llvm(
+                "injected fault: the optimizing compilation fails".into(),
+            ));
+        }
         let [_, compute] = super::generate::<2>(&self.ir, &self.opts, &self.linkage)?;
         let object = super::compile_text(&compute, &self.opts, Passes::Default, FileType::Object)?;
         let symbols = super::compute_symbols(&self.ir, self.linkage.suffix());
@@ -263,14 +272,15 @@ static WORKER: OnceLock<Worker> = OnceLock::new();
 /// The worker, started on first use.
 fn worker() -> &'static Worker {
     WORKER.get_or_init(|| {
-        let started = std::thread::Builder::new()
-            .name("kiln-tier-up".into())
-            .spawn(|| {
-                // Best effort: the caller's threads come first.
-                jit::lower_this_thread_priority();
-                worker().serve()
-            })
-            .is_ok();
+        let started = !fault::hit(Fault::WorkerSpawn)
+            && std::thread::Builder::new()
+                .name("kiln-tier-up".into())
+                .spawn(|| {
+                    // Best effort: the caller's threads come first.
+                    jit::lower_this_thread_priority();
+                    worker().serve()
+                })
+                .is_ok();
         if started {
             jit::at_exit(stop_at_exit);
         }
@@ -316,7 +326,7 @@ pub(crate) fn schedule(job: Job) {
         return;
     }
     let mut q = w.lock();
-    if q.exiting {
+    if q.exiting || fault::hit(Fault::ProcessExiting) {
         drop(q);
         if let Some(tiers) = job.tiers.upgrade() {
             tiers.install(Err(CodegenError::Llvm("the process is exiting".into())));
