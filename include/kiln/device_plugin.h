@@ -100,6 +100,13 @@ typedef int32_t (*KilnSafeCall)(void* self, const void* args, int32_t num_args, 
 /* 12 driver_version, 13 l2_cache_size_bytes, 14 total_global_memory,                          */
 /* 15 available_global_memory, 16 image_pitch_alignment.                                       */
 
+/* kiln's own kinds (outside TVM's codes):                                                   */
+/* KILN_ATTR_KIND_PINNED_STAGING: answer KILN_ATTR_INT 1 (for device 0) to ask kiln to stage    */
+/* asynchronous copies between your devices and ordinary host memory through host_memory_allocate */
+/* buffers (chunked, double-buffered); 0 or UNSUPPORTED leaves them direct. The environment     */
+/* variable KILN_PLUGIN_PINNED_STAGING=1/0 overrides the answer for every plugin.                */
+#define KILN_ATTR_KIND_PINNED_STAGING 1000
+
 #define KILN_ATTR_NONE 0
 #define KILN_ATTR_INT 1
 #define KILN_ATTR_STRING 2
@@ -177,8 +184,9 @@ typedef struct KilnDeviceInterface {
   KilnStatus (*device_memory_deallocate)(int32_t device, void* ptr, size_t size);
   /* O. Allocates page-locked host memory (a real host pointer). kiln uses it as the staging
    *    buffer of copies that go through the host (between two devices of this plugin without
-   *    p2p entries), keeping one buffer of up to 64 MiB cached per device. [kiln uses ordinary
-   *    host memory for staging buffers] */
+   *    p2p entries) and, when the plugin opts in (KILN_ATTR_KIND_PINNED_STAGING), of
+   *    asynchronous copies between a device and ordinary host memory; it keeps one buffer of up
+   *    to 64 MiB cached per device. [kiln uses ordinary host memory for staging buffers] */
   KilnStatus (*host_memory_allocate)(int32_t device, void** ptr, size_t size);
   /* O. Frees memory from host_memory_allocate. [required if host_memory_allocate is set] */
   KilnStatus (*host_memory_deallocate)(int32_t device, void* ptr, size_t size);

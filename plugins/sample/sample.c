@@ -40,6 +40,8 @@
  *   SAMPLE_NO_ASYNC_MEMSET      leave the 1.2 entry async_memory_set NULL
  *   SAMPLE_TABLE_1_1            an ABI 1.1 table (async_memory_set past its end)
  *   SAMPLE_NO_PINNED            leave host_memory_allocate/deallocate NULL (no pinned staging)
+ *   SAMPLE_PINNED_STAGING       answer KILN_ATTR_KIND_PINNED_STAGING with 1 (kiln stages async
+ *                               host<->device copies through host_memory_allocate buffers)
  */
 #include "kiln/device_plugin.h"
 
@@ -647,6 +649,9 @@ static KilnStatus sample_get_attribute(int32_t d, int32_t kind, KilnAttrValue* v
       v->type = KILN_ATTR_INT;
       return KILN_STATUS_SUCCESS;
     }
+#ifdef SAMPLE_PINNED_STAGING
+    case KILN_ATTR_KIND_PINNED_STAGING: v->type = KILN_ATTR_INT; v->int_value = 1; return KILN_STATUS_SUCCESS;
+#endif
     default: return KILN_STATUS_UNSUPPORTED;
   }
 }

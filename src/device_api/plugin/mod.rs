@@ -45,7 +45,7 @@ pub mod sys;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub use allocator::{ChunkAllocator, ChunkConfig, ChunkStats};
@@ -65,6 +65,25 @@ pub const MAX_PLUGIN_DEVICES: usize = 1024;
 
 /// The environment variable listing plugin directories (`:`-separated, like `PATH`).
 pub const PLUGIN_PATH_VAR: &str = "KILN_PLUGIN_PATH";
+
+/// The environment variable that turns pinned staging of host<->device copies on (`1`) or off
+/// (`0`) for every plugin loaded afterwards, overriding what each plugin asks for
+/// (`KILN_ATTR_KIND_PINNED_STAGING`). See [`PluginDeviceApi::set_pinned_staging`].
+pub const PINNED_STAGING_VAR: &str = "KILN_PLUGIN_PINNED_STAGING";
+
+/// The default staging chunk of host<->device copies (see [`PluginDeviceApi::set_staging_chunk`]).
+pub const DEFAULT_STAGING_CHUNK: usize = 4 << 20;
+
+/// Counters of the pinned staging of host<->device copies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StagingStats {
+    /// Host-to-device copies that went through a staging buffer.
+    pub h2d_copies: u64,
+    /// Device-to-host copies that went through a staging buffer.
+    pub d2h_copies: u64,
+    /// Chunks queued (both directions).
+    pub chunks: u64,
+}
 
 /// Errors of loading a plugin. Each names the file and says what is wrong, with the plugin's
 /// own message when it gave one.
@@ -222,6 +241,12 @@ pub struct PluginDeviceApi {
     /// One cached page-locked staging buffer per device (address, size), from the plugin's
     /// `host_memory_allocate`, for copies that go through the host.
     staging: Mutex<Vec<Option<(usize, usize)>>>,
+    /// Whether asynchronous copies between a device and host memory stage through pinned memory.
+    pinned_staging: AtomicBool,
+    /// The staging chunk of those copies, in bytes.
+    staging_chunk: AtomicUsize,
+    /// [`StagingStats`]: h2d copies, d2h copies, chunks.
+    staging_counts: [AtomicU64; 3],
     /// The extension code, set once when the backend is registered.
     code: AtomicI32,
     /// The kernels registered, set once after registration.
@@ -300,6 +325,41 @@ impl PluginDeviceApi {
     /// The device type code kiln gave the plugin (0 until it is registered).
     pub fn code(&self) -> DeviceType {
         DeviceType(self.code.load(Ordering::SeqCst))
+    }
+
+    /// Whether asynchronous copies between a device of this plugin and ordinary host memory are
+    /// staged through the plugin's page-locked memory (`host_memory_allocate`): on when the
+    /// plugin asks for it (`KILN_ATTR_KIND_PINNED_STAGING`) or `KILN_PLUGIN_PINNED_STAGING=1`.
+    /// It only takes effect when the plugin has `host_memory_allocate` and the async copy entry.
+    pub fn pinned_staging(&self) -> bool {
+        self.pinned_staging.load(Ordering::Relaxed)
+    }
+
+    /// Turns the pinned staging of host<->device copies on or off (see
+    /// [`PluginDeviceApi::pinned_staging`] and `docs/plugins.md`).
+    pub fn set_pinned_staging(&self, on: bool) {
+        self.pinned_staging.store(on, Ordering::Relaxed);
+    }
+
+    /// The staging chunk of host<->device copies: a copy up to this size uses one staging slot;
+    /// a larger one is split into chunks of this size that alternate between two slots.
+    pub fn staging_chunk(&self) -> usize {
+        self.staging_chunk.load(Ordering::Relaxed)
+    }
+
+    /// Sets the staging chunk (at least 64 bytes; [`DEFAULT_STAGING_CHUNK`] by default).
+    pub fn set_staging_chunk(&self, bytes: usize) {
+        self.staging_chunk.store(bytes.max(64), Ordering::Relaxed);
+    }
+
+    /// How many host<->device copies and chunks went through staging buffers.
+    pub fn staging_stats(&self) -> StagingStats {
+        let c = |i: usize| self.staging_counts[i].load(Ordering::Relaxed);
+        StagingStats {
+            h2d_copies: c(0),
+            d2h_copies: c(1),
+            chunks: c(2),
+        }
     }
 
     /// Allocator statistics of device `id`.
@@ -527,6 +587,184 @@ impl PluginDeviceApi {
             self.put_staging(sdev.device_id, b);
         }
         r
+    }
+
+    /// A new plugin event on `dev` (not in kiln's table: it lives for one staged copy).
+    fn staging_event(&self, dev: Device) -> DeviceResult<sys::KilnEvent> {
+        let mut e: sys::KilnEvent = std::ptr::null_mut();
+        let st = call_req!(self.raw, create_event(dev.device_id, &mut e));
+        self.check(dev, "create_event (staging)", st)?;
+        if e.is_null() {
+            return Err(self.bad_handle(dev, "create_event (staging)", "event", 0));
+        }
+        Ok(e)
+    }
+
+    /// An asynchronous host-to-device copy through the plugin's page-locked memory; `None` when
+    /// no staging buffer is available (the caller copies directly).
+    ///
+    /// The caller's bytes are copied into a staging slot on this thread, then the slot is queued
+    /// to the device with `async_memory_copy_h2d` and an event is recorded after it. A copy up
+    /// to the staging chunk uses one slot; a larger one alternates two slots, and a slot is
+    /// refilled only after `synchronize_event` on its previous event (the queued copy that reads
+    /// it has completed). Before returning, kiln waits for the last events, so the buffer goes
+    /// back to the cache unread by any queued copy and the caller's memory is never read after
+    /// the call. A failure of a queued chunk stays with the stream's next synchronize (as for any
+    /// queued copy); a failure to queue one is returned and stops the copy.
+    fn staged_h2d(
+        &self,
+        dev: Device,
+        ps: sys::KilnStream,
+        dst: usize,
+        src: usize,
+        n: usize,
+    ) -> Option<DeviceResult<()>> {
+        use std::ffi::c_void;
+        let id = dev.device_id;
+        let chunk = self.staging_chunk().min(n);
+        let slots = if n > chunk { 2 } else { 1 };
+        let buf = self.take_staging(id, chunk * slots)?;
+        let mut events: [Option<sys::KilnEvent>; 2] = [None, None];
+        let mut pending = [false; 2];
+        // A chunk queued whose event was not recorded: only a stream synchronize covers it.
+        let mut unrecorded = false;
+        let mut queue = || -> DeviceResult<()> {
+            let mut off = 0;
+            let mut k = 0;
+            while off < n {
+                let len = chunk.min(n - off);
+                let slot = k % slots;
+                if pending[slot] {
+                    let e = events[slot].expect("a pending slot has an event");
+                    let st = call_req!(self.raw, synchronize_event(id, e));
+                    self.check(dev, "synchronize_event (staging)", st)?;
+                    pending[slot] = false;
+                }
+                let e = match events[slot] {
+                    Some(e) => e,
+                    None => *events[slot].insert(self.staging_event(dev)?),
+                };
+                let sp = buf.0 + slot * chunk;
+                // SAFETY: the caller's host region is valid for `n` bytes from `src` (raw_copy's
+                // contract); the staging buffer holds `slots * chunk` bytes and this slot is not
+                // read by any queued copy (its event was waited for above).
+                unsafe {
+                    std::ptr::copy_nonoverlapping((src + off) as *const u8, sp as *mut u8, len)
+                };
+                let st = call_req!(
+                    self.raw,
+                    async_memory_copy_h2d(
+                        id,
+                        ps,
+                        (dst + off) as *mut c_void,
+                        sp as *const c_void,
+                        len
+                    )
+                );
+                self.check(dev, "async_memory_copy_h2d (staged)", st)?;
+                self.staging_counts[2].fetch_add(1, Ordering::Relaxed);
+                pending[slot] = true;
+                unrecorded = true;
+                let st = call_req!(self.raw, record_event(id, ps, e));
+                self.check(dev, "record_event (staging)", st)?;
+                unrecorded = false;
+                off += len;
+                k += 1;
+            }
+            Ok(())
+        };
+        let mut r = queue();
+        // The buffer may go back to the cache only once no queued copy reads it.
+        let mut drained = !unrecorded;
+        for slot in 0..slots {
+            if pending[slot] {
+                let st = events[slot]
+                    .map(|e| call_req!(self.raw, synchronize_event(id, e)))
+                    .unwrap_or(sys::KILN_STATUS_ERROR);
+                if st != KILN_STATUS_SUCCESS {
+                    drained = false;
+                }
+            }
+        }
+        if !drained {
+            // synchronize_stream blocks until the queue has run, even when it reports a failure.
+            let s = self.sync_plugin_stream(dev, ps);
+            if r.is_ok() {
+                r = s;
+            }
+        }
+        for e in events.into_iter().flatten() {
+            let _ = call_req!(self.raw, destroy_event(id, e));
+        }
+        self.put_staging(id, buf);
+        if r.is_ok() {
+            self.staging_counts[0].fetch_add(1, Ordering::Relaxed);
+        }
+        Some(r)
+    }
+
+    /// A device-to-host copy through the plugin's page-locked memory; `None` when no staging
+    /// buffer is available. Each chunk is queued into the staging buffer with
+    /// `async_memory_copy_d2h`, the stream is synchronized (which reports a failure of that chunk
+    /// or of earlier queued work), and only then are the bytes copied out to the caller's memory:
+    /// the copy is synchronous, as CUDA's device-to-pageable copies are, and a failed chunk never
+    /// writes the caller's memory.
+    fn staged_d2h(
+        &self,
+        dev: Device,
+        ps: sys::KilnStream,
+        dst: usize,
+        src: usize,
+        n: usize,
+    ) -> Option<DeviceResult<()>> {
+        use std::ffi::c_void;
+        let id = dev.device_id;
+        let chunk = self.staging_chunk().min(n);
+        let buf = self.take_staging(id, chunk)?;
+        let run = || -> DeviceResult<()> {
+            let mut off = 0;
+            while off < n {
+                let len = chunk.min(n - off);
+                let st = call_req!(
+                    self.raw,
+                    async_memory_copy_d2h(
+                        id,
+                        ps,
+                        buf.0 as *mut c_void,
+                        (src + off) as *const c_void,
+                        len
+                    )
+                );
+                if st != KILN_STATUS_SUCCESS {
+                    let e = self.check(dev, "async_memory_copy_d2h (staged)", st);
+                    // Nothing may still write the buffer when it goes back to the cache.
+                    let _ = self.sync_plugin_stream(dev, ps);
+                    return e;
+                }
+                self.staging_counts[2].fetch_add(1, Ordering::Relaxed);
+                self.sync_plugin_stream(dev, ps)?;
+                // SAFETY: the caller's host region is valid for `n` bytes from `dst` (raw_copy's
+                // contract); the staging buffer holds at least `chunk` bytes, written by the
+                // completed copy above.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(buf.0 as *const u8, (dst + off) as *mut u8, len)
+                };
+                off += len;
+            }
+            Ok(())
+        };
+        let r = run();
+        self.put_staging(id, buf);
+        if r.is_ok() {
+            self.staging_counts[1].fetch_add(1, Ordering::Relaxed);
+        }
+        Some(r)
+    }
+
+    /// Whether a host<->device copy of `n` bytes goes through staging (see
+    /// [`PluginDeviceApi::pinned_staging`]).
+    fn stages_host_copies(&self, n: usize) -> bool {
+        n > 0 && self.pinned_staging() && self.raw.table().host_memory_allocate.is_some()
     }
 
     /// The largest staging buffer kiln keeps cached per device; larger ones are freed after use.
@@ -873,6 +1111,11 @@ impl DeviceMemoryApi for PluginDeviceApi {
         let t = self.raw.table();
         match (s, d) {
             (Side::Host(h), Side::Dev(id, a)) => {
+                if t.async_memory_copy_h2d.is_some() && self.stages_host_copies(nbytes) {
+                    if let Some(r) = self.staged_h2d(sdev, ps, a, h, nbytes) {
+                        return r;
+                    }
+                }
                 let (dp, hp) = (a as *mut c_void, h as *const c_void);
                 if let Some(st) = call_opt!(self.raw, async_memory_copy_h2d(id, ps, dp, hp, nbytes))
                 {
@@ -883,6 +1126,11 @@ impl DeviceMemoryApi for PluginDeviceApi {
                 self.check(sdev, "memory_copy_h2d", st)
             }
             (Side::Dev(id, a), Side::Host(h)) => {
+                if t.async_memory_copy_d2h.is_some() && self.stages_host_copies(nbytes) {
+                    if let Some(r) = self.staged_d2h(sdev, ps, h, a, nbytes) {
+                        return r;
+                    }
+                }
                 let (hp, dp) = (h as *mut c_void, a as *const c_void);
                 if let Some(st) = call_opt!(self.raw, async_memory_copy_d2h(id, ps, hp, dp, nbytes))
                 {
@@ -1283,9 +1531,27 @@ fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
         events: Mutex::new(HandleTable::new()),
         default_streams: Mutex::new(vec![None; count]),
         staging: Mutex::new(vec![None; count]),
+        pinned_staging: AtomicBool::new(false),
+        staging_chunk: AtomicUsize::new(DEFAULT_STAGING_CHUNK),
+        staging_counts: Default::default(),
         code: AtomicI32::new(0),
         kernels: Mutex::new(Vec::new()),
     };
+    let wants = count > 0 && {
+        let mut v = sys::attr_value();
+        call_opt!(
+            api.raw,
+            get_attribute(0, sys::KILN_ATTR_KIND_PINNED_STAGING, &mut v)
+        ) == Some(KILN_STATUS_SUCCESS)
+            && v.type_ == sys::KILN_ATTR_INT
+            && v.int_value != 0
+    };
+    let on = match std::env::var(PINNED_STAGING_VAR).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => wants,
+    };
+    api.pinned_staging.store(on, Ordering::Relaxed);
     let configs: Vec<ChunkConfig> = (0..count as i32).map(|i| api.query_config(i)).collect();
     api.info.chunk_config = configs.first().copied();
     api.allocators = configs

@@ -49,6 +49,10 @@ pub const KILN_STATUS_UNSUPPORTED: KilnStatus = 5;
 /// `KILN_STATUS_VERSION_MISMATCH`.
 pub const KILN_STATUS_VERSION_MISMATCH: KilnStatus = 6;
 
+/// `KILN_ATTR_KIND_PINNED_STAGING`: a kiln attribute kind (outside TVM's codes). A plugin that
+/// answers it with a non-zero int asks kiln to stage asynchronous copies between its devices
+/// and pageable host memory through its `host_memory_allocate` buffers.
+pub const KILN_ATTR_KIND_PINNED_STAGING: i32 = 1000;
 /// `KILN_ATTR_NONE`.
 pub const KILN_ATTR_NONE: i32 = 0;
 /// `KILN_ATTR_INT`.
