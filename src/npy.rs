@@ -239,16 +239,20 @@ impl NpyArray {
             bits: t.2,
             lanes: 1,
         };
-        let mut a = NpyArray::zeros(dtype, &shape)?;
+        // The size the header claims is checked against the file before anything is allocated:
+        // a header may claim terabytes.
         let body = &b[end..];
-        if body.len() != a.data.len {
+        let want = numel(&shape)?
+            .checked_mul(usize::from(dtype.bits).div_ceil(8))
+            .ok_or_else(|| NpyError(format!("shape {shape:?} is too large")))?;
+        if body.len() != want {
             return err(format!(
-                "expected {} bytes of data for shape {shape:?} {}, found {}",
-                a.data.len,
+                "expected {want} bytes of data for shape {shape:?} {}, found {}",
                 t.3,
                 body.len()
             ));
         }
+        let mut a = NpyArray::zeros(dtype, &shape)?;
         a.data.as_mut_slice().copy_from_slice(body);
         Ok(a)
     }

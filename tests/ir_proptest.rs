@@ -1,10 +1,24 @@
-//! The JSON reader never panics: arbitrary strings, and valid modules with random mutations.
-//! Whatever it accepts also verifies, prints and round-trips without panicking.
+//! The JSON reader never panics: arbitrary strings, arbitrary IR-shaped JSON values, deep
+//! nesting, and valid modules with random mutations. Whatever it accepts also verifies, prints
+//! and round-trips without panicking. Each read runs under `catch_unwind`, so a panic fails the
+//! case with its input.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-use kiln::ir::IRModule;
+use kiln::ir::{IRModule, IrResult};
+
+/// Runs one read (and `exercise` on what it accepts), failing the case on a panic.
+fn no_panic(what: &str, read: impl FnOnce() -> IrResult<IRModule>) -> Result<(), TestCaseError> {
+    catch_unwind(AssertUnwindSafe(|| {
+        if let Ok(m) = read() {
+            exercise(&m);
+        }
+    }))
+    .map_err(|_| TestCaseError::fail(format!("the IR reader panicked on {what}")))
+}
 
 fn valid_modules() -> Vec<Value> {
     let mut out = Vec::new();
@@ -93,9 +107,42 @@ proptest! {
 
     #[test]
     fn arbitrary_strings_never_panic(s in any::<String>()) {
-        if let Ok(m) = IRModule::from_json_str(&s) {
-            exercise(&m);
+        no_panic(&s, || IRModule::from_json_str(&s))?;
+    }
+
+    #[test]
+    fn arbitrary_ir_shaped_json_values_never_panic(v in ir_json_value()) {
+        let text = v.to_string();
+        no_panic(&text, || IRModule::from_json(&v))?;
+        no_panic(&text, || IRModule::from_json_str(&text))?;
+        let module = json!({"format": "kiln-ir/1", "functions": [v]});
+        no_panic(&text, || IRModule::from_json(&module))?;
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_or_a_module_never_a_crash(depth in 1usize..600, stmt in any::<bool>()) {
+        // `depth` nested adds (or nested sequences) as a function body (the reader's limit is
+        // 128 IR nodes), read from a value (no JSON recursion limit applies) and from text
+        // (serde_json's applies). Built by moving, not with `json!` (which would recurse).
+        let obj = |kv: Vec<(&str, Value)>| {
+            Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+        };
+        let mut e = json!({"var": "n"});
+        for _ in 0..depth {
+            e = if stmt {
+                let eval = json!({"stmt": "evaluate", "value": {"const": 0, "dtype": "int32"}});
+                obj(vec![("stmt", json!("seq")), ("stmts", Value::Array(vec![eval, e]))])
+            } else {
+                let one = json!({"const": 1, "dtype": "int64"});
+                obj(vec![("op", json!("add")), ("args", Value::Array(vec![e, one]))])
+            };
         }
+        let body = if stmt { e } else { obj(vec![("stmt", json!("evaluate")), ("value", e)]) };
+        let mut m = valid_modules().swap_remove(0);
+        m["functions"][0]["body"] = body;
+        no_panic("a deeply nested module", || IRModule::from_json(&m))?;
+        let text = m.to_string();
+        no_panic("a deeply nested module (text)", || IRModule::from_json_str(&text))?;
     }
 
     #[test]
@@ -103,9 +150,7 @@ proptest! {
         let base = valid_modules()[0].to_string();
         let cut = cut.min(base.len());
         let s = format!("{}{}", &base[..cut], prefix);
-        if let Ok(m) = IRModule::from_json_str(&s) {
-            exercise(&m);
-        }
+        no_panic(&s, || IRModule::from_json_str(&s))?;
     }
 
     #[test]
@@ -152,13 +197,105 @@ proptest! {
             }
         }
         let text = v.to_string();
-        if let Ok(m) = IRModule::from_json_str(&text) {
-            exercise(&m);
-        }
-        if let Ok(m) = IRModule::from_json(&v) {
-            exercise(&m);
-        }
+        no_panic(&text, || IRModule::from_json_str(&text))?;
+        no_panic(&text, || IRModule::from_json(&v))?;
     }
+}
+
+/// Arbitrary JSON built from the format's own keys and values, so it gets past the first checks
+/// more often than random text.
+fn ir_json_value() -> impl Strategy<Value = Value> {
+    let key = prop::sample::select(vec![
+        "format",
+        "functions",
+        "name",
+        "params",
+        "kind",
+        "dtype",
+        "shape",
+        "strides",
+        "attrs",
+        "body",
+        "stmt",
+        "op",
+        "var",
+        "const",
+        "args",
+        "buffer",
+        "indices",
+        "value",
+        "min",
+        "extent",
+        "stmts",
+        "then",
+        "else",
+        "cond",
+        "global_symbol",
+        "noalias",
+        "scope",
+        "lanes",
+        "allocate",
+        "size",
+        "thread",
+        "x",
+    ]);
+    let word = prop::sample::select(vec![
+        "kiln-ir/1",
+        "buffer",
+        "scalar",
+        "float32",
+        "int64",
+        "int32",
+        "bool",
+        "float16",
+        "handle",
+        "for",
+        "store",
+        "seq",
+        "evaluate",
+        "if",
+        "let",
+        "allocate",
+        "load",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "floordiv",
+        "floormod",
+        "select",
+        "cast",
+        "call",
+        "parallel",
+        "serial",
+        "vectorized",
+        "unrolled",
+        "n",
+        "i",
+        "A",
+        "B",
+        "C",
+        "global",
+        "shared",
+        "local",
+        "",
+    ]);
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        prop_oneof![-3i64..70, any::<i64>()].prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        prop_oneof![-1e3f64..1e3, Just(f64::MAX), Just(f64::MIN_POSITIVE)].prop_map(Value::from),
+        word.prop_map(|s| Value::String(s.to_owned())),
+    ];
+    leaf.prop_recursive(6, 64, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec((key.clone(), inner), 0..6).prop_map(|kv| {
+                Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+            }),
+        ]
+    })
 }
 
 mod interp_props {

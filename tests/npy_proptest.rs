@@ -1,9 +1,42 @@
 //! The `.npy` reader never panics: arbitrary bytes and mutations of valid files give an array
-//! or an error. Half-precision arrays (float16, and bfloat16 in ml_dtypes' convention) round
-//! trip.
+//! or an error. Each call runs under `catch_unwind`, so a panic fails the case with the input
+//! instead of unwinding through proptest; headers that claim huge shapes are refused before
+//! anything is allocated. Half-precision arrays (float16, and bfloat16 in ml_dtypes'
+//! convention) round trip.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use kiln::npy::{parse_dtype, NpyArray};
 use proptest::prelude::*;
+
+/// Reads `b`, failing the case on a panic; an accepted array has exactly the data its header
+/// claims. Says whether it was accepted.
+fn read(b: &[u8]) -> Result<bool, TestCaseError> {
+    let r = catch_unwind(AssertUnwindSafe(|| NpyArray::from_bytes(b))).map_err(|_| {
+        TestCaseError::fail(format!(
+            "NpyArray::from_bytes panicked on {:?}",
+            String::from_utf8_lossy(&b[..b.len().min(200)])
+        ))
+    })?;
+    if let Ok(a) = &r {
+        prop_assert_eq!(a.data.as_slice().len(), a.numel() * a.elem_bytes());
+        prop_assert_eq!(a.numel(), a.shape.iter().product::<i64>() as usize);
+    }
+    Ok(r.is_ok())
+}
+
+/// A file with header text `h` (version 1.0, or 2.0/3.0 with a 4-byte length) and `body`.
+fn file(version: u8, h: &str, body: &[u8]) -> Vec<u8> {
+    let mut b = vec![0x93, b'N', b'U', b'M', b'P', b'Y', version, 0];
+    if version == 1 {
+        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    } else {
+        b.extend_from_slice(&(h.len() as u32).to_le_bytes());
+    }
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(body);
+    b
+}
 
 fn valid() -> Vec<u8> {
     let mut a = NpyArray::zeros(parse_dtype("float32").unwrap(), &[3, 5]).unwrap();
@@ -12,12 +45,17 @@ fn valid() -> Vec<u8> {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
     #[test]
     fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
-        let _ = NpyArray::from_bytes(&b);
-        let mut with_magic = b"\x93NUMPY\x01\x00".to_vec();
-        with_magic.extend_from_slice(&b);
-        let _ = NpyArray::from_bytes(&with_magic);
+        read(&b)?;
+        for v in [1u8, 2, 3] {
+            let mut with_magic = b"\x93NUMPY".to_vec();
+            with_magic.extend_from_slice(&[v, 0]);
+            with_magic.extend_from_slice(&b);
+            read(&with_magic)?;
+        }
     }
 
     #[test]
@@ -27,9 +65,7 @@ proptest! {
             let n = b.len();
             b[i % n] = v;
         }
-        if let Ok(a) = NpyArray::from_bytes(&b) {
-            prop_assert_eq!(a.data.as_slice().len(), a.numel() * a.elem_bytes());
-        }
+        read(&b)?;
     }
 
     #[test]
@@ -39,7 +75,69 @@ proptest! {
         b.extend_from_slice(&(h.len() as u16).to_le_bytes());
         b.extend_from_slice(h.as_bytes());
         b.extend_from_slice(&[0u8; 64]);
-        let _ = NpyArray::from_bytes(&b);
+        read(&b)?;
+    }
+
+    /// Headers whose fields are each plausible or hostile: any dtype, order, huge or negative
+    /// extents, many dimensions, a body of any length, version 1, 2 or 3.
+    #[test]
+    fn hostile_header_fields_never_panic_nor_allocate_what_the_file_lacks(
+        version in 1u8..4,
+        descr in prop_oneof![
+            prop::sample::select(vec!["<f4", "<f8", "|u1", "<i8", ">f4", "<f2", "|b1", "<c8", "O", "", "<U3"]).prop_map(str::to_owned),
+            "[<|=>]?[a-zA-Z][0-9]{0,3}",
+        ],
+        fortran in prop::sample::select(vec!["False", "True", "0", "", "Fals"]),
+        dims in proptest::collection::vec(
+            prop_oneof![
+                0i128..8,
+                prop::sample::select(vec![
+                    -1i128, 1 << 31, 1 << 32, 1 << 40, 1 << 62, i64::MAX as i128, u64::MAX as i128,
+                    i128::MAX,
+                ]),
+            ],
+            0..40,
+        ),
+        trailing_comma in any::<bool>(),
+        body_len in prop_oneof![0usize..64, Just(4096)],
+        pad in "[ \n]{0,8}",
+    ) {
+        let mut shape = dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
+        if trailing_comma || dims.len() == 1 {
+            shape.push(',');
+        }
+        let h = format!("{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': ({shape}), }}{pad}\n");
+        read(&file(version, &h, &vec![1u8; body_len]))?;
+    }
+
+    /// Header lengths that point anywhere: past the end, into the magic, zero.
+    #[test]
+    fn header_lengths_that_lie_never_panic(version in 1u8..4, len in any::<u32>(), extra in 0usize..40) {
+        let h = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n";
+        let mut b = file(version, h, &[0u8; 8]);
+        if version == 1 {
+            b[8..10].copy_from_slice(&(len as u16).to_le_bytes());
+        } else {
+            b[8..12].copy_from_slice(&len.to_le_bytes());
+        }
+        b.truncate(b.len().saturating_sub(extra));
+        read(&b)?;
+    }
+}
+
+#[test]
+fn a_header_claiming_terabytes_is_an_error_without_allocating_them() {
+    for shape in [
+        "(1099511627776,)",
+        "(1048576, 1048576)",
+        "(4611686018427387904, 4)",
+    ] {
+        let h = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}\n");
+        let e = NpyArray::from_bytes(&file(1, &h, &[0u8; 16])).unwrap_err();
+        assert!(
+            e.to_string().contains("bytes of data") || e.to_string().contains("too large"),
+            "{shape}: {e}"
+        );
     }
 }
 

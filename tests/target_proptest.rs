@@ -1,8 +1,17 @@
-//! Robustness: arbitrary strings and mutated valid targets never panic; each gives a target
-//! (which then round-trips through its export) or an error.
+//! Robustness: arbitrary strings, arbitrary JSON values and mutated valid targets never panic;
+//! each gives a target (which then round-trips through its export) or an error. Each parse runs
+//! under `catch_unwind`, so a panic fails the case with its input.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use kiln::target::Target;
 use proptest::prelude::*;
+
+/// Runs `f`, failing the case (with `input`) if it panics.
+fn no_panic<T>(input: &str, f: impl FnOnce() -> T) -> Result<T, TestCaseError> {
+    catch_unwind(AssertUnwindSafe(f))
+        .map_err(|_| TestCaseError::fail(format!("target parsing panicked on {input:?}")))
+}
 
 const SEEDS: &[&str] = &[
     r#"{"kind":"llvm","mcpu":"skylake","mattr":["+avx2","+fma"],"num-cores":4}"#,
@@ -18,9 +27,9 @@ const SEEDS: &[&str] = &[
 
 /// Parsing either fails cleanly or gives a target whose export parses back to it.
 fn check(s: &str) -> Result<(), TestCaseError> {
-    if let Ok(t) = Target::parse(s) {
-        let text = t.to_string();
-        let back = Target::parse(&text);
+    if let Ok(t) = no_panic(s, || Target::parse(s))? {
+        let text = no_panic(s, || t.to_string())?;
+        let back = no_panic(&text, || Target::parse(&text))?;
         prop_assert_eq!(back.as_ref().ok(), Some(&t), "{} -> {}", s, text);
     }
     Ok(())
@@ -72,7 +81,7 @@ fn edit() -> impl Strategy<Value = Edit> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_strings_never_panic(s in any::<String>()) {
@@ -94,9 +103,12 @@ proptest! {
 
     #[test]
     fn arbitrary_json_values_never_panic(v in json_value()) {
-        if let Ok(t) = Target::from_json(&v) {
+        let text = v.to_string();
+        if let Ok(t) = no_panic(&text, || Target::from_json(&v))? {
             prop_assert_eq!(Target::parse(&t.to_string()).ok(), Some(t));
         }
+        // The same value as text, through `Target::parse`.
+        check(&text)?;
     }
 }
 

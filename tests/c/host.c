@@ -1,6 +1,8 @@
 /* A plain C host for kiln-exported libraries: no libtvm_ffi, no kiln. It dlopens the library,
  * fills the error context slot with its own function, calls `add16` with DLTensor pointers
- * (type index 7), then makes a bad call and checks it returns non-zero with an error. */
+ * (type index 7), then makes a bad call and checks it returns non-zero with an error.
+ * Usage: host LIBRARY [FUNCTION]; FUNCTION (default `add16`) is a float32 `C = A + B` of
+ * shape [16] or [n]. `.ci/valgrind` runs it under valgrind on a `kiln build` of vadd. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,8 +25,11 @@ int main(int argc, char** argv) {
   if (!h) { printf("dlopen failed: %s\n", dlerror()); return 1; }
   void** slot = (void**)dlsym(h, "__TVMFFIErrorSetRaisedFromCStr");
   if (slot) *slot = (void*)set_raised;
-  safe_call f = (safe_call)dlsym(h, "__tvm_ffi_add16");
-  if (!f) { printf("no __tvm_ffi_add16\n"); return 1; }
+  const char* name = argc > 2 ? argv[2] : "add16";
+  char sym[256];
+  snprintf(sym, sizeof sym, "__tvm_ffi_%s", name);
+  safe_call f = (safe_call)dlsym(h, sym);
+  if (!f) { printf("no %s\n", sym); return 1; }
   float a[16], b[16], c[16];
   int64_t shape[1] = {16};
   for (int i = 0; i < 16; ++i) { a[i] = 1; b[i] = 2; c[i] = 0; }
@@ -41,5 +46,7 @@ int main(int argc, char** argv) {
   printf("ok: c[0..16] = 3\n");
   rc = f(NULL, args, 2, &ret);
   printf("bad call returned %d: %s: %s\n", rc, last_kind, last_msg);
-  return rc == -1 ? 0 : 1;
+  int ok = rc == -1;
+  dlclose(h);
+  return ok ? 0 : 1;
 }

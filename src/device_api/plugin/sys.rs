@@ -381,6 +381,90 @@ pub(crate) fn missing_entries(t: &KilnDeviceInterface) -> Vec<&'static str> {
     v
 }
 
+/// A function table that passed the loader's checks ([`check_table`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCheck {
+    /// The ABI version the table declares (major, minor).
+    pub abi: (u32, u32),
+    /// The size the table declares, in bytes.
+    pub table_size: usize,
+    /// The optional entries it leaves out.
+    pub absent_entries: Vec<&'static str>,
+}
+
+/// Why the loader refuses a function table ([`check_table`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableProblem {
+    /// Another major ABI version, or a table smaller than ABI 1.0's.
+    Version {
+        /// The ABI version the table declares (major, minor).
+        abi: (u32, u32),
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// Required entries are NULL (or an allocate entry lacks its deallocate).
+    MissingEntries(Vec<&'static str>),
+}
+
+/// The table the loader works with, from the bytes it copied out of the plugin: the first
+/// `bytes.len()` bytes (at most the size of today's table) of a zeroed [`KilnDeviceInterface`],
+/// so entries past the plugin's table are `None`.
+pub(crate) fn table_from_bytes(bytes: &[u8]) -> KilnDeviceInterface {
+    let n = bytes.len().min(size_of::<KilnDeviceInterface>());
+    let mut t = std::mem::MaybeUninit::<KilnDeviceInterface>::zeroed();
+    // SAFETY: we copy at most `size_of::<KilnDeviceInterface>()` bytes into zeroed storage of
+    // that size. Every bit pattern is a valid `KilnDeviceInterface`: integers, and optional
+    // function pointers whose only invalid value (NULL) is `None`. Nothing here calls them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), t.as_mut_ptr().cast::<u8>(), n);
+        t.assume_init()
+    }
+}
+
+/// The loader's checks of a plugin's function table, on the bytes it copied from the plugin (see
+/// [`load_plugin`](super::load_plugin)): the major ABI version, the declared size against ABI
+/// 1.0's, and the required entries. Pure: nothing in the table is called, so any bytes may be
+/// given (the fuzz tests do).
+///
+/// # Errors
+/// [`TableProblem`] saying what is wrong.
+pub fn check_table(bytes: &[u8]) -> Result<TableCheck, TableProblem> {
+    check_interface(&table_from_bytes(bytes))
+}
+
+pub(crate) fn check_interface(table: &KilnDeviceInterface) -> Result<TableCheck, TableProblem> {
+    let abi = (table.abi_major, table.abi_minor);
+    if abi.0 != KILN_PLUGIN_ABI_MAJOR {
+        return Err(TableProblem::Version {
+            abi,
+            reason: if abi.0 > KILN_PLUGIN_ABI_MAJOR {
+                "the plugin is newer than this kiln; upgrade kiln or use a plugin built for ABI 1"
+                    .to_owned()
+            } else {
+                "the plugin is older than any ABI this kiln supports; rebuild it".to_owned()
+            },
+        });
+    }
+    if table.struct_size < KILN_DEVICE_INTERFACE_SIZE_1_0 {
+        return Err(TableProblem::Version {
+            abi,
+            reason: format!(
+                "its function table is {} bytes, smaller than the {} bytes of ABI 1.0",
+                table.struct_size, KILN_DEVICE_INTERFACE_SIZE_1_0
+            ),
+        });
+    }
+    let missing = missing_entries(table);
+    if !missing.is_empty() {
+        return Err(TableProblem::MissingEntries(missing));
+    }
+    Ok(TableCheck {
+        abi,
+        table_size: table.struct_size,
+        absent_entries: absent_optional_entries(table),
+    })
+}
+
 /// What the entry symbol reported.
 #[derive(Debug, Clone)]
 pub(crate) struct EntryInfo {
@@ -593,20 +677,14 @@ impl RawPlugin {
         } else {
             // SAFETY: a non-NULL interface points to a table whose first field is its size (ABI).
             let size = unsafe { params.interface.cast::<usize>().read_unaligned() };
-            let mut t = std::mem::MaybeUninit::<KilnDeviceInterface>::zeroed();
-            let n = size.min(size_of::<KilnDeviceInterface>());
+            let mut bytes = [0u8; size_of::<KilnDeviceInterface>()];
+            let n = size.min(bytes.len());
             // SAFETY: the plugin's table is `size` bytes long (ABI); we copy at most that and at
-            // most our own size into zeroed storage. All-zero is a valid `KilnDeviceInterface`
-            // (NULL function pointers are `None`), and so is any prefix of a valid table.
-            let t = unsafe {
-                std::ptr::copy_nonoverlapping(
-                    params.interface.cast::<u8>(),
-                    t.as_mut_ptr().cast::<u8>(),
-                    n,
-                );
-                t.assume_init()
-            };
-            Some(t)
+            // most our own size.
+            unsafe {
+                std::ptr::copy_nonoverlapping(params.interface.cast::<u8>(), bytes.as_mut_ptr(), n);
+            }
+            Some(table_from_bytes(&bytes[..n]))
         };
         let last_error = |t: &Option<KilnDeviceInterface>| {
             t.as_ref()
@@ -662,39 +740,24 @@ impl RawPlugin {
                 reason: "the entry left `interface` NULL".to_owned(),
             });
         };
-        let abi = (table.abi_major, table.abi_minor);
-        if abi.0 != KILN_PLUGIN_ABI_MAJOR {
-            return Err(PluginError::Version {
-                path: p,
-                device_type,
-                plugin: abi,
-                reason: if abi.0 > KILN_PLUGIN_ABI_MAJOR {
-                    "the plugin is newer than this kiln; upgrade kiln or use a plugin built for ABI 1"
-                        .to_owned()
-                } else {
-                    "the plugin is older than any ABI this kiln supports; rebuild it".to_owned()
-                },
-            });
-        }
-        if table.struct_size < KILN_DEVICE_INTERFACE_SIZE_1_0 {
-            return Err(PluginError::Version {
-                path: p,
-                device_type,
-                plugin: abi,
-                reason: format!(
-                    "its function table is {} bytes, smaller than the {} bytes of ABI 1.0",
-                    table.struct_size, KILN_DEVICE_INTERFACE_SIZE_1_0
-                ),
-            });
-        }
-        let missing = missing_entries(&table);
-        if !missing.is_empty() {
-            return Err(PluginError::MissingEntries {
-                path: p,
-                device_type,
-                missing: missing.into_iter().map(str::to_owned).collect(),
-            });
-        }
+        let checked = match check_interface(&table) {
+            Ok(c) => c,
+            Err(TableProblem::Version { abi, reason }) => {
+                return Err(PluginError::Version {
+                    path: p,
+                    device_type,
+                    plugin: abi,
+                    reason,
+                })
+            }
+            Err(TableProblem::MissingEntries(missing)) => {
+                return Err(PluginError::MissingEntries {
+                    path: p,
+                    device_type,
+                    missing: missing.into_iter().map(str::to_owned).collect(),
+                })
+            }
+        };
         let info = EntryInfo {
             device_type,
             sub_device_type,
@@ -703,8 +766,8 @@ impl RawPlugin {
                 params.plugin_version_minor,
                 params.plugin_version_patch,
             ),
-            abi,
-            table_size: table.struct_size,
+            abi: checked.abi,
+            table_size: checked.table_size,
         };
         Ok((
             Self {
