@@ -248,7 +248,10 @@ fn the_valid_table_passes_and_an_abi_1_0_table_lacks_the_newer_entries() {
     old.truncate(KILN_DEVICE_INTERFACE_SIZE_1_0);
     old[..8].copy_from_slice(&KILN_DEVICE_INTERFACE_SIZE_1_0.to_ne_bytes());
     let t = check_table(&old).unwrap();
-    assert_eq!(t.absent_entries, ["get_attribute", "get_kernels"]);
+    assert_eq!(
+        t.absent_entries,
+        ["get_attribute", "get_kernels", "async_memory_set"]
+    );
     assert!(matches!(
         check_table(&[]),
         Err(TableProblem::Version { abi: (0, 0), .. })
