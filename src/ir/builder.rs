@@ -322,8 +322,9 @@ macro_rules! binary_intrinsics {
 }
 binary_intrinsics!(copysign => Copysign, atan2 => Atan2, hypot => Hypot);
 
-/// `cond ? t : f` evaluating only the chosen arm (TIR's `if_then_else`; compare [`select`]).
-pub fn if_then_else(cond: impl Into<Expr>, t: impl Into<Expr>, f: impl Into<Expr>) -> Expr {
+/// The expression `cond ? t : f` evaluating only the chosen arm (TIR's `if_then_else`;
+/// compare [`select`]; the statement form is [`if_then_else`]).
+pub fn if_then_else_expr(cond: impl Into<Expr>, t: impl Into<Expr>, f: impl Into<Expr>) -> Expr {
     Expr::IfThenElse {
         cond: Box::new(cond.into()),
         t: Box::new(t.into()),
