@@ -8,7 +8,9 @@ use proptest::prelude::*;
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule, Tiering};
 use kiln::ir::builder::{call, if_then_else_expr, select};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
-use kiln::ir::{BinOp, Intrinsic, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
+use kiln::ir::{
+    BinOp, Buffer, DataType, Expr, ForKind, IRModule, Intrinsic, Param, PrimFunc, Stmt, Var,
+};
 use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
 use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
 

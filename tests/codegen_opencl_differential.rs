@@ -13,7 +13,7 @@ use kiln::codegen::opencl::OpenClModule;
 use kiln::device_api::{DeviceApi, Tensor};
 use kiln::ir::builder::{barrier, call, if_then_else_expr, select, thread_for};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
-use kiln::ir::{BinOp, Intrinsic, Buffer, DataType, Expr, IRModule, Param, PrimFunc, ThreadTag};
+use kiln::ir::{BinOp, Buffer, DataType, Expr, IRModule, Intrinsic, Param, PrimFunc, ThreadTag};
 use kiln::packed_func::{AnyView, Module};
 use kiln::target::Target;
 

@@ -380,10 +380,7 @@ impl Intrinsic {
     /// Number of arguments.
     pub fn arity(self) -> usize {
         match self {
-            Intrinsic::Pow
-            | Intrinsic::Copysign
-            | Intrinsic::Atan2
-            | Intrinsic::Hypot => 2,
+            Intrinsic::Pow | Intrinsic::Copysign | Intrinsic::Atan2 | Intrinsic::Hypot => 2,
             Intrinsic::Fma => 3,
             _ => 1,
         }

@@ -1388,7 +1388,11 @@ pub fn intrinsic(op: Intrinsic, args: &[Scalar]) -> Scalar {
     }
     if op.is_integer() {
         let bits = u32::from(t.bits);
-        let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
         let x = first.as_i128() as u64 & mask;
         return match op {
             Intrinsic::BitwiseNot => Scalar::from_int(t, (!x & mask) as i128),

@@ -957,8 +957,14 @@ impl<'a> Verifier<'a> {
                         ))
                     });
                 }
-                let c_scalar = |t: DataType| t.is_bool() || t.is_int() || (t.is_float() && t.code == super::dtype::TypeCode::Float && t.bits >= 32);
-                if self.at(".dtype", |s| s.value_type(*dtype, "call_extern result")) && !c_scalar(*dtype) {
+                let c_scalar = |t: DataType| {
+                    t.is_bool()
+                        || t.is_int()
+                        || (t.is_float() && t.code == super::dtype::TypeCode::Float && t.bits >= 32)
+                };
+                if self.at(".dtype", |s| s.value_type(*dtype, "call_extern result"))
+                    && !c_scalar(*dtype)
+                {
                     self.at(".dtype", |s| {
                         s.err(format!(
                             "call_extern `{symbol}` returns {dtype}, which is not a C scalar type (bool, integers, float32, float64)"

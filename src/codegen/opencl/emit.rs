@@ -737,7 +737,9 @@ impl Kernel<'_> {
             Expr::CallExtern { symbol, .. } => {
                 return Err(unsupported(
                     self.name,
-                    format!("call_extern `{symbol}`: device kernels cannot call external functions"),
+                    format!(
+                        "call_extern `{symbol}`: device kernels cannot call external functions"
+                    ),
                 ))
             }
             Expr::Call { op, args } => {
