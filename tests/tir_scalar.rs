@@ -241,8 +241,7 @@ fn compare(
     what: &str,
     op: Intrinsic,
     t: DataType,
-    a: &[f64],
-    b: &[f64],
+    (a, b): (&[f64], &[f64]),
     got: &[f64],
     want: &[f64],
     tol: u64,
@@ -276,7 +275,7 @@ fn float_functions_compiled_by_llvm_agree_with_the_interpreter() {
             let f = cpu_func(op, t, a.len() as i64);
             let want = interpret(&f, t, &a, &b);
             let got = compiled(&f, t, &a, &b);
-            compare("LLVM", op, t, &a, &b, &got, &want, 4);
+            compare("LLVM", op, t, (&a, &b), &got, &want, 4);
         }
     }
 }
@@ -324,7 +323,7 @@ fn float_functions_in_opencl_agree_with_the_interpreter() {
                 ct.to_vec::<f64>().unwrap()
             };
             // OpenCL C's accuracy requirements go up to 16 ulp (pow-like functions).
-            compare("OpenCL", op, t, &a, &b, &got, &want, 16);
+            compare("OpenCL", op, t, (&a, &b), &got, &want, 16);
         }
     }
 }
@@ -638,8 +637,8 @@ fn opencl_refuses_call_extern() {
         &Target::parse(r#"{"kind": "opencl"}"#).unwrap(),
     )
     .err()
-    .expect("OpenCL refuses call_extern")
-    .to_string();
+    .map(|e| e.to_string())
+    .unwrap_or_default();
     assert!(err.contains("call_extern `cbrtf`"), "{err}");
 }
 
