@@ -6,9 +6,11 @@
 use proptest::prelude::*;
 
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule, Tiering};
-use kiln::ir::builder::select;
+use kiln::ir::builder::{call, if_then_else_expr, select};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
-use kiln::ir::{BinOp, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
+use kiln::ir::{
+    BinOp, Buffer, DataType, Expr, ForKind, IRModule, Intrinsic, Param, PrimFunc, Stmt, Var,
+};
 use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
 use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
 
@@ -22,6 +24,18 @@ enum E {
     Const(i64),
     Bin(BinOp, Box<E>, Box<E>),
     Sel(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
+    /// `if_then_else` (only the chosen arm evaluated).
+    Ite(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
+    /// An integer function (`bitwise_not`, `clz`, `popcount`); the operand itself on floats.
+    Un(Intrinsic, Box<E>),
+}
+
+fn int_fn() -> impl Strategy<Value = Intrinsic> {
+    prop_oneof![
+        Just(Intrinsic::BitwiseNot),
+        Just(Intrinsic::Clz),
+        Just(Intrinsic::Popcount)
+    ]
 }
 
 fn ops() -> impl Strategy<Value = BinOp> {
@@ -35,6 +49,12 @@ fn ops() -> impl Strategy<Value = BinOp> {
         Just(BinOp::FloorMod),
         Just(BinOp::Min),
         Just(BinOp::Max),
+        // Integers only: `add` on floats (see `lower`).
+        Just(BinOp::BitAnd),
+        Just(BinOp::BitOr),
+        Just(BinOp::BitXor),
+        Just(BinOp::Shl),
+        Just(BinOp::Shr),
     ]
 }
 
@@ -62,9 +82,35 @@ fn expr() -> impl Strategy<Value = E> {
                 Box::new(a),
                 Box::new(b)
             )),
-            (cmps(), inner.clone(), inner.clone(), inner.clone(), inner).prop_map(
-                |(o, a, b, t, f)| E::Sel(o, Box::new(a), Box::new(b), Box::new(t), Box::new(f))
-            ),
+            (
+                cmps(),
+                inner.clone(),
+                inner.clone(),
+                inner.clone(),
+                inner.clone()
+            )
+                .prop_map(|(o, a, b, t, f)| E::Sel(
+                    o,
+                    Box::new(a),
+                    Box::new(b),
+                    Box::new(t),
+                    Box::new(f)
+                )),
+            (
+                cmps(),
+                inner.clone(),
+                inner.clone(),
+                inner.clone(),
+                inner.clone()
+            )
+                .prop_map(|(o, a, b, t, f)| E::Ite(
+                    o,
+                    Box::new(a),
+                    Box::new(b),
+                    Box::new(t),
+                    Box::new(f)
+                )),
+            (int_fn(), inner).prop_map(|(f, a)| E::Un(f, Box::new(a))),
         ]
     })
 }
@@ -88,12 +134,26 @@ fn lower(e: &E, t: DataType, a: &Buffer, b: &Buffer, i: &Var) -> Expr {
                 }
             }
         }
-        E::Bin(op, x, y) => Expr::binary(*op, lower(x, t, a, b, i), lower(y, t, a, b, i)),
+        E::Bin(op, x, y) => {
+            let op = if op.is_bitwise() && t.is_float() {
+                BinOp::Add
+            } else {
+                *op
+            };
+            Expr::binary(op, lower(x, t, a, b, i), lower(y, t, a, b, i))
+        }
         E::Sel(op, x, y, tt, ff) => select(
             Expr::binary(*op, lower(x, t, a, b, i), lower(y, t, a, b, i)),
             lower(tt, t, a, b, i),
             lower(ff, t, a, b, i),
         ),
+        E::Ite(op, x, y, tt, ff) => if_then_else_expr(
+            Expr::binary(*op, lower(x, t, a, b, i), lower(y, t, a, b, i)),
+            lower(tt, t, a, b, i),
+            lower(ff, t, a, b, i),
+        ),
+        E::Un(f, x) if !t.is_float() => call(*f, vec![lower(x, t, a, b, i)]),
+        E::Un(_, x) => lower(x, t, a, b, i),
     }
 }
 

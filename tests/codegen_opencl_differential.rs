@@ -11,9 +11,9 @@ use proptest::prelude::*;
 
 use kiln::codegen::opencl::OpenClModule;
 use kiln::device_api::{DeviceApi, Tensor};
-use kiln::ir::builder::{barrier, select, thread_for};
+use kiln::ir::builder::{barrier, call, if_then_else_expr, select, thread_for};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
-use kiln::ir::{BinOp, Buffer, DataType, Expr, IRModule, Param, PrimFunc, ThreadTag};
+use kiln::ir::{BinOp, Buffer, DataType, Expr, IRModule, Intrinsic, Param, PrimFunc, ThreadTag};
 use kiln::packed_func::{AnyView, Module};
 use kiln::target::Target;
 
@@ -29,6 +29,18 @@ enum E {
     Const(i64),
     Bin(BinOp, Box<E>, Box<E>),
     Sel(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
+    /// `if_then_else` (only the chosen arm evaluated).
+    Ite(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
+    /// An integer function (`bitwise_not`, `clz`, `popcount`); the operand itself on floats.
+    Un(Intrinsic, Box<E>),
+}
+
+fn int_fn() -> impl Strategy<Value = Intrinsic> {
+    prop_oneof![
+        Just(Intrinsic::BitwiseNot),
+        Just(Intrinsic::Clz),
+        Just(Intrinsic::Popcount)
+    ]
 }
 
 fn expr() -> impl Strategy<Value = E> {
@@ -42,6 +54,12 @@ fn expr() -> impl Strategy<Value = E> {
         Just(BinOp::FloorMod),
         Just(BinOp::Min),
         Just(BinOp::Max),
+        // Integers only: `add` on floats (see `lower`).
+        Just(BinOp::BitAnd),
+        Just(BinOp::BitOr),
+        Just(BinOp::BitXor),
+        Just(BinOp::Shl),
+        Just(BinOp::Shr),
     ];
     let cmp = prop_oneof![
         Just(BinOp::Lt),
@@ -67,7 +85,7 @@ fn expr() -> impl Strategy<Value = E> {
                 inner.clone(),
                 inner.clone(),
                 inner.clone(),
-                inner
+                inner.clone()
             )
                 .prop_map(|(o, a, b, t, f)| E::Sel(
                     o,
@@ -76,6 +94,21 @@ fn expr() -> impl Strategy<Value = E> {
                     Box::new(t),
                     Box::new(f)
                 )),
+            (
+                cmp.clone(),
+                inner.clone(),
+                inner.clone(),
+                inner.clone(),
+                inner.clone()
+            )
+                .prop_map(|(o, a, b, t, f)| E::Ite(
+                    o,
+                    Box::new(a),
+                    Box::new(b),
+                    Box::new(t),
+                    Box::new(f)
+                )),
+            (int_fn(), inner).prop_map(|(f, a)| E::Un(f, Box::new(a))),
         ]
     })
 }
@@ -98,12 +131,26 @@ fn lower(e: &E, t: DataType, a: &Expr, b: &Expr, tid: &Expr) -> Expr {
                 }
             }
         }
-        E::Bin(op, x, y) => Expr::binary(*op, lower(x, t, a, b, tid), lower(y, t, a, b, tid)),
+        E::Bin(op, x, y) => {
+            let op = if op.is_bitwise() && t.is_float() {
+                BinOp::Add
+            } else {
+                *op
+            };
+            Expr::binary(op, lower(x, t, a, b, tid), lower(y, t, a, b, tid))
+        }
         E::Sel(op, x, y, p, q) => select(
             Expr::binary(*op, lower(x, t, a, b, tid), lower(y, t, a, b, tid)),
             lower(p, t, a, b, tid),
             lower(q, t, a, b, tid),
         ),
+        E::Ite(op, x, y, p, q) => if_then_else_expr(
+            Expr::binary(*op, lower(x, t, a, b, tid), lower(y, t, a, b, tid)),
+            lower(p, t, a, b, tid),
+            lower(q, t, a, b, tid),
+        ),
+        E::Un(f, x) if !t.is_float() => call(*f, vec![lower(x, t, a, b, tid)]),
+        E::Un(_, x) => lower(x, t, a, b, tid),
     }
 }
 

@@ -314,7 +314,9 @@ mod interp_props {
         leaf.prop_recursive(5, 40, 3, move |inner| {
             let ops: Vec<BinOp> = BinOp::ALL
                 .into_iter()
-                .filter(|o| !o.is_comparison() && !o.is_logical())
+                .filter(|o| {
+                    !o.is_comparison() && !o.is_logical() && (t.is_int() || !o.is_bitwise())
+                })
                 .collect();
             prop_oneof![
                 (0..ops.len(), inner.clone(), inner.clone())

@@ -152,6 +152,36 @@ impl Expr {
     pub fn or(self, b: impl Into<Expr>) -> Expr {
         bin(BinOp::Or, self, b.into())
     }
+
+    /// Bitwise and of integers.
+    pub fn bitwise_and(self, b: impl Into<Expr>) -> Expr {
+        bin(BinOp::BitAnd, self, b.into())
+    }
+
+    /// Bitwise or of integers.
+    pub fn bitwise_or(self, b: impl Into<Expr>) -> Expr {
+        bin(BinOp::BitOr, self, b.into())
+    }
+
+    /// Bitwise exclusive or of integers.
+    pub fn bitwise_xor(self, b: impl Into<Expr>) -> Expr {
+        bin(BinOp::BitXor, self, b.into())
+    }
+
+    /// `self << (b mod width)`.
+    pub fn shift_left(self, b: impl Into<Expr>) -> Expr {
+        bin(BinOp::Shl, self, b.into())
+    }
+
+    /// `self >> (b mod width)`: arithmetic for signed, logical for unsigned types.
+    pub fn shift_right(self, b: impl Into<Expr>) -> Expr {
+        bin(BinOp::Shr, self, b.into())
+    }
+
+    /// The bits of `self` read as `dtype` (same size).
+    pub fn reinterpret(self, dtype: DataType) -> Expr {
+        reinterpret(dtype, self)
+    }
     /// Converts to `dtype`.
     pub fn cast(self, dtype: DataType) -> Expr {
         Expr::Cast {
@@ -275,7 +305,49 @@ macro_rules! unary_intrinsics {
     )*};
 }
 unary_intrinsics!(exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, tanh => Tanh,
-    sigmoid => Sigmoid, abs => Abs, floor => Floor, ceil => Ceil, round => Round, erf => Erf);
+    sigmoid => Sigmoid, abs => Abs, floor => Floor, ceil => Ceil, round => Round, erf => Erf,
+    bitwise_not => BitwiseNot, clz => Clz, popcount => Popcount, isnan => IsNan,
+    isinf => IsInf, isfinite => IsFinite, trunc => Trunc, nearbyint => Nearbyint, sin => Sin,
+    cos => Cos, tan => Tan, asin => Asin, acos => Acos, atan => Atan, sinh => Sinh,
+    cosh => Cosh, asinh => Asinh, acosh => Acosh, atanh => Atanh, log2 => Log2,
+    log10 => Log10, log1p => Log1p, exp2 => Exp2, exp10 => Exp10, expm1 => Expm1);
+
+macro_rules! binary_intrinsics {
+    ($($f:ident => $op:ident),*) => {$(
+        #[doc = concat!("`", stringify!($f), "(x, y)`.")]
+        pub fn $f(x: impl Into<Expr>, y: impl Into<Expr>) -> Expr {
+            call(Intrinsic::$op, vec![x.into(), y.into()])
+        }
+    )*};
+}
+binary_intrinsics!(copysign => Copysign, atan2 => Atan2, hypot => Hypot);
+
+/// The expression `cond ? t : f` evaluating only the chosen arm (TIR's `if_then_else`;
+/// compare [`select`]; the statement form is [`if_then_else`]).
+pub fn if_then_else_expr(cond: impl Into<Expr>, t: impl Into<Expr>, f: impl Into<Expr>) -> Expr {
+    Expr::IfThenElse {
+        cond: Box::new(cond.into()),
+        t: Box::new(t.into()),
+        f: Box::new(f.into()),
+    }
+}
+
+/// The bits of `x` read as `dtype` (same size).
+pub fn reinterpret(dtype: DataType, x: impl Into<Expr>) -> Expr {
+    Expr::Reinterpret {
+        dtype,
+        value: Box::new(x.into()),
+    }
+}
+
+/// A call of the external C function `symbol` returning `dtype` (TIR's `call_extern`).
+pub fn call_extern(dtype: DataType, symbol: &str, args: Vec<Expr>) -> Expr {
+    Expr::CallExtern {
+        dtype,
+        symbol: symbol.into(),
+        args,
+    }
+}
 
 /// `pow(x, y)`.
 pub fn pow(x: impl Into<Expr>, y: impl Into<Expr>) -> Expr {

@@ -93,11 +93,23 @@ pub enum BinOp {
     And,
     /// Logical or of two bools (both operands are evaluated).
     Or,
+    /// Bitwise and of two integers.
+    BitAnd,
+    /// Bitwise or of two integers.
+    BitOr,
+    /// Bitwise exclusive or of two integers.
+    BitXor,
+    /// `a << (b mod width)`: the shift amount is taken modulo the bit width (its low
+    /// `log2(width)` bits, read as unsigned), so every amount is defined.
+    Shl,
+    /// `a >> (b mod width)`: arithmetic (sign-filling) for signed types, logical for unsigned;
+    /// the amount is taken modulo the bit width as for [`BinOp::Shl`].
+    Shr,
 }
 
 impl BinOp {
     /// Every operator, in declaration order.
-    pub const ALL: [BinOp; 17] = [
+    pub const ALL: [BinOp; 22] = [
         BinOp::Add,
         BinOp::Sub,
         BinOp::Mul,
@@ -115,6 +127,11 @@ impl BinOp {
         BinOp::Ge,
         BinOp::And,
         BinOp::Or,
+        BinOp::BitAnd,
+        BinOp::BitOr,
+        BinOp::BitXor,
+        BinOp::Shl,
+        BinOp::Shr,
     ];
 
     /// The JSON name (`add`, `floordiv`, `lt`, ...).
@@ -137,6 +154,11 @@ impl BinOp {
             BinOp::Ge => "ge",
             BinOp::And => "and",
             BinOp::Or => "or",
+            BinOp::BitAnd => "bitwise_and",
+            BinOp::BitOr => "bitwise_or",
+            BinOp::BitXor => "bitwise_xor",
+            BinOp::Shl => "shift_left",
+            BinOp::Shr => "shift_right",
         }
     }
 
@@ -157,10 +179,20 @@ impl BinOp {
     pub fn is_logical(self) -> bool {
         matches!(self, BinOp::And | BinOp::Or)
     }
+
+    /// The bitwise operators and shifts, which take integers only.
+    pub fn is_bitwise(self) -> bool {
+        matches!(
+            self,
+            BinOp::BitAnd | BinOp::BitOr | BinOp::BitXor | BinOp::Shl | BinOp::Shr
+        )
+    }
 }
 
 /// Math intrinsics, called with [`Expr::Call`]. All take and return floats of one type, except
-/// `abs`, which also accepts integers (wrapping: `abs(INT_MIN) == INT_MIN`).
+/// `abs`, which also accepts integers (wrapping: `abs(INT_MIN) == INT_MIN`), the integer
+/// functions ([`Intrinsic::is_integer`]) and the float predicates ([`Intrinsic::is_predicate`],
+/// `bool` result).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Intrinsic {
     /// `e^x`.
@@ -189,11 +221,67 @@ pub enum Intrinsic {
     Erf,
     /// `x * y + z` with one rounding (three arguments).
     Fma,
+    /// `~x` of an integer.
+    BitwiseNot,
+    /// Number of leading zero bits of an integer (`clz(0)` is the bit width); same type as `x`.
+    Clz,
+    /// Number of one bits of an integer; same type as `x`.
+    Popcount,
+    /// Whether a float is NaN (`bool` result).
+    IsNan,
+    /// Whether a float is +-infinity (`bool` result).
+    IsInf,
+    /// Whether a float is neither infinite nor NaN (`bool` result).
+    IsFinite,
+    /// The magnitude of `x` with the sign of `y` (two arguments).
+    Copysign,
+    /// Round toward zero.
+    Trunc,
+    /// Round to nearest, ties to even (as `round`).
+    Nearbyint,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Tangent.
+    Tan,
+    /// Arc sine.
+    Asin,
+    /// Arc cosine.
+    Acos,
+    /// Arc tangent.
+    Atan,
+    /// `atan2(y, x)` (two arguments).
+    Atan2,
+    /// Hyperbolic sine.
+    Sinh,
+    /// Hyperbolic cosine.
+    Cosh,
+    /// Inverse hyperbolic sine.
+    Asinh,
+    /// Inverse hyperbolic cosine.
+    Acosh,
+    /// Inverse hyperbolic tangent.
+    Atanh,
+    /// Base-2 logarithm.
+    Log2,
+    /// Base-10 logarithm.
+    Log10,
+    /// `log(1 + x)`.
+    Log1p,
+    /// `2^x`.
+    Exp2,
+    /// `10^x`.
+    Exp10,
+    /// `e^x - 1`.
+    Expm1,
+    /// `sqrt(x^2 + y^2)` without undue overflow (two arguments).
+    Hypot,
 }
 
 impl Intrinsic {
     /// Every intrinsic.
-    pub const ALL: [Intrinsic; 13] = [
+    pub const ALL: [Intrinsic; 41] = [
         Intrinsic::Exp,
         Intrinsic::Log,
         Intrinsic::Sqrt,
@@ -207,6 +295,34 @@ impl Intrinsic {
         Intrinsic::Round,
         Intrinsic::Erf,
         Intrinsic::Fma,
+        Intrinsic::BitwiseNot,
+        Intrinsic::Clz,
+        Intrinsic::Popcount,
+        Intrinsic::IsNan,
+        Intrinsic::IsInf,
+        Intrinsic::IsFinite,
+        Intrinsic::Copysign,
+        Intrinsic::Trunc,
+        Intrinsic::Nearbyint,
+        Intrinsic::Sin,
+        Intrinsic::Cos,
+        Intrinsic::Tan,
+        Intrinsic::Asin,
+        Intrinsic::Acos,
+        Intrinsic::Atan,
+        Intrinsic::Atan2,
+        Intrinsic::Sinh,
+        Intrinsic::Cosh,
+        Intrinsic::Asinh,
+        Intrinsic::Acosh,
+        Intrinsic::Atanh,
+        Intrinsic::Log2,
+        Intrinsic::Log10,
+        Intrinsic::Log1p,
+        Intrinsic::Exp2,
+        Intrinsic::Exp10,
+        Intrinsic::Expm1,
+        Intrinsic::Hypot,
     ];
 
     /// The JSON name (`exp`, `rsqrt`, `fma`, ...).
@@ -225,6 +341,34 @@ impl Intrinsic {
             Intrinsic::Round => "round",
             Intrinsic::Erf => "erf",
             Intrinsic::Fma => "fma",
+            Intrinsic::BitwiseNot => "bitwise_not",
+            Intrinsic::Clz => "clz",
+            Intrinsic::Popcount => "popcount",
+            Intrinsic::IsNan => "isnan",
+            Intrinsic::IsInf => "isinf",
+            Intrinsic::IsFinite => "isfinite",
+            Intrinsic::Copysign => "copysign",
+            Intrinsic::Trunc => "trunc",
+            Intrinsic::Nearbyint => "nearbyint",
+            Intrinsic::Sin => "sin",
+            Intrinsic::Cos => "cos",
+            Intrinsic::Tan => "tan",
+            Intrinsic::Asin => "asin",
+            Intrinsic::Acos => "acos",
+            Intrinsic::Atan => "atan",
+            Intrinsic::Atan2 => "atan2",
+            Intrinsic::Sinh => "sinh",
+            Intrinsic::Cosh => "cosh",
+            Intrinsic::Asinh => "asinh",
+            Intrinsic::Acosh => "acosh",
+            Intrinsic::Atanh => "atanh",
+            Intrinsic::Log2 => "log2",
+            Intrinsic::Log10 => "log10",
+            Intrinsic::Log1p => "log1p",
+            Intrinsic::Exp2 => "exp2",
+            Intrinsic::Exp10 => "exp10",
+            Intrinsic::Expm1 => "expm1",
+            Intrinsic::Hypot => "hypot",
         }
     }
 
@@ -236,10 +380,26 @@ impl Intrinsic {
     /// Number of arguments.
     pub fn arity(self) -> usize {
         match self {
-            Intrinsic::Pow => 2,
+            Intrinsic::Pow | Intrinsic::Copysign | Intrinsic::Atan2 | Intrinsic::Hypot => 2,
             Intrinsic::Fma => 3,
             _ => 1,
         }
+    }
+
+    /// `bitwise_not`, `clz`, `popcount`: integer argument, same-type result.
+    pub fn is_integer(self) -> bool {
+        matches!(
+            self,
+            Intrinsic::BitwiseNot | Intrinsic::Clz | Intrinsic::Popcount
+        )
+    }
+
+    /// `isnan`, `isinf`, `isfinite`: float argument, `bool` result.
+    pub fn is_predicate(self) -> bool {
+        matches!(
+            self,
+            Intrinsic::IsNan | Intrinsic::IsInf | Intrinsic::IsFinite
+        )
     }
 }
 
@@ -314,6 +474,32 @@ pub enum Expr {
         /// Arguments ([`Intrinsic::arity`] of them, one type).
         args: Vec<Expr>,
     },
+    /// `cond ? t : f` evaluating only the chosen arm (TIR's `if_then_else`), so an arm may
+    /// guard an access that would be out of bounds.
+    IfThenElse {
+        /// A bool.
+        cond: Box<Expr>,
+        /// Value if true (evaluated only then).
+        t: Box<Expr>,
+        /// Value if false (same type as `t`; evaluated only then).
+        f: Box<Expr>,
+    },
+    /// The bits of `value` read as `dtype`, a type of the same size (e.g. `float32` <-> `int32`).
+    Reinterpret {
+        /// Target type.
+        dtype: DataType,
+        /// The value whose bits are read.
+        value: Box<Expr>,
+    },
+    /// A call of an external C function by symbol with scalar arguments (TIR's `call_extern`).
+    CallExtern {
+        /// The declared return type.
+        dtype: DataType,
+        /// The C symbol.
+        symbol: Arc<str>,
+        /// The arguments, passed as C scalars of their types.
+        args: Vec<Expr>,
+    },
 }
 
 impl Expr {
@@ -323,7 +509,9 @@ impl Expr {
         match self {
             Expr::IntImm { dtype, .. }
             | Expr::FloatImm { dtype, .. }
-            | Expr::Cast { dtype, .. } => *dtype,
+            | Expr::Cast { dtype, .. }
+            | Expr::Reinterpret { dtype, .. }
+            | Expr::CallExtern { dtype, .. } => *dtype,
             Expr::Var(v) => v.dtype,
             Expr::Binary { op, a, .. } => {
                 if op.is_comparison() {
@@ -333,9 +521,10 @@ impl Expr {
                 }
             }
             Expr::Not(_) => DataType::bool(),
-            Expr::Select { t, .. } => t.dtype(),
+            Expr::Select { t, .. } | Expr::IfThenElse { t, .. } => t.dtype(),
             Expr::Load { buffer, .. } => buffer.dtype,
             Expr::Let { body, .. } => body.dtype(),
+            Expr::Call { op, .. } if op.is_predicate() => DataType::bool(),
             Expr::Call { args, .. } => args.first().map_or(DataType::f32(), Expr::dtype),
         }
     }

@@ -875,6 +875,20 @@ impl<'f> Interp<'f> {
                 }
                 intrinsic(*op, &vals)
             }
+            Expr::IfThenElse { cond, t, f } => {
+                // Only the chosen arm is evaluated.
+                if self.expr(cond)?.as_bool() {
+                    self.expr(t)?
+                } else {
+                    self.expr(f)?
+                }
+            }
+            Expr::Reinterpret { dtype, value } => reinterpret(*dtype, self.expr(value)?),
+            Expr::CallExtern { symbol, .. } => {
+                return Err(self.error(format!(
+                    "call_extern `{symbol}` calls external code, which the interpreter cannot run"
+                )))
+            }
         })
     }
 }
@@ -1213,6 +1227,14 @@ pub fn cast(t: DataType, v: Scalar) -> Scalar {
     }
 }
 
+/// The bits of `v` read as `t`, a type of the same size (NaN payloads may be quieted: the
+/// interpreter holds floats as `f64`).
+pub fn reinterpret(t: DataType, v: Scalar) -> Scalar {
+    let mut bytes = vec![0u8; v.dtype().bytes()];
+    write_scalar(v, &mut bytes);
+    read_scalar(t, &bytes[..t.bytes().min(bytes.len())])
+}
+
 /// Applies `op` in float arithmetic of type `t`: `f32` for types of at most 32 bits, then rounds.
 fn float_op(
     t: DataType,
@@ -1328,6 +1350,19 @@ pub fn binary(op: BinOp, x: Scalar, y: Scalar) -> Result<Scalar, String> {
         }
         BinOp::Min => a.min(b),
         BinOp::Max => a.max(b),
+        BinOp::BitAnd => a & b,
+        BinOp::BitOr => a | b,
+        BinOp::BitXor => a ^ b,
+        BinOp::Shl | BinOp::Shr => {
+            let bits = u32::from(t.bits);
+            let k = (b as u64 & u64::from(bits - 1)) as u32;
+            // `a` is the sign-extended (signed) or zero-extended (unsigned) value.
+            if op == BinOp::Shl {
+                a << k
+            } else {
+                a >> k
+            }
+        }
         _ => 0,
     };
     Ok(Scalar::from_int(t, r))
@@ -1351,6 +1386,31 @@ pub fn intrinsic(op: Intrinsic, args: &[Scalar]) -> Scalar {
     if op == Intrinsic::Abs && !t.is_float() {
         return Scalar::from_int(t, first.as_i128().abs());
     }
+    if op.is_integer() {
+        let bits = u32::from(t.bits);
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let x = first.as_i128() as u64 & mask;
+        return match op {
+            Intrinsic::BitwiseNot => Scalar::from_int(t, (!x & mask) as i128),
+            Intrinsic::Clz => Scalar::from_int(t, (x.leading_zeros() - (64 - bits)) as i128),
+            _ => Scalar::from_int(t, x.count_ones() as i128),
+        };
+    }
+    if op.is_predicate() {
+        let x = first.as_f64();
+        return Scalar::Bool(match op {
+            Intrinsic::IsNan => x.is_nan(),
+            Intrinsic::IsInf => x.is_infinite(),
+            _ => x.is_finite(),
+        });
+    }
+    if let Some(r) = extra_float(op, args) {
+        return r;
+    }
     let a = first.as_f64();
     let b = args.get(1).map_or(0.0, Scalar::as_f64);
     let c = args.get(2).map_or(0.0, Scalar::as_f64);
@@ -1372,6 +1432,7 @@ pub fn intrinsic(op: Intrinsic, args: &[Scalar]) -> Scalar {
                 Intrinsic::Round => a.round_ties_even(),
                 Intrinsic::Erf => $erf(a),
                 Intrinsic::Fma => a.mul_add(b, c),
+                _ => unreachable!("handled above"),
             }
         }};
     }
@@ -1380,6 +1441,40 @@ pub fn intrinsic(op: Intrinsic, args: &[Scalar]) -> Scalar {
     }
     let r: f32 = apply!(a as f32, b as f32, c as f32, |x: f32| erf(x as f64) as f32);
     Scalar::from_float(t, r as f64)
+}
+
+/// The float functions added with TIR's scalar language, computed in `f64` and rounded to the
+/// type (for `float32` and the 16-bit types that is within an ulp of libm's `float` result).
+fn extra_float(op: Intrinsic, args: &[Scalar]) -> Option<Scalar> {
+    let t = args[0].dtype();
+    let a = args[0].as_f64();
+    let b = args.get(1).map_or(0.0, Scalar::as_f64);
+    let r = match op {
+        Intrinsic::Copysign => a.copysign(b),
+        Intrinsic::Trunc => a.trunc(),
+        Intrinsic::Nearbyint => a.round_ties_even(),
+        Intrinsic::Sin => a.sin(),
+        Intrinsic::Cos => a.cos(),
+        Intrinsic::Tan => a.tan(),
+        Intrinsic::Asin => a.asin(),
+        Intrinsic::Acos => a.acos(),
+        Intrinsic::Atan => a.atan(),
+        Intrinsic::Atan2 => a.atan2(b),
+        Intrinsic::Sinh => a.sinh(),
+        Intrinsic::Cosh => a.cosh(),
+        Intrinsic::Asinh => a.asinh(),
+        Intrinsic::Acosh => a.acosh(),
+        Intrinsic::Atanh => a.atanh(),
+        Intrinsic::Log2 => a.log2(),
+        Intrinsic::Log10 => a.log10(),
+        Intrinsic::Log1p => a.ln_1p(),
+        Intrinsic::Exp2 => a.exp2(),
+        Intrinsic::Exp10 => 10f64.powf(a),
+        Intrinsic::Expm1 => a.exp_m1(),
+        Intrinsic::Hypot => a.hypot(b),
+        _ => return None,
+    };
+    Some(Scalar::from_float(t, r))
 }
 
 /// The error function in `f64` (absolute error below 1e-13): the Maclaurin series for

@@ -608,6 +608,35 @@ impl Reader {
                     f: Box::new(f),
                 })
             }
+            "if_then_else" => {
+                let m = self.object(v, path, &["op", "args"])?;
+                let [c, t, f] = self.args::<3>(m, op, path)?;
+                Ok(Expr::IfThenElse {
+                    cond: Box::new(c),
+                    t: Box::new(t),
+                    f: Box::new(f),
+                })
+            }
+            "reinterpret" => {
+                let m = self.object(v, path, &["op", "dtype", "args"])?;
+                let dtype = self.dtype(self.field(m, "dtype", path)?, &p("dtype"))?;
+                let [value] = self.args::<1>(m, op, path)?;
+                Ok(Expr::Reinterpret {
+                    dtype,
+                    value: Box::new(value),
+                })
+            }
+            "call_extern" => {
+                let m = self.object(v, path, &["op", "symbol", "dtype", "args"])?;
+                let symbol = self.string(self.field(m, "symbol", path)?, &p("symbol"))?;
+                let dtype = self.dtype(self.field(m, "dtype", path)?, &p("dtype"))?;
+                let args = self.exprs(self.field(m, "args", path)?, &p("args"))?;
+                Ok(Expr::CallExtern {
+                    dtype,
+                    symbol: symbol.into(),
+                    args,
+                })
+            }
             _ => {
                 let m = self.object(v, path, &["op", "args"])?;
                 if let Some(bop) = BinOp::from_name(op) {
@@ -633,7 +662,16 @@ impl Reader {
                     }
                     return Ok(Expr::Call { op: iop, args });
                 }
-                let mut names: Vec<&str> = vec!["load", "let", "cast", "not", "select"];
+                let mut names: Vec<&str> = vec![
+                    "load",
+                    "let",
+                    "cast",
+                    "not",
+                    "select",
+                    "if_then_else",
+                    "reinterpret",
+                    "call_extern",
+                ];
                 names.extend(BinOp::ALL.iter().map(|o| o.name()));
                 names.extend(Intrinsic::ALL.iter().map(|o| o.name()));
                 Err(jerr(
@@ -921,6 +959,20 @@ impl Writer {
             Expr::Call { op, args } => {
                 let args: Vec<Value> = args.iter().map(|e| self.expr(e)).collect();
                 json!({"op": op.name(), "args": args})
+            }
+            Expr::IfThenElse { cond, t, f } => {
+                json!({"op": "if_then_else", "args": [self.expr(cond), self.expr(t), self.expr(f)]})
+            }
+            Expr::Reinterpret { dtype, value } => {
+                json!({"op": "reinterpret", "dtype": dtype.to_string(), "args": [self.expr(value)]})
+            }
+            Expr::CallExtern {
+                dtype,
+                symbol,
+                args,
+            } => {
+                let args: Vec<Value> = args.iter().map(|e| self.expr(e)).collect();
+                json!({"op": "call_extern", "symbol": &**symbol, "dtype": dtype.to_string(), "args": args})
             }
         }
     }

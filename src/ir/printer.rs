@@ -231,16 +231,47 @@ impl<'a> Printer<'a> {
                 self.out.write_str(")")
             }
             Expr::Call { op, args } => {
-                write!(self.out, "{}(", op.name())?;
-                for (i, a) in args.iter().enumerate() {
-                    if i > 0 {
-                        self.out.write_str(", ")?;
-                    }
+                write!(self.out, "{}", op.name())?;
+                self.call_args(args)
+            }
+            Expr::IfThenElse { cond, t, f } => {
+                self.out.write_str("if_then_else(")?;
+                self.expr(cond)?;
+                self.out.write_str(", ")?;
+                self.expr(t)?;
+                self.out.write_str(", ")?;
+                self.expr(f)?;
+                self.out.write_str(")")
+            }
+            Expr::Reinterpret { dtype, value } => {
+                write!(self.out, "reinterpret<{dtype}>(")?;
+                self.expr(value)?;
+                self.out.write_str(")")
+            }
+            Expr::CallExtern {
+                dtype,
+                symbol,
+                args,
+            } => {
+                write!(self.out, "call_extern<{dtype}>(\"{symbol}\"")?;
+                for a in args {
+                    self.out.write_str(", ")?;
                     self.expr(a)?;
                 }
                 self.out.write_str(")")
             }
         }
+    }
+
+    fn call_args(&mut self, args: &[Expr]) -> fmt::Result {
+        self.out.write_str("(")?;
+        for (i, a) in args.iter().enumerate() {
+            if i > 0 {
+                self.out.write_str(", ")?;
+            }
+            self.expr(a)?;
+        }
+        self.out.write_str(")")
     }
 
     fn operand(&mut self, e: &Expr, parens: bool) -> fmt::Result {

@@ -800,6 +800,13 @@ impl<'a> Verifier<'a> {
                     if !ta.is_bool() {
                         self.err(format!("`{}` needs bool operands, found {ta}", op.name()));
                     }
+                } else if op.is_bitwise() {
+                    if !ta.is_int() {
+                        self.err(format!(
+                            "`{}` needs integer operands, found {ta}",
+                            op.name()
+                        ));
+                    }
                 } else if matches!(op, BinOp::Eq | BinOp::Ne) {
                     if !ta.is_numeric() && !ta.is_bool() {
                         self.err(format!(
@@ -888,6 +895,10 @@ impl<'a> Verifier<'a> {
                         op.name(),
                         list.join(", ")
                     ));
+                } else if op.is_integer() {
+                    if !t.is_int() {
+                        self.err(format!("`{}` needs an integer, found {t}", op.name()));
+                    }
                 } else if !(t.is_float() || (*op == Intrinsic::Abs && t.is_int())) {
                     let want = if *op == Intrinsic::Abs {
                         "a number"
@@ -896,7 +907,81 @@ impl<'a> Verifier<'a> {
                     };
                     self.err(format!("`{}` needs {want}, found {t}", op.name()));
                 }
-                t
+                if op.is_predicate() {
+                    DataType::bool()
+                } else {
+                    t
+                }
+            }
+            Expr::IfThenElse { cond, t, f } => {
+                let tc = self.at(".args[0]", |s| s.expr(cond));
+                let tt = self.at(".args[1]", |s| s.expr(t));
+                let tf = self.at(".args[2]", |s| s.expr(f));
+                if !tc.is_bool() {
+                    self.at(".args[0]", |s| {
+                        s.err(format!("if_then_else condition must be bool, found {tc}"))
+                    });
+                }
+                if tt != tf {
+                    self.err(format!(
+                        "if_then_else arms have different types: {tt} and {tf}"
+                    ));
+                }
+                tt
+            }
+            Expr::Reinterpret { dtype, value } => {
+                let t = self.at(".args[0]", |s| s.expr(value));
+                if self.value_type(*dtype, "reinterpret target") {
+                    if t.is_bool() || dtype.is_bool() {
+                        self.err(format!(
+                            "reinterpret needs numeric types, found {t} to {dtype}"
+                        ));
+                    } else if t.bits != dtype.bits {
+                        self.err(format!(
+                            "reinterpret needs types of one size, found {t} ({} bits) to {dtype} ({} bits)",
+                            t.bits, dtype.bits
+                        ));
+                    }
+                }
+                *dtype
+            }
+            Expr::CallExtern {
+                dtype,
+                symbol,
+                args,
+            } => {
+                if !is_c_identifier(symbol) {
+                    self.at(".symbol", |s| {
+                        s.err(format!(
+                            "call_extern symbol `{symbol}` is not a C identifier ([A-Za-z_][A-Za-z0-9_]*)"
+                        ))
+                    });
+                }
+                let c_scalar = |t: DataType| {
+                    t.is_bool()
+                        || t.is_int()
+                        || (t.is_float() && t.code == super::dtype::TypeCode::Float && t.bits >= 32)
+                };
+                if self.at(".dtype", |s| s.value_type(*dtype, "call_extern result"))
+                    && !c_scalar(*dtype)
+                {
+                    self.at(".dtype", |s| {
+                        s.err(format!(
+                            "call_extern `{symbol}` returns {dtype}, which is not a C scalar type (bool, integers, float32, float64)"
+                        ))
+                    });
+                }
+                for (i, a) in args.iter().enumerate() {
+                    self.at(&format!(".args[{i}]"), |s| {
+                        let t = s.expr(a);
+                        if !t.is_handle() && !c_scalar(t) {
+                            s.err(format!(
+                                "call_extern `{symbol}` argument has type {t}, which is not a C scalar type (bool, integers, float32, float64)"
+                            ));
+                        }
+                    });
+                }
+                *dtype
             }
         }
     }

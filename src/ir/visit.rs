@@ -134,8 +134,10 @@ impl Collector {
                 self.expr(a);
                 self.expr(b);
             }
-            Expr::Not(a) | Expr::Cast { value: a, .. } => self.expr(a),
-            Expr::Select { cond, t, f } => {
+            Expr::Not(a) | Expr::Cast { value: a, .. } | Expr::Reinterpret { value: a, .. } => {
+                self.expr(a)
+            }
+            Expr::Select { cond, t, f } | Expr::IfThenElse { cond, t, f } => {
                 self.expr(cond);
                 self.expr(t);
                 self.expr(f);
@@ -149,7 +151,9 @@ impl Collector {
                 self.bound.insert(var.id);
                 self.expr(body);
             }
-            Expr::Call { args, .. } => args.iter().for_each(|a| self.expr(a)),
+            Expr::Call { args, .. } | Expr::CallExtern { args, .. } => {
+                args.iter().for_each(|a| self.expr(a))
+            }
         }
     }
 }

@@ -53,6 +53,24 @@ pub(crate) fn rw_expr(r: &mut dyn Rewriter, e: &Expr) -> Expr {
             op: *op,
             args: args.iter().map(|a| rw_expr(r, a)).collect(),
         },
+        Expr::IfThenElse { cond, t, f } => Expr::IfThenElse {
+            cond: b(r, cond),
+            t: b(r, t),
+            f: b(r, f),
+        },
+        Expr::Reinterpret { dtype, value } => Expr::Reinterpret {
+            dtype: *dtype,
+            value: b(r, value),
+        },
+        Expr::CallExtern {
+            dtype,
+            symbol,
+            args,
+        } => Expr::CallExtern {
+            dtype: *dtype,
+            symbol: symbol.clone(),
+            args: args.iter().map(|a| rw_expr(r, a)).collect(),
+        },
     };
     r.post_expr(e)
 }

@@ -454,6 +454,88 @@ impl<'m> Emitter<'m> {
                 let vals = args.iter().map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
                 self.intrinsic(*op, t, &vals)?
             }
+            Expr::IfThenElse { cond, t, f } => {
+                // Branches and a phi: only the chosen arm runs (it may guard a load).
+                let c = self.expr(cond)?;
+                let th = self.new_label("ite_then");
+                let el = self.new_label("ite_else");
+                let end = self.new_label("ite_end");
+                self.line(format!("br i1 {}, label %{th}, label %{el}", c.v));
+                self.start_block(&th);
+                let x = self.expr(t)?;
+                let xb = self.cur_block.clone();
+                self.line(format!("br label %{end}"));
+                self.start_block(&el);
+                let y = self.expr(f)?;
+                let yb = self.cur_block.clone();
+                self.line(format!("br label %{end}"));
+                self.start_block(&end);
+                let ty = x.ty.clone();
+                self.assign(
+                    &ty,
+                    format!("phi {ty} [ {}, %{xb} ], [ {}, %{yb} ]", x.v, y.v),
+                )
+            }
+            Expr::Reinterpret { dtype, value } => {
+                let from = value.dtype();
+                let x = self.expr(value)?;
+                let m = self.reg_to_mem(from, x);
+                let (fmt_, tmt) = (mem_ty(from), mem_ty(*dtype));
+                let b = if fmt_ == tmt {
+                    Val::new(tmt, m.v)
+                } else {
+                    self.assign(&tmt, format!("bitcast {} to {tmt}", m.typed()))
+                };
+                self.mem_to_reg(*dtype, b)
+            }
+            Expr::CallExtern {
+                dtype,
+                symbol,
+                args,
+            } => {
+                let vals = args.iter().map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
+                let c_ty = |t: DataType| -> R<String> {
+                    let ext = match t.code {
+                        TypeCode::Bool => "zeroext ",
+                        TypeCode::Int if t.bits < 32 => "signext ",
+                        TypeCode::UInt if t.bits < 32 => "zeroext ",
+                        TypeCode::Float if t.bits >= 32 => "",
+                        TypeCode::Int | TypeCode::UInt => "",
+                        _ => {
+                            return Err(unsupported(format!(
+                                "call_extern `{symbol}`: {t} is not a C scalar type"
+                            )))
+                        }
+                    };
+                    Ok(format!("{ext}{}", reg_ty(t)))
+                };
+                let rt = reg_ty(*dtype);
+                let ret = c_ty(*dtype)?;
+                let mut params = Vec::new();
+                let mut call_args = Vec::new();
+                for (a, v) in args.iter().zip(&vals) {
+                    let pt = c_ty(a.dtype())?;
+                    call_args.push(format!("{pt} {}", v.v));
+                    params.push(pt);
+                }
+                let decl = format!("declare {ret} @{symbol}({})", params.join(", "));
+                let prefix = format!(" @{symbol}(");
+                if let Some(other) = self
+                    .m
+                    .declares
+                    .iter()
+                    .find(|d| d.contains(&prefix) && **d != decl)
+                {
+                    return Err(unsupported(format!(
+                        "call_extern `{symbol}` is declared twice with different signatures: `{other}` and `{decl}`"
+                    )));
+                }
+                self.m.declares.insert(decl);
+                self.assign(
+                    &rt,
+                    format!("call {ret} @{symbol}({})", call_args.join(", ")),
+                )
+            }
         })
     }
 
@@ -702,6 +784,19 @@ impl<'m> Emitter<'m> {
             BinOp::Div | BinOp::Mod | BinOp::FloorDiv | BinOp::FloorMod => {
                 self.int_div(op, t, x, y, bexpr)?
             }
+            BinOp::BitAnd => self.assign(&ty, format!("and {}, {}", x.typed(), y.v)),
+            BinOp::BitOr => self.assign(&ty, format!("or {}, {}", x.typed(), y.v)),
+            BinOp::BitXor => self.assign(&ty, format!("xor {}, {}", x.typed(), y.v)),
+            BinOp::Shl | BinOp::Shr => {
+                // The amount is taken modulo the width: never poison.
+                let k = self.assign(&ty, format!("and {}, {}", y.typed(), t.bits - 1));
+                let o = match (op, s) {
+                    (BinOp::Shl, _) => "shl",
+                    (_, true) => "ashr",
+                    _ => "lshr",
+                };
+                self.assign(&ty, format!("{o} {}, {}", x.typed(), k.v))
+            }
             _ => unreachable!("logic ops on integers are rejected by the verifier"),
         })
     }
@@ -854,24 +949,31 @@ impl<'m> Emitter<'m> {
     }
 
     /// Calls a libm function in float or double (half goes through float).
-    fn call_libm(&mut self, name: &str, ty: &str, x: Val) -> Val {
-        let (cty, xx) = if ty == "half" {
-            (
-                String::from("float"),
-                self.assign("float", format!("fpext half {} to float", x.v)),
-            )
-        } else {
-            (ty.to_owned(), x)
-        };
+    fn call_libm(&mut self, name: &str, ty: &str, args: &[Val]) -> Val {
+        let cty = if ty == "half" { "float" } else { ty }.to_owned();
+        let mut xs = Vec::new();
+        for x in args {
+            xs.push(if ty == "half" {
+                self.assign("float", format!("fpext half {} to float", x.v))
+            } else {
+                x.clone()
+            });
+        }
         let fname = if cty == "float" {
             format!("{name}f")
         } else {
             name.to_owned()
         };
+        let params = vec![cty.as_str(); xs.len()].join(", ");
         self.m
             .declares
-            .insert(format!("declare {cty} @{fname}({cty})"));
-        let r = self.assign(&cty, format!("call {cty} @{fname}({cty} {})", xx.v));
+            .insert(format!("declare {cty} @{fname}({params})"));
+        let a = xs
+            .iter()
+            .map(|x| format!("{cty} {}", x.v))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let r = self.assign(&cty, format!("call {cty} @{fname}({a})"));
         if ty == "half" {
             self.assign("half", format!("fptrunc float {} to half", r.v))
         } else {
@@ -902,7 +1004,44 @@ impl<'m> Emitter<'m> {
                     format!("select i1 {}, {}, {}", lt.v, neg.typed(), a[0].typed()),
                 ));
             }
+            if op.is_integer() && t.is_int() {
+                let x = a[0].typed();
+                return Ok(match op {
+                    Intrinsic::BitwiseNot => self.assign(&ty, format!("xor {x}, -1")),
+                    Intrinsic::Clz => {
+                        self.m
+                            .declares
+                            .insert(format!("declare {ty} @llvm.ctlz.{ty}({ty}, i1)"));
+                        self.assign(&ty, format!("call {ty} @llvm.ctlz.{ty}({x}, i1 false)"))
+                    }
+                    _ => {
+                        self.m
+                            .declares
+                            .insert(format!("declare {ty} @llvm.ctpop.{ty}({ty})"));
+                        self.assign(&ty, format!("call {ty} @llvm.ctpop.{ty}({x})"))
+                    }
+                });
+            }
             return Err(unsupported(format!("intrinsic `{}` on {t}", op.name())));
+        }
+        if op.is_predicate() {
+            let x = a[0].clone();
+            if op == Intrinsic::IsNan {
+                return Ok(self.assign("i1", format!("fcmp uno {}, {}", x.typed(), x.v)));
+            }
+            let rt = match ty.as_str() {
+                "half" => DataType::f16(),
+                "float" => DataType::f32(),
+                _ => DataType::f64(),
+            };
+            let inf = float_const(rt, f64::INFINITY);
+            let sfx = Self::intr_suffix(&ty);
+            self.m
+                .declares
+                .insert(format!("declare {ty} @llvm.fabs.{sfx}({ty})"));
+            let ab = self.assign(&ty, format!("call {ty} @llvm.fabs.{sfx}({})", x.typed()));
+            let p = if op == Intrinsic::IsInf { "oeq" } else { "one" };
+            return Ok(self.assign("i1", format!("fcmp {p} {}, {inf}", ab.typed())));
         }
         let fm = self.fm();
         let one = float_const(
@@ -927,8 +1066,8 @@ impl<'m> Emitter<'m> {
                 let s = self.call_intr("sqrt", &ty, &[x]);
                 self.assign(&ty, format!("fdiv {fm}{ty} {one}, {}", s.v))
             }
-            Intrinsic::Tanh => self.call_libm("tanh", &ty, x),
-            Intrinsic::Erf => self.call_libm("erf", &ty, x),
+            Intrinsic::Tanh => self.call_libm("tanh", &ty, &[x]),
+            Intrinsic::Erf => self.call_libm("erf", &ty, &[x]),
             Intrinsic::Sigmoid => {
                 let n = self.assign(&ty, format!("fneg {fm}{}", x.typed()));
                 let e = self.call_intr("exp", &ty, &[n]);
@@ -941,6 +1080,34 @@ impl<'m> Emitter<'m> {
             Intrinsic::Ceil => self.call_intr("ceil", &ty, &[x]),
             Intrinsic::Round => self.call_intr("roundeven", &ty, &[x]),
             Intrinsic::Fma => self.call_intr("fma", &ty, a),
+            Intrinsic::Copysign => self.call_intr("copysign", &ty, a),
+            Intrinsic::Trunc => self.call_intr("trunc", &ty, &[x]),
+            Intrinsic::Nearbyint => self.call_intr("nearbyint", &ty, &[x]),
+            Intrinsic::Sin => self.call_intr("sin", &ty, &[x]),
+            Intrinsic::Cos => self.call_intr("cos", &ty, &[x]),
+            Intrinsic::Log2 => self.call_intr("log2", &ty, &[x]),
+            Intrinsic::Log10 => self.call_intr("log10", &ty, &[x]),
+            Intrinsic::Exp2 => self.call_intr("exp2", &ty, &[x]),
+            Intrinsic::Tan => self.call_libm("tan", &ty, a),
+            Intrinsic::Asin => self.call_libm("asin", &ty, a),
+            Intrinsic::Acos => self.call_libm("acos", &ty, a),
+            Intrinsic::Atan => self.call_libm("atan", &ty, a),
+            Intrinsic::Atan2 => self.call_libm("atan2", &ty, a),
+            Intrinsic::Sinh => self.call_libm("sinh", &ty, a),
+            Intrinsic::Cosh => self.call_libm("cosh", &ty, a),
+            Intrinsic::Asinh => self.call_libm("asinh", &ty, a),
+            Intrinsic::Acosh => self.call_libm("acosh", &ty, a),
+            Intrinsic::Atanh => self.call_libm("atanh", &ty, a),
+            Intrinsic::Log1p => self.call_libm("log1p", &ty, a),
+            Intrinsic::Exp10 => self.call_libm("exp10", &ty, a),
+            Intrinsic::Expm1 => self.call_libm("expm1", &ty, a),
+            Intrinsic::Hypot => self.call_libm("hypot", &ty, a),
+            Intrinsic::BitwiseNot
+            | Intrinsic::Clz
+            | Intrinsic::Popcount
+            | Intrinsic::IsNan
+            | Intrinsic::IsInf
+            | Intrinsic::IsFinite => unreachable!("handled above"),
         };
         Ok(if t.code == TypeCode::BFloat {
             self.round_bf16(r)
@@ -1548,8 +1715,10 @@ pub(crate) fn collect_vars(s: &Stmt, out: &mut BTreeSet<VarId>) {
                 expr(a, out);
                 expr(b, out);
             }
-            Expr::Not(a) | Expr::Cast { value: a, .. } => expr(a, out),
-            Expr::Select { cond, t, f } => {
+            Expr::Not(a) | Expr::Cast { value: a, .. } | Expr::Reinterpret { value: a, .. } => {
+                expr(a, out)
+            }
+            Expr::Select { cond, t, f } | Expr::IfThenElse { cond, t, f } => {
                 expr(cond, out);
                 expr(t, out);
                 expr(f, out);
@@ -1562,7 +1731,9 @@ pub(crate) fn collect_vars(s: &Stmt, out: &mut BTreeSet<VarId>) {
                 expr(value, out);
                 expr(body, out);
             }
-            Expr::Call { args, .. } => args.iter().for_each(|a| expr(a, out)),
+            Expr::Call { args, .. } | Expr::CallExtern { args, .. } => {
+                args.iter().for_each(|a| expr(a, out))
+            }
         }
     }
     match s {
@@ -1686,6 +1857,9 @@ fn vec_body_ok(s: &Stmt, id: VarId) -> bool {
             Expr::Select { cond, t, f } => loads_ok(cond) && loads_ok(t) && loads_ok(f),
             Expr::Let { value, body, .. } => loads_ok(value) && loads_ok(body),
             Expr::Call { args, .. } => args.iter().all(loads_ok),
+            // Branches and external calls stay in scalar loops.
+            Expr::IfThenElse { .. } | Expr::CallExtern { .. } => false,
+            Expr::Reinterpret { value, .. } => loads_ok(value),
             _ => true,
         }
     }

@@ -702,8 +702,48 @@ impl Kernel<'_> {
                 };
                 self.binary(op, t, x, y, b.as_int())?
             }
+            Expr::IfThenElse { cond, t, f } => {
+                let c = self.expr(cond, pre)?;
+                let (mut pa, mut pb) = (Vec::new(), Vec::new());
+                let a = self.expr(t, &mut pa)?;
+                let b = self.expr(f, &mut pb)?;
+                if pa.is_empty() && pb.is_empty() {
+                    // C's `?:` evaluates only the chosen arm.
+                    format!("({c} ? {a} : {b})")
+                } else {
+                    // An arm binds `let`s: compute it inside its own branch.
+                    let ty = self.ty(t.dtype())?;
+                    self.fresh += 1;
+                    let n = format!("ite_{}", self.fresh);
+                    let body = |pre: Vec<String>, v: String| {
+                        let mut s: String = pre.into_iter().map(|l| l + " ").collect();
+                        s.push_str(&format!("{n} = {v};"));
+                        s
+                    };
+                    pre.push(format!(
+                        "{ty} {n}; if ({c}) {{ {} }} else {{ {} }}",
+                        body(pa, a),
+                        body(pb, b)
+                    ));
+                    n
+                }
+            }
+            Expr::Reinterpret { dtype, value } => {
+                let v = self.expr(value, pre)?;
+                self.ty(value.dtype())?;
+                let to = self.ty(*dtype)?;
+                format!("as_{to}({v})")
+            }
+            Expr::CallExtern { symbol, .. } => {
+                return Err(unsupported(
+                    self.name,
+                    format!(
+                        "call_extern `{symbol}`: device kernels cannot call external functions"
+                    ),
+                ))
+            }
             Expr::Call { op, args } => {
-                let t = e.dtype();
+                let t = args.first().map_or(e.dtype(), Expr::dtype);
                 let ct = self.ty(t)?;
                 let mut xs = Vec::new();
                 for a in args {
@@ -732,6 +772,17 @@ impl Kernel<'_> {
                     Intrinsic::Round => format!("rint({})", xs[0]),
                     Intrinsic::Erf => format!("erf({})", xs[0]),
                     Intrinsic::Fma => format!("fma({}, {}, {})", xs[0], xs[1], xs[2]),
+                    Intrinsic::BitwiseNot => format!("(({ct})~{})", xs[0]),
+                    Intrinsic::Clz => format!("clz({})", xs[0]),
+                    Intrinsic::Popcount => format!("popcount({})", xs[0]),
+                    Intrinsic::IsNan => format!("(isnan({}) != 0)", xs[0]),
+                    Intrinsic::IsInf => format!("(isinf({}) != 0)", xs[0]),
+                    Intrinsic::IsFinite => format!("(isfinite({}) != 0)", xs[0]),
+                    Intrinsic::Nearbyint => format!("rint({})", xs[0]),
+                    Intrinsic::Copysign | Intrinsic::Atan2 | Intrinsic::Hypot => {
+                        format!("{}({}, {})", op.name(), xs[0], xs[1])
+                    }
+                    _ => format!("{}({})", op.name(), xs[0]),
                 }
             }
         })
@@ -814,6 +865,16 @@ impl Kernel<'_> {
             BinOp::Ge => format!("({x} >= {y})"),
             BinOp::And => format!("({x} && {y})"),
             BinOp::Or => format!("({x} || {y})"),
+            BinOp::BitAnd => format!("(({ct})({x} & {y}))"),
+            BinOp::BitOr => format!("(({ct})({x} | {y}))"),
+            BinOp::BitXor => format!("(({ct})({x} ^ {y}))"),
+            // The amount is taken modulo the width (as OpenCL C does); left shifts in unsigned
+            // arithmetic (no signed overflow), right shifts arithmetic for signed types.
+            BinOp::Shl => {
+                let u = unsigned_of(ct);
+                format!("(({ct})(({u}){x} << (({u}){y} & {})))", t.bits - 1)
+            }
+            BinOp::Shr => format!("(({ct})({x} >> ({y} & {})))", t.bits - 1),
         })
     }
 }
