@@ -912,7 +912,36 @@ impl Writer {
         }
     }
 
+    // The recursion keeps a small frame (children first, then one out-of-line call that builds
+    // the node), so that the deepest module the reader accepts ([`MAX_DEPTH`]) is written on a
+    // thread's default 2 MiB stack even in a debug build; building each node's JSON inline made
+    // a frame of ~17 KiB.
     fn expr(&mut self, e: &Expr) -> Value {
+        let args: Vec<Value> = match e {
+            Expr::IntImm { .. } | Expr::FloatImm { .. } | Expr::Var(_) => return self.leaf(e),
+            Expr::Let { var, value, body } => {
+                let value = self.expr(value);
+                let mark = self.namer.mark();
+                let var = self.var_decl(var);
+                let body = self.expr(body);
+                self.namer.restore(mark);
+                return Self::let_node(var, value, body);
+            }
+            Expr::Binary { a, b, .. } => vec![self.expr(a), self.expr(b)],
+            Expr::Not(a) => vec![self.expr(a)],
+            Expr::Select { cond, t, f } | Expr::IfThenElse { cond, t, f } => {
+                vec![self.expr(cond), self.expr(t), self.expr(f)]
+            }
+            Expr::Cast { value, .. } | Expr::Reinterpret { value, .. } => vec![self.expr(value)],
+            Expr::Load { indices: v, .. }
+            | Expr::Call { args: v, .. }
+            | Expr::CallExtern { args: v, .. } => v.iter().map(|e| self.expr(e)).collect(),
+        };
+        Self::node(e, args)
+    }
+
+    #[inline(never)]
+    fn leaf(&mut self, e: &Expr) -> Value {
         match e {
             Expr::IntImm { dtype, value } => {
                 if dtype.is_bool() {
@@ -934,45 +963,38 @@ impl Writer {
                 json!({"const": c, "dtype": dtype.to_string()})
             }
             Expr::Var(v) => json!({"var": self.namer.name(v)}),
-            Expr::Binary { op, a, b } => {
-                json!({"op": op.name(), "args": [self.expr(a), self.expr(b)]})
+            _ => unreachable!("only leaves reach `leaf`"),
+        }
+    }
+
+    #[inline(never)]
+    fn let_node(var: Value, value: Value, body: Value) -> Value {
+        json!({"op": "let", "var": var, "value": value, "body": body})
+    }
+
+    /// An interior node, its operands already written (`args`).
+    #[inline(never)]
+    fn node(e: &Expr, args: Vec<Value>) -> Value {
+        match e {
+            Expr::Binary { op, .. } => json!({"op": op.name(), "args": args}),
+            Expr::Not(_) => json!({"op": "not", "args": args}),
+            Expr::Select { .. } => json!({"op": "select", "args": args}),
+            Expr::IfThenElse { .. } => json!({"op": "if_then_else", "args": args}),
+            Expr::Cast { dtype, .. } => {
+                json!({"op": "cast", "dtype": dtype.to_string(), "args": args})
             }
-            Expr::Not(a) => json!({"op": "not", "args": [self.expr(a)]}),
-            Expr::Select { cond, t, f } => {
-                json!({"op": "select", "args": [self.expr(cond), self.expr(t), self.expr(f)]})
+            Expr::Reinterpret { dtype, .. } => {
+                json!({"op": "reinterpret", "dtype": dtype.to_string(), "args": args})
             }
-            Expr::Cast { dtype, value } => {
-                json!({"op": "cast", "dtype": dtype.to_string(), "args": [self.expr(value)]})
+            Expr::Load { buffer, .. } => {
+                json!({"op": "load", "buffer": buffer.name, "indices": args})
             }
-            Expr::Load { buffer, indices } => {
-                let indices: Vec<Value> = indices.iter().map(|e| self.expr(e)).collect();
-                json!({"op": "load", "buffer": buffer.name, "indices": indices})
-            }
-            Expr::Let { var, value, body } => {
-                let value = self.expr(value);
-                let mark = self.namer.mark();
-                let var = self.var_decl(var);
-                let body = self.expr(body);
-                self.namer.restore(mark);
-                json!({"op": "let", "var": var, "value": value, "body": body})
-            }
-            Expr::Call { op, args } => {
-                let args: Vec<Value> = args.iter().map(|e| self.expr(e)).collect();
-                json!({"op": op.name(), "args": args})
-            }
-            Expr::IfThenElse { cond, t, f } => {
-                json!({"op": "if_then_else", "args": [self.expr(cond), self.expr(t), self.expr(f)]})
-            }
-            Expr::Reinterpret { dtype, value } => {
-                json!({"op": "reinterpret", "dtype": dtype.to_string(), "args": [self.expr(value)]})
-            }
-            Expr::CallExtern {
-                dtype,
-                symbol,
-                args,
-            } => {
-                let args: Vec<Value> = args.iter().map(|e| self.expr(e)).collect();
+            Expr::Call { op, .. } => json!({"op": op.name(), "args": args}),
+            Expr::CallExtern { dtype, symbol, .. } => {
                 json!({"op": "call_extern", "symbol": &**symbol, "dtype": dtype.to_string(), "args": args})
+            }
+            Expr::IntImm { .. } | Expr::FloatImm { .. } | Expr::Var(_) | Expr::Let { .. } => {
+                unreachable!("leaves and `let` are written by `expr`")
             }
         }
     }
