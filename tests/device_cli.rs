@@ -91,3 +91,19 @@ fn devices_with_an_unknown_backend_fails_and_lists_the_known_ones() {
         "{err}"
     );
 }
+
+#[test]
+fn output_to_a_closed_pipe_ends_quietly_without_a_panic() {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("devices")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the reading end before kiln writes, as `kiln devices | true` does.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}

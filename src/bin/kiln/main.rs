@@ -51,7 +51,25 @@ pub(crate) fn emit(text: &str) -> Result<(), Box<dyn std::error::Error>> {
 
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
 
+/// Output to a closed pipe (`kiln devices | head`) ends the process quietly, as for any Unix
+/// tool, instead of `println!` panicking on `EPIPE`: Rust starts programs with SIGPIPE ignored.
+#[cfg(unix)]
+fn default_sigpipe() {
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    const SIGPIPE: i32 = 13;
+    const SIG_DFL: usize = 0;
+    // SAFETY: `signal` is async-signal-safe libc; restoring the default disposition of SIGPIPE
+    // before any thread starts touches no Rust state.
+    unsafe {
+        signal(SIGPIPE, SIG_DFL);
+    }
+}
+
 fn main() {
+    #[cfg(unix)]
+    default_sigpipe();
     let cli = Cli::parse();
     let result: CmdResult = match cli.command {
         Command::Target(args) => cmd_target::run_target(&args),
