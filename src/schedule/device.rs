@@ -572,35 +572,8 @@ impl Schedule {
                 ));
             }
         }
-        let mut names = self.names();
-        rewrite::allocated(&self.func.body, &mut names);
-        let rname = {
-            let mut k = 0;
-            loop {
-                let n = if k == 0 {
-                    "red".to_owned()
-                } else {
-                    format!("red{k}")
-                };
-                if self.find_buffer(&n).is_none() && !names.contains(&n) {
-                    break n;
-                }
-                k += 1;
-            }
-        };
-        let pname = {
-            let mut k = 0;
-            loop {
-                let n = format!(
-                    "{rname}_part{}",
-                    if k == 0 { String::new() } else { k.to_string() }
-                );
-                if self.find_buffer(&n).is_none() && !names.contains(&n) {
-                    break n;
-                }
-                k += 1;
-            }
-        };
+        let rname = self.fresh_buffer("red");
+        let pname = self.fresh_buffer(&format!("{rname}_part"));
         let mut problem: Option<String> = None;
         // (X, ix) of the reduction, for folding the init.
         let mut target: Option<(Buffer, Vec<Expr>)> = None;

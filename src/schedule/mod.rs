@@ -386,6 +386,18 @@ impl Schedule {
             .expect("some suffix is free")
     }
 
+    /// A buffer name free in the function: `base`, else `base1`, `base2`, ... (not a parameter,
+    /// an allocation or a loop name).
+    fn fresh_buffer(&self, base: &str) -> String {
+        let mut names = self.names();
+        rewrite::allocated(&self.func.body, &mut names);
+        let free = |n: &String| self.find_buffer(n).is_none() && !names.contains(n);
+        std::iter::once(base.to_owned())
+            .chain((1..).map(|k| format!("{base}{k}")))
+            .find(free)
+            .expect("some suffix is free")
+    }
+
     fn edit(
         &mut self,
         name: &str,
@@ -1060,22 +1072,7 @@ impl Schedule {
             tree_names.push(self.fresh(&format!("{inner}_t{k}"), &taken));
         }
         let mut problem = false;
-        let mut names = self.names();
-        rewrite::allocated(&self.func.body, &mut names);
-        let rfname = {
-            let mut k = 0;
-            loop {
-                let n = if k == 0 {
-                    "rf".to_owned()
-                } else {
-                    format!("rf{k}")
-                };
-                if self.find_buffer(&n).is_none() && !names.contains(&n) {
-                    break n;
-                }
-                k += 1;
-            }
-        };
+        let rfname = self.fresh_buffer("rf");
         self.edit(outer, &mut |s, _| {
             let (vo, mo, eo, ko, body) = parts(s);
             let Stmt::For { var: vi, min: mi, extent: ei, kind: ki, body: ib } = body else {
