@@ -5,164 +5,30 @@
 
 use proptest::prelude::*;
 
+mod random_expr;
+use random_expr::{expr, lower, Leaves, E};
+
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule, Tiering};
-use kiln::ir::builder::{call, if_then_else_expr, select};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
-use kiln::ir::{
-    BinOp, Buffer, DataType, Expr, ForKind, IRModule, Intrinsic, Param, PrimFunc, Stmt, Var,
-};
+use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
 use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
 use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
 
 const N: i64 = 37;
-
-#[derive(Debug, Clone)]
-enum E {
-    A,
-    B,
-    I,
-    Const(i64),
-    Bin(BinOp, Box<E>, Box<E>),
-    Sel(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
-    /// `if_then_else` (only the chosen arm evaluated).
-    Ite(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
-    /// An integer function (`bitwise_not`, `clz`, `popcount`); the operand itself on floats.
-    Un(Intrinsic, Box<E>),
-}
-
-fn int_fn() -> impl Strategy<Value = Intrinsic> {
-    prop_oneof![
-        Just(Intrinsic::BitwiseNot),
-        Just(Intrinsic::Clz),
-        Just(Intrinsic::Popcount)
-    ]
-}
-
-fn ops() -> impl Strategy<Value = BinOp> {
-    prop_oneof![
-        Just(BinOp::Add),
-        Just(BinOp::Sub),
-        Just(BinOp::Mul),
-        Just(BinOp::Div),
-        Just(BinOp::Mod),
-        Just(BinOp::FloorDiv),
-        Just(BinOp::FloorMod),
-        Just(BinOp::Min),
-        Just(BinOp::Max),
-        // Integers only: `add` on floats (see `lower`).
-        Just(BinOp::BitAnd),
-        Just(BinOp::BitOr),
-        Just(BinOp::BitXor),
-        Just(BinOp::Shl),
-        Just(BinOp::Shr),
-    ]
-}
-
-fn cmps() -> impl Strategy<Value = BinOp> {
-    prop_oneof![
-        Just(BinOp::Lt),
-        Just(BinOp::Le),
-        Just(BinOp::Eq),
-        Just(BinOp::Ne),
-        Just(BinOp::Gt)
-    ]
-}
-
-fn expr() -> impl Strategy<Value = E> {
-    let leaf = prop_oneof![
-        Just(E::A),
-        Just(E::B),
-        Just(E::I),
-        (-9i64..9).prop_map(E::Const)
-    ];
-    leaf.prop_recursive(4, 24, 3, |inner| {
-        prop_oneof![
-            (ops(), inner.clone(), inner.clone()).prop_map(|(o, a, b)| E::Bin(
-                o,
-                Box::new(a),
-                Box::new(b)
-            )),
-            (
-                cmps(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone()
-            )
-                .prop_map(|(o, a, b, t, f)| E::Sel(
-                    o,
-                    Box::new(a),
-                    Box::new(b),
-                    Box::new(t),
-                    Box::new(f)
-                )),
-            (
-                cmps(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone()
-            )
-                .prop_map(|(o, a, b, t, f)| E::Ite(
-                    o,
-                    Box::new(a),
-                    Box::new(b),
-                    Box::new(t),
-                    Box::new(f)
-                )),
-            (int_fn(), inner).prop_map(|(f, a)| E::Un(f, Box::new(a))),
-        ]
-    })
-}
-
-fn lower(e: &E, t: DataType, a: &Buffer, b: &Buffer, i: &Var) -> Expr {
-    let iv = Expr::Var(i.clone());
-    match e {
-        E::A => a.load(vec![iv]),
-        E::B => b.load(vec![iv]),
-        E::I => iv.cast(t),
-        E::Const(c) => {
-            if t.is_float() {
-                Expr::FloatImm {
-                    dtype: t,
-                    value: *c as f64 * 0.75,
-                }
-            } else {
-                Expr::IntImm {
-                    dtype: t,
-                    value: *c,
-                }
-            }
-        }
-        E::Bin(op, x, y) => {
-            let op = if op.is_bitwise() && t.is_float() {
-                BinOp::Add
-            } else {
-                *op
-            };
-            Expr::binary(op, lower(x, t, a, b, i), lower(y, t, a, b, i))
-        }
-        E::Sel(op, x, y, tt, ff) => select(
-            Expr::binary(*op, lower(x, t, a, b, i), lower(y, t, a, b, i)),
-            lower(tt, t, a, b, i),
-            lower(ff, t, a, b, i),
-        ),
-        E::Ite(op, x, y, tt, ff) => if_then_else_expr(
-            Expr::binary(*op, lower(x, t, a, b, i), lower(y, t, a, b, i)),
-            lower(tt, t, a, b, i),
-            lower(ff, t, a, b, i),
-        ),
-        E::Un(f, x) if !t.is_float() => call(*f, vec![lower(x, t, a, b, i)]),
-        E::Un(_, x) => lower(x, t, a, b, i),
-    }
-}
 
 fn program(e: &E, t: DataType, kind: ForKind) -> PrimFunc {
     let a = Buffer::new("A", t, vec![Expr::from(N)]);
     let b = Buffer::new("B", t, vec![Expr::from(N)]);
     let c = Buffer::new("C", t, vec![Expr::from(N)]);
     let i = Var::new("i", DataType::i64());
-    let value = lower(e, t, &a, &b, &i);
+    let iv = Expr::Var(i.clone());
+    let leaves = Leaves {
+        a: a.load(vec![iv.clone()]),
+        b: b.load(vec![iv.clone()]),
+        index: iv,
+        float_scale: 0.75,
+    };
+    let value = lower(e, t, &leaves);
     let body = Stmt::For {
         var: i.clone(),
         min: Expr::from(0i64),

@@ -6,153 +6,22 @@
 //! Skips visibly without an OpenCL device; fails under `KILN_REQUIRE_OPENCL=1`.
 
 mod common;
+mod random_expr;
 
 use proptest::prelude::*;
+use random_expr::{expr, lower, Leaves, E};
 
 use kiln::codegen::opencl::OpenClModule;
 use kiln::device_api::{DeviceApi, Tensor};
-use kiln::ir::builder::{barrier, call, if_then_else_expr, select, thread_for};
+use kiln::ir::builder::{barrier, thread_for};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
-use kiln::ir::{BinOp, Buffer, DataType, Expr, IRModule, Intrinsic, Param, PrimFunc, ThreadTag};
+use kiln::ir::{Buffer, DataType, Expr, IRModule, Param, PrimFunc, ThreadTag};
 use kiln::packed_func::{AnyView, Module};
 use kiln::target::Target;
 
 const BLOCKS: i64 = 3;
 const THREADS: i64 = 32;
 const N: i64 = BLOCKS * THREADS;
-
-#[derive(Debug, Clone)]
-enum E {
-    A,
-    B,
-    Tid,
-    Const(i64),
-    Bin(BinOp, Box<E>, Box<E>),
-    Sel(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
-    /// `if_then_else` (only the chosen arm evaluated).
-    Ite(BinOp, Box<E>, Box<E>, Box<E>, Box<E>),
-    /// An integer function (`bitwise_not`, `clz`, `popcount`); the operand itself on floats.
-    Un(Intrinsic, Box<E>),
-}
-
-fn int_fn() -> impl Strategy<Value = Intrinsic> {
-    prop_oneof![
-        Just(Intrinsic::BitwiseNot),
-        Just(Intrinsic::Clz),
-        Just(Intrinsic::Popcount)
-    ]
-}
-
-fn expr() -> impl Strategy<Value = E> {
-    let op = prop_oneof![
-        Just(BinOp::Add),
-        Just(BinOp::Sub),
-        Just(BinOp::Mul),
-        Just(BinOp::Div),
-        Just(BinOp::Mod),
-        Just(BinOp::FloorDiv),
-        Just(BinOp::FloorMod),
-        Just(BinOp::Min),
-        Just(BinOp::Max),
-        // Integers only: `add` on floats (see `lower`).
-        Just(BinOp::BitAnd),
-        Just(BinOp::BitOr),
-        Just(BinOp::BitXor),
-        Just(BinOp::Shl),
-        Just(BinOp::Shr),
-    ];
-    let cmp = prop_oneof![
-        Just(BinOp::Lt),
-        Just(BinOp::Le),
-        Just(BinOp::Eq),
-        Just(BinOp::Ne)
-    ];
-    let leaf = prop_oneof![
-        Just(E::A),
-        Just(E::B),
-        Just(E::Tid),
-        (-9i64..9).prop_map(E::Const)
-    ];
-    leaf.prop_recursive(4, 24, 3, move |inner| {
-        prop_oneof![
-            (op.clone(), inner.clone(), inner.clone()).prop_map(|(o, a, b)| E::Bin(
-                o,
-                Box::new(a),
-                Box::new(b)
-            )),
-            (
-                cmp.clone(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone()
-            )
-                .prop_map(|(o, a, b, t, f)| E::Sel(
-                    o,
-                    Box::new(a),
-                    Box::new(b),
-                    Box::new(t),
-                    Box::new(f)
-                )),
-            (
-                cmp.clone(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone(),
-                inner.clone()
-            )
-                .prop_map(|(o, a, b, t, f)| E::Ite(
-                    o,
-                    Box::new(a),
-                    Box::new(b),
-                    Box::new(t),
-                    Box::new(f)
-                )),
-            (int_fn(), inner).prop_map(|(f, a)| E::Un(f, Box::new(a))),
-        ]
-    })
-}
-
-fn lower(e: &E, t: DataType, a: &Expr, b: &Expr, tid: &Expr) -> Expr {
-    match e {
-        E::A => a.clone(),
-        E::B => b.clone(),
-        E::Tid => tid.clone().cast(t),
-        E::Const(c) => {
-            if t.is_float() {
-                Expr::FloatImm {
-                    dtype: t,
-                    value: *c as f64,
-                }
-            } else {
-                Expr::IntImm {
-                    dtype: t,
-                    value: *c,
-                }
-            }
-        }
-        E::Bin(op, x, y) => {
-            let op = if op.is_bitwise() && t.is_float() {
-                BinOp::Add
-            } else {
-                *op
-            };
-            Expr::binary(op, lower(x, t, a, b, tid), lower(y, t, a, b, tid))
-        }
-        E::Sel(op, x, y, p, q) => select(
-            Expr::binary(*op, lower(x, t, a, b, tid), lower(y, t, a, b, tid)),
-            lower(p, t, a, b, tid),
-            lower(q, t, a, b, tid),
-        ),
-        E::Ite(op, x, y, p, q) => if_then_else_expr(
-            Expr::binary(*op, lower(x, t, a, b, tid), lower(y, t, a, b, tid)),
-            lower(p, t, a, b, tid),
-            lower(q, t, a, b, tid),
-        ),
-        E::Un(f, x) if !t.is_float() => call(*f, vec![lower(x, t, a, b, tid)]),
-        E::Un(_, x) => lower(x, t, a, b, tid),
-    }
-}
 
 /// `C[i] = e(A[i], B[i], i)`, or with `shared`: each thread stores `e` into shared memory, a
 /// barrier, then `C[i]` = the value of the next thread of the block (wrapping).
@@ -163,7 +32,13 @@ fn program(e: &E, t: DataType, shared: bool) -> PrimFunc {
     let body = thread_for("bx", Expr::from(BLOCKS), ThreadTag::Block(0), |bx| {
         let inner = thread_for("tx", Expr::from(THREADS), ThreadTag::Thread(0), |tx| {
             let i = bx.clone() * THREADS + tx.clone();
-            let v = lower(e, t, &a.load([i.clone()]), &b.load([i.clone()]), &i);
+            let leaves = Leaves {
+                a: a.load([i.clone()]),
+                b: b.load([i.clone()]),
+                index: i.clone(),
+                float_scale: 1.0,
+            };
+            let v = lower(e, t, &leaves);
             if shared {
                 let next = (tx.clone() + 1i64).floormod(THREADS);
                 kiln::ir::Stmt::seq(vec![
