@@ -63,8 +63,6 @@ pub struct KernelPlan {
     pub name: String,
     /// The function it comes from.
     pub func: String,
-    /// Its index among the function's kernels (walk order).
-    pub index_in_func: usize,
     /// The nest (a `for` of kind `thread_binding`).
     pub nest: Stmt,
     /// What it captures, in order.
@@ -143,7 +141,6 @@ fn plan_nest(f: &PrimFunc, k: usize, nest: &Stmt) -> CodegenResult<KernelPlan> {
     Ok(KernelPlan {
         name,
         func: f.name.clone(),
-        index_in_func: k,
         nest: nest.clone(),
         params,
         grid,

@@ -112,7 +112,7 @@ pub fn launch_extents(kernel: &Stmt) -> BTreeMap<ThreadTag, &Expr> {
 }
 
 /// Calls `f` on `s` and every statement inside it, in node order.
-fn visit_stmts<'a>(s: &'a Stmt, f: &mut impl FnMut(&'a Stmt)) {
+pub(crate) fn visit_stmts<'a>(s: &'a Stmt, f: &mut impl FnMut(&'a Stmt)) {
     f(s);
     match s {
         Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {

@@ -266,7 +266,11 @@ impl Kernel<'_> {
 
     fn emit(&mut self, p: &KernelPlan, noalias: bool, out: &mut String) -> R<()> {
         let mut written = std::collections::HashSet::new();
-        stored_buffers(&p.nest, &mut written);
+        crate::ir::device::visit_stmts(&p.nest, &mut |s| {
+            if let Stmt::Store { buffer, .. } = s {
+                written.insert(buffer.data.id);
+            }
+        });
         let mut params = Vec::new();
         let mut unpack = Vec::new();
         for kp in &p.params {
@@ -876,29 +880,5 @@ impl Kernel<'_> {
             }
             BinOp::Shr => format!("(({ct})({x} >> ({y} & {})))", t.bits - 1),
         })
-    }
-}
-
-/// The buffers `s` stores to.
-fn stored_buffers(s: &Stmt, out: &mut std::collections::HashSet<VarId>) {
-    match s {
-        Stmt::Store { buffer, .. } => {
-            out.insert(buffer.data.id);
-        }
-        Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {
-            stored_buffers(body, out)
-        }
-        Stmt::IfThenElse {
-            then_case,
-            else_case,
-            ..
-        } => {
-            stored_buffers(then_case, out);
-            if let Some(e) = else_case {
-                stored_buffers(e, out);
-            }
-        }
-        Stmt::Seq(v) => v.iter().for_each(|s| stored_buffers(s, out)),
-        Stmt::Evaluate(_) | Stmt::Assert { .. } | Stmt::Return(_) | Stmt::Barrier => {}
     }
 }
