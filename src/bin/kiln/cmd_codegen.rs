@@ -279,14 +279,10 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
             f.call(&views)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        times.sort_by(f64::total_cmp);
+        let (median, min, max) = spread(&mut times);
         println!(
-            "{}: {} runs, median {:.4} ms, min {:.4} ms, max {:.4} ms",
-            a.function,
-            a.repeat,
-            times[times.len() / 2],
-            times[0],
-            times[times.len() - 1]
+            "{}: {} runs, median {median:.4} ms, min {min:.4} ms, max {max:.4} ms",
+            a.function, a.repeat
         );
     }
     drop(views);
@@ -294,6 +290,12 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
         println!("result: {:?}", result.value());
     }
     finish(a, &args, interp_inputs, pf)
+}
+
+/// `(median, min, max)` of non-empty timings (sorted in place).
+fn spread(times: &mut [f64]) -> (f64, f64, f64) {
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[0], times[times.len() - 1])
 }
 
 /// Runs `f` on `opencl:0`: tensors copied in, one call (and `--repeat` more, timed with device
@@ -358,12 +360,8 @@ fn run_on_device(
         }
         api.destroy_event(dev, start)?;
         api.destroy_event(dev, end)?;
-        for v in [&mut device_ms, &mut wall_ms] {
-            v.sort_by(f64::total_cmp);
-        }
-        let m = |v: &[f64]| (v[v.len() / 2], v[0], v[v.len() - 1]);
-        let (dm, dmin, dmax) = m(&device_ms);
-        let (wm, wmin, wmax) = m(&wall_ms);
+        let (dm, dmin, dmax) = spread(&mut device_ms);
+        let (wm, wmin, wmax) = spread(&mut wall_ms);
         println!(
             "{}: {} runs on {dev}, device time median {dm:.4} ms, min {dmin:.4} ms, max {dmax:.4} ms; call to completion median {wm:.4} ms [{wmin:.4}, {wmax:.4}]",
             a.function, a.repeat
