@@ -693,3 +693,110 @@ fn kiln_run_runs_on_the_device_and_checks_against_the_interpreter() {
         String::from_utf8_lossy(&st.stderr)
     );
 }
+
+/// `min`/`max` on the device follow the IR's rules bit for bit: NaN propagates, `min(-0, +0)
+/// = -0`, `max(-0, +0) = +0`, infinities order as numbers; in float32 and float64.
+#[test]
+fn min_and_max_on_the_device_propagate_nan_and_order_signed_zeros() {
+    let Some((api, dev)) = common::opencl_device("min_and_max_on_the_device") else {
+        return;
+    };
+    let specials = [
+        0.0,
+        -0.0,
+        1.5,
+        -2.25,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        1e-40,
+    ];
+    let (a, b): (Vec<f64>, Vec<f64>) = specials
+        .iter()
+        .flat_map(|&x| specials.iter().map(move |&y| (x, y)))
+        .unzip();
+    let n = a.len();
+    // The rules, written out: NaN if either is NaN; between equal operands (only +-0 differ)
+    // the negative one for min and the positive one for max; else the smaller / larger.
+    let want = |x: f64, y: f64, is_min: bool| -> f64 {
+        if x.is_nan() || y.is_nan() {
+            f64::NAN
+        } else if x == y {
+            if (x.is_sign_negative() == is_min) {
+                x
+            } else {
+                y
+            }
+        } else if (x < y) == is_min {
+            x
+        } else {
+            y
+        }
+    };
+    for dt in [DataType::f32(), DataType::f64()] {
+        let buf = |name: &str| Buffer::new(name, dt, vec![Expr::from(n as i64)]);
+        let (x, y, lo, hi) = (buf("X"), buf("Y"), buf("LO"), buf("HI"));
+        let body = thread_for("bx", Expr::from(1i64), BX, |_| {
+            thread_for("tx", Expr::from(n as i64), TX, |t| {
+                Stmt::Seq(vec![
+                    lo.store([t.clone()], x.load([t.clone()]).min(y.load([t.clone()]))),
+                    hi.store([t.clone()], x.load([t.clone()]).max(y.load([t]))),
+                ])
+            })
+        });
+        let m = build(PrimFunc::new(
+            "minmax",
+            [x, y, lo, hi].into_iter().map(Param::Buffer).collect(),
+            body,
+        ));
+        let f = m.get_function("minmax").unwrap();
+        // The inputs as the device holds them (1e-40 is a float32 subnormal).
+        let round = |v: &[f64]| -> Vec<f64> {
+            if dt == DataType::f32() {
+                v.iter().map(|&x| f64::from(x as f32)).collect()
+            } else {
+                v.to_vec()
+            }
+        };
+        let (a, b) = (round(&a), round(&b));
+        let check = |got: Vec<f64>, is_min: bool| {
+            for i in 0..n {
+                let w = want(a[i], b[i], is_min);
+                let same = (got[i].is_nan() && w.is_nan()) || got[i].to_bits() == w.to_bits();
+                assert!(
+                    same,
+                    "{dt} {}({:?}, {:?}) = {:?} on the device, expected {w:?}",
+                    if is_min { "min" } else { "max" },
+                    a[i],
+                    b[i],
+                    got[i]
+                );
+            }
+        };
+        if dt == DataType::f32() {
+            let t = |v: &[f64]| {
+                let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+                Tensor::from_slice(&v, &[n as i64], dev).unwrap()
+            };
+            let (xt, yt, lt, ht) = (t(&a), t(&b), t(&a), t(&a));
+            call(&f, &[&xt, &yt, &lt, &ht]).unwrap();
+            api.sync_stream(dev, api.current_stream(dev)).unwrap();
+            let back = |t: &Tensor| -> Vec<f64> {
+                t.to_vec::<f32>()
+                    .unwrap()
+                    .into_iter()
+                    .map(f64::from)
+                    .collect()
+            };
+            check(back(&lt), true);
+            check(back(&ht), false);
+        } else {
+            let t = |v: &[f64]| Tensor::from_slice(v, &[n as i64], dev).unwrap();
+            let (xt, yt, lt, ht) = (t(&a), t(&b), t(&a), t(&a));
+            call(&f, &[&xt, &yt, &lt, &ht]).unwrap();
+            api.sync_stream(dev, api.current_stream(dev)).unwrap();
+            check(lt.to_vec::<f64>().unwrap(), true);
+            check(ht.to_vec::<f64>().unwrap(), false);
+        }
+    }
+}

@@ -131,12 +131,18 @@ fn helper_source(&(op, t): &Helper) -> String {
             "static inline {t} kiln_floormod_{t}({t} a, {t} b) {{ if (b == 0 || b == ({t})-1) return ({t})0; {t} r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? ({t})(({u})r + ({u})b) : r; }}\n"
         ),
         "floormod" => format!("static inline {t} kiln_floormod_{t}({t} a, {t} b) {{ return b == 0 ? ({t})0 : a % b; }}\n"),
-        "min" => format!(
-            "static inline {t} kiln_min_{t}({t} a, {t} b) {{ if (isnan(a) || isnan(b)) return a + b; if (a == b) return signbit(a) ? a : b; return a < b ? a : b; }}\n"
-        ),
-        "max" => format!(
-            "static inline {t} kiln_max_{t}({t} a, {t} b) {{ if (isnan(a) || isnan(b)) return a + b; if (a == b) return signbit(a) ? b : a; return a > b ? a : b; }}\n"
-        ),
+        // NaN-propagating, with min(-0, +0) = -0 and max(-0, +0) = +0 (the IR's semantics),
+        // written as selects only: equal operands differ at most in the sign bit, so OR / AND
+        // of their bits picks the right zero. PoCL vectorizes this across work-items; the
+        // earlier form with `if`/`isnan`/`signbit` cost softmax 1.15x (Intel Xeon,
+        // AVX-512), and `isunordered` is slower still.
+        "min" | "max" => {
+            let (cmp, bits) = if op == "min" { ('<', '|') } else { ('>', '&') };
+            let i = if t == "double" { "long" } else { "int" };
+            format!(
+                "static inline {t} kiln_{op}_{t}({t} a, {t} b) {{ {t} m = a {cmp} b ? a : b; m = a == b ? as_{t}(as_{i}(a) {bits} as_{i}(b)) : m; return (a != a || b != b) ? a + b : m; }}\n"
+            )
+        }
         _ => unreachable!("unknown helper {op}"),
     }
 }
