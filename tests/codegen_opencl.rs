@@ -722,7 +722,7 @@ fn min_and_max_on_the_device_propagate_nan_and_order_signed_zeros() {
         if x.is_nan() || y.is_nan() {
             f64::NAN
         } else if x == y {
-            if (x.is_sign_negative() == is_min) {
+            if x.is_sign_negative() == is_min {
                 x
             } else {
                 y
