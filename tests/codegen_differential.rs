@@ -1,7 +1,9 @@
 //! Differential tests: random IR programs run by the LLVM backend and by the reference
-//! interpreter must agree — bit for bit on integers, and on floats too (the generated operators
-//! are exactly rounded: + - * / min max select casts; NaNs match any NaN), and both must fail
-//! on integer division by zero.
+//! interpreter must agree — bit for bit on integers, and on floats too when multiply-add
+//! contraction is off (`CodegenOptions::host()`; the generated operators are then exactly
+//! rounded: + - * / min max select casts; NaNs match any NaN), and both must fail on integer
+//! division by zero. With contraction on (the default target, as TVM), sums of products of
+//! positive values agree within the stated bound `2 * ops * eps` relative (docs/ir.md).
 
 use proptest::prelude::*;
 
@@ -192,5 +194,159 @@ proptest! {
         b in proptest::collection::vec(-20i64..20, N as usize),
     ) {
         check(&e, t, kind, &a, &b)?;
+    }
+}
+
+/// A sum-of-products expression over `A[i]`, `B[i]` and constants (all in [0.5, 2], so no
+/// cancellation: every operation's rounding error is relative to a positive result).
+#[derive(Debug, Clone)]
+enum Poly {
+    A,
+    B,
+    Const(f32),
+    Add(Box<Poly>, Box<Poly>),
+    Mul(Box<Poly>, Box<Poly>),
+}
+
+impl Poly {
+    fn ops(&self) -> u32 {
+        match self {
+            Poly::Add(x, y) | Poly::Mul(x, y) => 1 + x.ops() + y.ops(),
+            _ => 0,
+        }
+    }
+    fn lower(&self, a: &Expr, b: &Expr, t: DataType) -> Expr {
+        match self {
+            Poly::A => a.clone(),
+            Poly::B => b.clone(),
+            Poly::Const(c) => kiln::ir::builder::constant(t, f64::from(*c)),
+            Poly::Add(x, y) => x.lower(a, b, t) + y.lower(a, b, t),
+            Poly::Mul(x, y) => x.lower(a, b, t) * y.lower(a, b, t),
+        }
+    }
+}
+
+fn poly() -> impl Strategy<Value = Poly> {
+    let leaf = prop_oneof![
+        Just(Poly::A),
+        Just(Poly::B),
+        (0.5f32..2.0).prop_map(Poly::Const)
+    ];
+    leaf.prop_recursive(5, 24, 2, |inner| {
+        prop_oneof![
+            (inner.clone(), inner.clone()).prop_map(|(x, y)| Poly::Add(Box::new(x), Box::new(y))),
+            (inner.clone(), inner).prop_map(|(x, y)| Poly::Mul(Box::new(x), Box::new(y))),
+        ]
+    })
+}
+
+fn check_contracted(
+    p: &Poly,
+    t: DataType,
+    kind: ForKind,
+    a: &[f32],
+    b: &[f32],
+) -> Result<(), TestCaseError> {
+    let buf = |name: &str| Buffer::new(name, t, vec![Expr::from(N)]);
+    let (ab, bb, cb) = (buf("A"), buf("B"), buf("C"));
+    let i = Var::new("i", DataType::i64());
+    let iv = Expr::Var(i.clone());
+    let value = p.lower(&ab.load(vec![iv.clone()]), &bb.load(vec![iv.clone()]), t);
+    let f = PrimFunc::new(
+        "f",
+        vec![
+            Param::Buffer(ab),
+            Param::Buffer(bb),
+            Param::Buffer(cb.clone()),
+        ],
+        Stmt::For {
+            var: i,
+            min: Expr::from(0i64),
+            extent: Expr::from(N),
+            kind,
+            body: Box::new(cb.store(vec![iv], value)),
+        },
+    );
+    let host = |v: &[f32]| -> HostBuffer {
+        if t == DataType::f32() {
+            HostBuffer::from_slice(&[N], v)
+        } else {
+            HostBuffer::from_slice(&[N], &v.iter().map(|x| f64::from(*x)).collect::<Vec<_>>())
+        }
+    };
+    let mut iargs = vec![
+        InterpArg::Buffer(host(a)),
+        InterpArg::Buffer(host(b)),
+        InterpArg::Buffer(HostBuffer::zeros(t, &[N])),
+    ];
+    run(&f, &mut iargs).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let target = kiln::target::Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap();
+    let opts = CodegenOptions::from_target(&target).unwrap().resolved();
+    prop_assert!(opts.fast_math.contains("contract"), "{}", opts.fast_math);
+    let module = IRModule::from_functions(vec![f.clone()]);
+    let m = LlvmModule::jit_with(&module, &opts, Tiering::Off)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut bufs = vec![host(a), host(b), HostBuffer::zeros(t, &[N])];
+    let mut shape = [N];
+    let dls: Vec<DLTensor> = bufs
+        .iter_mut()
+        .map(|h| DLTensor {
+            data: h.data.as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: 1,
+            dtype: DLDataType {
+                code: DLDataTypeCode(t.code as u8),
+                bits: t.bits,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        })
+        .collect();
+    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+    m.require_function("f")
+        .unwrap()
+        .call(&views)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let InterpArg::Buffer(want) = &iargs[2] else {
+        unreachable!()
+    };
+    let eps = if t == DataType::f32() {
+        f64::from(f32::EPSILON) / 2.0
+    } else {
+        f64::EPSILON / 2.0
+    };
+    let bound = 2.0 * f64::from(p.ops().max(1)) * eps;
+    for k in 0..N as usize {
+        let (g, w) = (
+            bufs[2].get(k).unwrap().as_f64(),
+            want.get(k).unwrap().as_f64(),
+        );
+        prop_assert!(
+            (g - w).abs() <= bound * w.abs(),
+            "element {k}: compiled {g:e}, interpreted {w:e}, relative {:e} > {bound:e}\n{f}",
+            (g - w).abs() / w.abs()
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    #[test]
+    fn contracted_code_agrees_with_the_interpreter_within_the_stated_bound(
+        p in poly(),
+        f64_type in any::<bool>(),
+        kind in kinds(),
+        a in proptest::collection::vec(0.5f32..2.0, N as usize),
+        b in proptest::collection::vec(0.5f32..2.0, N as usize),
+    ) {
+        let t = if f64_type { DataType::f64() } else { DataType::f32() };
+        check_contracted(&p, t, kind, &a, &b)?;
     }
 }

@@ -310,7 +310,8 @@ unary_intrinsics!(exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, tanh => 
     isinf => IsInf, isfinite => IsFinite, trunc => Trunc, nearbyint => Nearbyint, sin => Sin,
     cos => Cos, tan => Tan, asin => Asin, acos => Acos, atan => Atan, sinh => Sinh,
     cosh => Cosh, asinh => Asinh, acosh => Acosh, atanh => Atanh, log2 => Log2,
-    log10 => Log10, log1p => Log1p, exp2 => Exp2, exp10 => Exp10, expm1 => Expm1);
+    log10 => Log10, log1p => Log1p, exp2 => Exp2, exp10 => Exp10, expm1 => Expm1,
+    fast_exp => FastExp);
 
 macro_rules! binary_intrinsics {
     ($($f:ident => $op:ident),*) => {$(

@@ -277,11 +277,16 @@ pub enum Intrinsic {
     Expm1,
     /// `sqrt(x^2 + y^2)` without undue overflow (two arguments).
     Hypot,
+    /// `e^x` by a fixed polynomial approximation, chosen by the kernel (TVM's `fast_exp`): on
+    /// float32, the input clamped to [-87, 88], a degree-6 polynomial after range reduction,
+    /// evaluated with fused multiply-adds, the same bits on every backend (within 2 ulp of
+    /// `exp` inside the range); on other float types, `exp`. See `docs/ir.md`.
+    FastExp,
 }
 
 impl Intrinsic {
     /// Every intrinsic.
-    pub const ALL: [Intrinsic; 41] = [
+    pub const ALL: [Intrinsic; 42] = [
         Intrinsic::Exp,
         Intrinsic::Log,
         Intrinsic::Sqrt,
@@ -323,6 +328,7 @@ impl Intrinsic {
         Intrinsic::Exp10,
         Intrinsic::Expm1,
         Intrinsic::Hypot,
+        Intrinsic::FastExp,
     ];
 
     /// The JSON name (`exp`, `rsqrt`, `fma`, ...).
@@ -369,6 +375,7 @@ impl Intrinsic {
             Intrinsic::Exp10 => "exp10",
             Intrinsic::Expm1 => "expm1",
             Intrinsic::Hypot => "hypot",
+            Intrinsic::FastExp => "fast_exp",
         }
     }
 

@@ -1411,6 +1411,10 @@ pub fn intrinsic(op: Intrinsic, args: &[Scalar]) -> Scalar {
     if let Some(r) = extra_float(op, args) {
         return r;
     }
+    if op == Intrinsic::FastExp && t == DataType::f32() {
+        let x = first.as_f64() as f32;
+        return Scalar::from_float(t, f64::from(crate::ir::approx::fast_exp_f32(x)));
+    }
     let a = first.as_f64();
     let b = args.get(1).map_or(0.0, Scalar::as_f64);
     let c = args.get(2).map_or(0.0, Scalar::as_f64);
@@ -1419,7 +1423,8 @@ pub fn intrinsic(op: Intrinsic, args: &[Scalar]) -> Scalar {
         ($a:expr, $b:expr, $c:expr, $erf:expr) => {{
             let (a, b, c) = ($a, $b, $c);
             match op {
-                Intrinsic::Exp => a.exp(),
+                // `fast_exp` of float32 is handled above; of other types it is `exp`.
+                Intrinsic::Exp | Intrinsic::FastExp => a.exp(),
                 Intrinsic::Log => a.ln(),
                 Intrinsic::Sqrt => a.sqrt(),
                 Intrinsic::Rsqrt => 1.0 / a.sqrt(),

@@ -39,6 +39,7 @@
 //! # Ok::<(), kiln::ir::IrError>(())
 //! ```
 
+pub mod approx;
 pub mod builder;
 pub mod device;
 pub mod dtype;

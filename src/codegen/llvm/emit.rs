@@ -1056,10 +1056,12 @@ impl<'m> Emitter<'m> {
         );
         let x = a[0].clone();
         let r = match op {
-            Intrinsic::Exp if t == DataType::f32() && self.fast_exp() => {
+            Intrinsic::Exp | Intrinsic::FastExp
+                if t == DataType::f32() && (op == Intrinsic::FastExp || self.fast_exp()) =>
+            {
                 self.fast_exp_poly("float", "float", 1, x)
             }
-            Intrinsic::Exp => self.call_intr("exp", &ty, &[x]),
+            Intrinsic::Exp | Intrinsic::FastExp => self.call_intr("exp", &ty, &[x]),
             Intrinsic::Log => self.call_intr("log", &ty, &[x]),
             Intrinsic::Sqrt => self.call_intr("sqrt", &ty, &[x]),
             Intrinsic::Rsqrt => {
@@ -1691,8 +1693,21 @@ pub(crate) fn fn_attrs(o: &EmitOptions) -> String {
     if !o.features.is_empty() {
         let _ = write!(a, " \"target-features\"=\"{}\"", o.features);
     }
-    if !o.fast_math.is_empty() {
-        a.push_str(" \"unsafe-fp-math\"=\"true\" \"no-nans-fp-math\"=\"true\" \"no-infs-fp-math\"=\"true\" \"no-signed-zeros-fp-math\"=\"true\"");
+    // The backend's function-wide assumptions, each only when its flag is on (`contract`
+    // alone, the default, changes none of them).
+    let flags: Vec<&str> = o.fast_math.split_whitespace().collect();
+    let all = flags.contains(&"fast");
+    for (flag, attr) in [
+        ("nnan", "no-nans-fp-math"),
+        ("ninf", "no-infs-fp-math"),
+        ("nsz", "no-signed-zeros-fp-math"),
+    ] {
+        if all || flags.contains(&flag) {
+            let _ = write!(a, " \"{attr}\"=\"true\"");
+        }
+    }
+    if all {
+        a.push_str(" \"unsafe-fp-math\"=\"true\"");
     }
     a
 }
@@ -2049,7 +2064,9 @@ impl Emitter<'_> {
             Expr::Call { op, args }
                 if vec_dtype_ok(t)
                     && (matches!(op, Intrinsic::Fma | Intrinsic::Sqrt | Intrinsic::Abs)
-                        || (*op == Intrinsic::Exp && t == DataType::f32() && self.fast_exp())) =>
+                        || (t == DataType::f32()
+                            && (*op == Intrinsic::FastExp
+                                || (*op == Intrinsic::Exp && self.fast_exp())))) =>
             {
                 let mut vals = Vec::new();
                 for a in args {
@@ -2060,7 +2077,9 @@ impl Emitter<'_> {
                 let vt = Self::vty(n, &sty);
                 let sfx = format!("v{n}{}", Self::intr_suffix(&sty));
                 let v = match op {
-                    Intrinsic::Exp => self.fast_exp_poly(&vt, &sty, n, vals[0].clone()),
+                    Intrinsic::Exp | Intrinsic::FastExp => {
+                        self.fast_exp_poly(&vt, &sty, n, vals[0].clone())
+                    }
                     _ => {
                         let name = match op {
                             Intrinsic::Fma => "fma",
@@ -2126,9 +2145,10 @@ impl Emitter<'_> {
         self.opts.fast_math == "fast"
     }
 
-    /// `exp(x)` in float32 (scalar `float` or vector `<n x float>` type `ty`): Cephes-style range
-    /// reduction `x = k ln2 + r`, a degree-6 polynomial for `e^r` (about 1 ulp on
-    /// [-87, 88]), and `2^k` built in the exponent bits. Inputs are clamped to [-87, 88].
+    /// `fast_exp(x)` in float32 (scalar `float` or vector `<n x float>` type `ty`): exactly the
+    /// sequence of [`crate::ir::approx::fast_exp_f32`] (clamp, Cody-Waite range reduction, a
+    /// degree-6 polynomial by fused multiply-adds, `2^k` in the exponent bits; a NaN input is
+    /// returned), so the result is the interpreter's bit for bit. Also `exp` under fast math.
     fn fast_exp_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
         let vec = n > 1;
         let c = |v: f64| -> String {
@@ -2159,31 +2179,39 @@ impl Emitter<'_> {
                 .declares
                 .insert(format!("declare {ty} @llvm.{f}.{sfx}({params})"));
         }
-        let fm = self.fm();
-        let hi = self.assign(&bty, format!("fcmp {fm}ogt {ty} {}, {}", x.v, c(88.0)));
+        use crate::ir::approx::{FAST_EXP_HI, FAST_EXP_LO, FAST_EXP_POLY, LN2_HI, LN2_LO, LOG2_E};
+        // No fast-math flags here: the sequence is the IR's definition, bit for bit.
+        let hi = self.assign(&bty, format!("fcmp ogt {ty} {}, {}", x.v, c(FAST_EXP_HI)));
         let x1 = self.assign(
             ty,
-            format!("select {bty} {}, {ty} {}, {ty} {}", hi.v, c(88.0), x.v),
+            format!(
+                "select {bty} {}, {ty} {}, {ty} {}",
+                hi.v,
+                c(FAST_EXP_HI),
+                x.v
+            ),
         );
-        let lo = self.assign(&bty, format!("fcmp {fm}olt {ty} {}, {}", x1.v, c(-87.0)));
+        let lo = self.assign(&bty, format!("fcmp olt {ty} {}, {}", x1.v, c(FAST_EXP_LO)));
         let x2 = self.assign(
             ty,
-            format!("select {bty} {}, {ty} {}, {ty} {}", lo.v, c(-87.0), x1.v),
+            format!(
+                "select {bty} {}, {ty} {}, {ty} {}",
+                lo.v,
+                c(FAST_EXP_LO),
+                x1.v
+            ),
         );
         // k = floor(x * log2(e) + 0.5)
         let fx = self.assign(
             ty,
             format!(
-                "call {fm}{ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
                 x2.v,
-                c(std::f64::consts::LOG2_E),
+                c(LOG2_E),
                 c(0.5)
             ),
         );
-        let k = self.assign(
-            ty,
-            format!("call {fm}{ty} @llvm.floor.{sfx}({ty} {})", fx.v),
-        );
+        let k = self.assign(ty, format!("call {ty} @llvm.floor.{sfx}({ty} {})", fx.v));
         let fma = |e: &mut Self, a: &str, b: &str, cc: &str| -> Val {
             e.assign(
                 ty,
@@ -2191,15 +2219,10 @@ impl Emitter<'_> {
             )
         };
         // r = x - k ln2 (ln2 in two parts)
-        let r1 = fma(self, &k.v, &c(-0.693359375), &x2.v);
-        let r = fma(self, &k.v, &c(2.12194440e-4), &r1.v);
-        let mut p = fma(self, &c(1.987_569_150_0E-4), &r.v, &c(1.398_199_950_7E-3));
-        for coef in [
-            8.333_451_907_3E-3,
-            4.166_579_589_4E-2,
-            1.666_666_545_9E-1,
-            5.000_000_120_1E-1,
-        ] {
+        let r1 = fma(self, &k.v, &c(-LN2_HI), &x2.v);
+        let r = fma(self, &k.v, &c(LN2_LO), &r1.v);
+        let mut p = fma(self, &c(FAST_EXP_POLY[0]), &r.v, &c(FAST_EXP_POLY[1]));
+        for &coef in &FAST_EXP_POLY[2..] {
             p = fma(self, &p.v, &r.v, &c(coef));
         }
         let rr = self.assign(ty, format!("fmul {ty} {}, {}", r.v, r.v));
@@ -2217,7 +2240,14 @@ impl Emitter<'_> {
         let kb = self.assign(&ity, format!("add {ity} {}, {c127}", ki.v));
         let sh = self.assign(&ity, format!("shl {ity} {}, {c23}", kb.v));
         let scale = self.assign(ty, format!("bitcast {ity} {} to {ty}", sh.v));
-        self.assign(ty, format!("fmul {ty} {}, {}", y.v, scale.v))
+        let e = self.assign(ty, format!("fmul {ty} {}, {}", y.v, scale.v));
+        // A NaN input is the result (its k, converted above, is poison, which a select of the
+        // other arm never lets through).
+        let nan = self.assign(&bty, format!("fcmp uno {ty} {}, {}", x.v, x.v));
+        self.assign(
+            ty,
+            format!("select {bty} {}, {ty} {}, {ty} {}", nan.v, x.v, e.v),
+        )
     }
 
     /// Emits a lane-wise statement for lanes `lo .. lo + n` of `var`.

@@ -90,7 +90,8 @@ impl CodegenOptions {
 
     /// The options a target asks for: `mtriple` (default: the host triple), `mcpu` (default
     /// `generic`, as TVM; `native` is the host), `mattr`, `opt-level` (default 3), the
-    /// `fast-math*` flags, and the kind's device type.
+    /// `fast-math*` flags (multiply-add contraction on unless `"fast-math-contract": false`,
+    /// as TVM), and the kind's device type.
     ///
     /// # Errors
     /// An `opt-level` outside 0..=3.
@@ -124,9 +125,18 @@ impl CodegenOptions {
         let fast_math = if t.get_bool("fast-math") == Some(true) {
             "fast".to_owned()
         } else {
+            // Multiply-add contraction is allowed unless the target says
+            // `"fast-math-contract": false`: TVM 0.27 creates its LLVM target machine with
+            // `AllowFPOpFusion = Fast`, so its code fuses `a * b + c` into an FMA without any
+            // option; kiln marks every float operation `contract`, which lets LLVM do the
+            // same (docs/ir.md, "Floating-point contraction").
+            let contract = t.get_bool("fast-math-contract") != Some(false);
             ["nnan", "ninf", "nsz", "arcp", "contract", "reassoc"]
                 .iter()
-                .filter(|f| t.get_bool(&format!("fast-math-{f}")) == Some(true))
+                .filter(|f| {
+                    t.get_bool(&format!("fast-math-{f}")) == Some(true)
+                        || (**f == "contract" && contract)
+                })
                 .copied()
                 .collect::<Vec<_>>()
                 .join(" ")

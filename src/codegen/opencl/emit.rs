@@ -143,6 +143,32 @@ fn helper_source(&(op, t): &Helper) -> String {
                 "static inline {t} kiln_{op}_{t}({t} a, {t} b) {{ {t} m = a {cmp} b ? a : b; m = a == b ? as_{t}(as_{i}(a) {bits} as_{i}(b)) : m; return (a != a || b != b) ? a + b : m; }}\n"
             )
         }
+        // `fast_exp` of float32, as `crate::ir::approx::fast_exp_f32` defines it: OpenCL's
+        // `fma` is correctly rounded and FP_CONTRACT is off, so every operation rounds as the
+        // interpreter's.
+        "fast_exp" => {
+            use crate::ir::approx::{
+                FAST_EXP_HI, FAST_EXP_LO, FAST_EXP_POLY, LN2_HI, LN2_LO, LOG2_E,
+            };
+            let f = |v: f64| format!("{:?}f", v as f32);
+            let mut p = f(FAST_EXP_POLY[0]);
+            for &c in &FAST_EXP_POLY[1..] {
+                p = format!("fma({p}, r, {})", f(c));
+            }
+            format!(
+                "static inline float kiln_fast_exp_float(float x) {{ if (x != x) return x; \
+                 float c = x > {hi} ? {hi} : x; c = c < {lo} ? {lo} : c; \
+                 float k = floor(fma(c, {l2e}, 0.5f)); \
+                 float r = fma(k, {mln2hi}, c); r = fma(k, {ln2lo}, r); \
+                 float p = {p}; float rr = r * r; float y = fma(p, rr, r) + 1.0f; \
+                 return y * as_float(((int)k + 127) << 23); }}\n",
+                hi = f(FAST_EXP_HI),
+                lo = f(FAST_EXP_LO),
+                l2e = f(LOG2_E),
+                mln2hi = f(-LN2_HI),
+                ln2lo = f(LN2_LO),
+            )
+        }
         _ => unreachable!("unknown helper {op}"),
     }
 }
@@ -782,6 +808,13 @@ impl Kernel<'_> {
                     Intrinsic::Round => format!("rint({})", xs[0]),
                     Intrinsic::Erf => format!("erf({})", xs[0]),
                     Intrinsic::Fma => format!("fma({}, {}, {})", xs[0], xs[1], xs[2]),
+                    // The IR's exact sequence for float32 (`kiln_fast_exp_float`); `exp`
+                    // for double.
+                    Intrinsic::FastExp if ct == "float" => {
+                        self.helpers.insert(("fast_exp", "float"));
+                        format!("kiln_fast_exp_float({})", xs[0])
+                    }
+                    Intrinsic::FastExp => format!("exp({})", xs[0]),
                     Intrinsic::BitwiseNot => format!("(({ct})~{})", xs[0]),
                     Intrinsic::Clz => format!("clz({})", xs[0]),
                     Intrinsic::Popcount => format!("popcount({})", xs[0]),
