@@ -1,8 +1,12 @@
 //! The benchmark kernels (`examples/kernels/*.json`, scheduled by `kiln::schedule::kernels`)
 //! against a plain Rust loop, numpy and TVM 0.27, in one run.
 //!
-//! kiln's kernels are JIT-compiled for `{"kind": "llvm", "mcpu": "native", "fast-math": true}`
-//! and called through the packed-function ABI with 64-byte-aligned inputs. numpy and TVM (with
+//! kiln's kernels are JIT-compiled for the default target a user gets, `{"kind": "llvm",
+//! "mcpu": "native", "num-cores": <logical CPUs>}` (no fast math: multiply-add contraction is on
+//! by default and softmax asks for `fast_exp` itself), or for `KILN_BENCH_MCPU` in place of
+//! `native` (e.g. `haswell`, an AVX2-only target), and called through the packed-function ABI
+//! with 64-byte-aligned inputs. TVM builds its kernels for the same target (the CPU name LLVM
+//! resolves `native` to, passed as `KILN_TVM_MCPU`). numpy and TVM (with
 //! its best hand schedules) are timed by `python/bench_tvm.py`, run with `$KILN_PYTHON` (default
 //! `python3`) when it can import numpy (TVM when `tvm` imports too); the same script checks kiln's
 //! outputs, written to a temporary directory, against numpy. Times are medians of repeated calls
@@ -10,6 +14,9 @@
 //!
 //! Run: `cargo bench --bench kernels` (`KILN_BENCH_QUICK=1` for fewer repetitions,
 //! `KILN_BENCH_DIR=dir` to keep the data files; `-- --asm <kernel>` prints a kernel's assembly).
+
+mod util;
+use util::{cpu_model, num_cpus};
 
 use std::hint::black_box;
 use std::path::Path;
@@ -106,8 +113,7 @@ fn kernel(name: &str) -> LlvmModule {
     );
     let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     m.verify().unwrap();
-    let t = Target::parse(TARGET).unwrap();
-    let o = CodegenOptions::from_target(&t).unwrap().resolved();
+    let o = CodegenOptions::from_target(&target()).unwrap().resolved();
     let m = LlvmModule::jit(&m, &o).unwrap();
     // Time the optimized code, not the JIT's quick first tier.
     m.wait_optimized().unwrap();
@@ -121,12 +127,24 @@ fn export_kernel(name: &str, dir: &Path) {
         env!("CARGO_MANIFEST_DIR")
     );
     let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let t = Target::parse(TARGET).unwrap();
-    let o = CodegenOptions::from_target(&t).unwrap();
+    let o = CodegenOptions::from_target(&target()).unwrap();
     kiln::codegen::llvm::export(&m, &o, &dir.join(format!("{name}.so"))).unwrap();
 }
 
-const TARGET: &str = r#"{"kind": "llvm", "mcpu": "native", "fast-math": true}"#;
+/// The CPU the kernels are built for: `native` (the default target), or `KILN_BENCH_MCPU`.
+fn bench_mcpu() -> String {
+    std::env::var("KILN_BENCH_MCPU").unwrap_or_else(|_| "native".into())
+}
+
+/// The target of every kiln kernel of this run.
+fn target() -> Target {
+    Target::from_json(&serde_json::json!({
+        "kind": "llvm",
+        "mcpu": bench_mcpu(),
+        "num-cores": num_cpus(),
+    }))
+    .unwrap()
+}
 
 fn call(m: &LlvmModule, name: &str, arrays: &mut [&mut Array]) {
     let f = m.require_function(name).unwrap();
@@ -292,8 +310,7 @@ fn main() {
 
     // Thread pool launch latency: a 64-element vadd, parallel (2 tasks) against serial.
     let launch = {
-        let t = Target::parse(TARGET).unwrap();
-        let o = CodegenOptions::from_target(&t).unwrap().resolved();
+        let o = CodegenOptions::from_target(&target()).unwrap().resolved();
         let jit = |f| {
             let m = LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
             m.wait_optimized().unwrap();
@@ -327,7 +344,17 @@ fn main() {
     if quick {
         args.push("--quick".into());
     }
-    let other: serde_json::Value = match Command::new(&py).args(&args).output() {
+    // TVM builds for the CPU kiln builds for (TVM's LLVM does not take `native`).
+    let tvm_cpu = CodegenOptions::from_target(&target())
+        .unwrap()
+        .resolved()
+        .cpu;
+    let other: serde_json::Value = match Command::new(&py)
+        .args(&args)
+        .env("KILN_TVM_MCPU", &tvm_cpu)
+        .env("KILN_TVM_NUM_CORES", num_cpus().to_string())
+        .output()
+    {
         Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
             eprintln!(
                 "bench_tvm.py printed no JSON ({e}): {}",
@@ -352,8 +379,10 @@ fn main() {
     }
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("CPU: {}", cpu_model());
     println!(
-        "kiln kernels, target llvm -mcpu=native fast-math; load average {}",
+        "kiln and TVM kernels for {} (mcpu {tvm_cpu}); load average {}",
+        target().export(),
         load.trim()
     );
     println!("median [min-max] of repeated calls; x = other time / kiln time (> 1: kiln faster): Rust loop vs");

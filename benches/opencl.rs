@@ -20,6 +20,9 @@
 //! `-- --source <kernel>` prints kiln's OpenCL C for a kernel). Without an OpenCL device it
 //! says so and exits successfully.
 
+mod util;
+use util::{cpu_model, num_cpus};
+
 use std::time::{Duration, Instant};
 
 use kiln::codegen::opencl::OpenClModule;
@@ -262,18 +265,6 @@ struct Row {
 
 fn call(f: &PackedFunc, v: &[AnyView<'static>]) {
     f.call(v).unwrap();
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 fn main() {
@@ -635,8 +626,4 @@ fn main() {
         ns(e2e_hand),
         e2e_kiln.0 / e2e_hand.0
     );
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }

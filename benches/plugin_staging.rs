@@ -8,6 +8,9 @@
 //! the direct copy (staging off). Besides criterion's figures, each case prints the median and
 //! the spread (min, p10, p90, max) of 40 timed copies, and the CPU model (`/proc/cpuinfo`).
 
+mod util;
+use util::{cpu_model, num_cpus};
+
 use std::path::Path;
 use std::process::Command;
 
@@ -86,18 +89,6 @@ fn bench(c: &mut Criterion) {
     host_copies(c, dir.path());
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
 fn host_copies(c: &mut Criterion, dir: &Path) {
     let u8t = DLDataType {
         code: DLDataTypeCode::UINT,
@@ -163,10 +154,6 @@ fn host_copies(c: &mut Criterion, dir: &Path) {
     g.finish();
     api.set_pinned_staging(false);
     api.free_data_space(dev, p).expect("free");
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 criterion_group!(benches, bench);

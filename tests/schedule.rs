@@ -248,7 +248,7 @@ fn layout_transform_cache_write_and_rfactor_from_json_steps() {
     assert!(g.to_string().contains("C_local"), "{g}");
     same_results(&f, &g, &shapes);
     // rfactor on a max reduction.
-    let f = sk::softmax_algorithm(3, 32);
+    let f = sk::softmax_algorithm(3, 32, kiln::ir::Intrinsic::Exp);
     let mut s = Schedule::new(f.clone());
     let (o, i) = s.split("jm", 8).unwrap();
     s.rfactor(&o, &i).unwrap();

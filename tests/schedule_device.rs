@@ -225,7 +225,7 @@ fn block_reduce_is_a_tree_in_shared_memory() {
     same_as_plain(&f, &g, &[vec![3, 96], vec![3]], 1e-5);
     device::check_device_limits(&g, 32, 128).unwrap();
     // Max, from JSON steps; the max is exact whatever the order.
-    let f = sk::softmax_algorithm(2, 64);
+    let f = sk::softmax_algorithm(2, 64, kiln::ir::Intrinsic::Exp);
     let mut s = Schedule::new(f.clone());
     let steps: Vec<Step> = serde_json::from_str(
         r#"[{"bind": {"loop": "i", "thread": "blockIdx.x"}},

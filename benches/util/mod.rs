@@ -69,3 +69,21 @@ pub fn f32_tensor(data: *mut f32, shape: *mut i64) -> kiln::packed_func::DLTenso
         byte_offset: 0,
     }
 }
+
+/// The CPU's model name (`/proc/cpuinfo`), printed beside every figure.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// The logical CPUs this process may use.
+pub fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

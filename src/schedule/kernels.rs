@@ -1,10 +1,10 @@
 //! The benchmark kernels with their fast schedules (`examples/kernels/*.json` are these at the
 //! benchmark sizes; `KILN_BLESS=1 cargo test --test schedule` rewrites them).
 //!
-//! They expect the target `{"kind": "llvm", "mcpu": "native", "fast-math": true}`: fast math
-//! lets LLVM contract `a * b + c` into FMAs and gives `exp` the vector polynomial. They are
-//! correct on any target and for any input alignment (vector loads and stores only assume the
-//! element alignment).
+//! They are fast under the default target (`{"kind": "llvm", "mcpu": "native"}`): LLVM contracts
+//! `a * b + c` into FMAs by default (as TVM), and softmax asks for `fast_exp` itself (as TVM's
+//! `fast_softmax`), which is a vector polynomial on every target. They are correct on any target
+//! and for any input alignment (vector loads and stores only assume the element alignment).
 //!
 //! | kernel | schedule |
 //! |---|---|
@@ -27,9 +27,11 @@
 //! | [`opencl_softmax_sized`] | a work-group per row; block reductions for the max and the sum, `exp` and the scaling with one column in 256 per thread |
 
 use super::{AxisMap, Schedule, ScheduleResult};
-use crate::ir::builder::{exp, for_range, Reducer};
+use crate::ir::builder::{call, for_range, Reducer};
 use crate::ir::kernels as plain;
-use crate::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope, ThreadTag};
+use crate::ir::{
+    Buffer, DataType, Expr, ForKind, Intrinsic, Param, PrimFunc, Stmt, StorageScope, ThreadTag,
+};
 
 /// Rows of `C` per register block of `matmul`.
 pub const MATMUL_MR: i64 = 8;
@@ -119,10 +121,10 @@ pub fn rowsum() -> ScheduleResult<PrimFunc> {
     rowsum_sized(4096, 4096)
 }
 
-/// The softmax algorithm the schedule starts from: per row, a max reduction, `exp` of the
-/// shifted row, a sum reduction, and a scaling by the sum's reciprocal. Loops `i`, `jm`, `je`,
-/// `js`, `jn`.
-pub fn softmax_algorithm(rows: i64, cols: i64) -> PrimFunc {
+/// The softmax algorithm the schedules start from: per row, a max reduction, `exp_op`
+/// ([`Intrinsic::Exp`] or [`Intrinsic::FastExp`]) of the shifted row, a sum reduction, and a
+/// scaling by the sum's reciprocal. Loops `i`, `jm`, `je`, `js`, `jn`.
+pub fn softmax_algorithm(rows: i64, cols: i64, exp_op: Intrinsic) -> PrimFunc {
     let f32t = DataType::f32();
     let shape = vec![Expr::from(rows), Expr::from(cols)];
     let a = Buffer::new("A", f32t, shape.clone());
@@ -139,7 +141,7 @@ pub fn softmax_algorithm(rows: i64, cols: i64) -> PrimFunc {
                 maxv.store(&z, maxv.load(&z).max(a.load(at(&j))))
             }),
             for_range("je", cols_e.clone(), ForKind::Serial, |j| {
-                b.store(at(&j), exp(a.load(at(&j)) - maxv.load(&z)))
+                b.store(at(&j), call(exp_op, vec![a.load(at(&j)) - maxv.load(&z)]))
             }),
             sum.store(&z, 0.0f32),
             for_range("js", cols_e.clone(), ForKind::Serial, |j| {
@@ -154,12 +156,14 @@ pub fn softmax_algorithm(rows: i64, cols: i64) -> PrimFunc {
     PrimFunc::new("softmax", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true)
 }
 
-/// Scheduled `softmax(A[rows, cols], B[rows, cols])`; `cols` must be a multiple of 64.
+/// Scheduled `softmax(A[rows, cols], B[rows, cols])` with `fast_exp` (TVM's `fast_softmax`:
+/// within 2 ulp of `exp`, a vector polynomial under any target); `cols` must be a multiple of
+/// 64.
 ///
 /// # Errors
 /// `cols` not a multiple of 64.
 pub fn softmax_sized(rows: i64, cols: i64) -> ScheduleResult<PrimFunc> {
-    let mut s = Schedule::new(softmax_algorithm(rows, cols));
+    let mut s = Schedule::new(softmax_algorithm(rows, cols, Intrinsic::FastExp));
     for (l, f) in [("jm", 64), ("js", 64)] {
         let (o, i) = s.split(l, f)?;
         s.rfactor(&o, &i)?;
@@ -300,7 +304,7 @@ fn split_exact(s: &mut Schedule, l: &str, extent: i64) -> ScheduleResult<(String
 /// # Errors
 /// `cols` not a multiple of 256.
 pub fn opencl_softmax_sized(rows: i64, cols: i64) -> ScheduleResult<PrimFunc> {
-    let mut s = Schedule::new(softmax_algorithm(rows, cols));
+    let mut s = Schedule::new(softmax_algorithm(rows, cols, Intrinsic::Exp));
     s.bind("i", ThreadTag::Block(0))?;
     for l in ["jm", "js"] {
         let (o, i) = split_exact(&mut s, l, cols)?;
