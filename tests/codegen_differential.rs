@@ -350,3 +350,108 @@ proptest! {
         check_contracted(&p, t, kind, &a, &b)?;
     }
 }
+
+/// `min`/`max` with a constant operand (relu, clip) compile to one compare and select; they
+/// must still follow the IR's rules bit for bit: NaN propagates, `max(-0, +0) = +0`,
+/// `min(-0, +0) = -0`, for either operand order, in scalar and vectorized loops, f32 and f64.
+#[test]
+fn min_and_max_with_a_constant_keep_nan_and_signed_zero_rules() {
+    let specials = [
+        0.0,
+        -0.0,
+        1.5,
+        -2.0,
+        1e-40,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let mut xs: Vec<f64> = specials.to_vec();
+    while xs.len() < N as usize {
+        xs.push(xs.len() as f64 * 0.37 - 5.0);
+    }
+    for t in [DataType::f32(), DataType::f64()] {
+        for op in [kiln::ir::BinOp::Min, kiln::ir::BinOp::Max] {
+            for &c in &specials[..7] {
+                for const_first in [false, true] {
+                    for kind in [ForKind::Serial, ForKind::Vectorized] {
+                        let a = Buffer::new("A", t, vec![Expr::from(N)]);
+                        let cbuf = Buffer::new("C", t, vec![Expr::from(N)]);
+                        let i = Var::new("i", DataType::i64());
+                        let x = a.load(vec![Expr::Var(i.clone())]);
+                        let k = kiln::ir::builder::constant(t, c);
+                        let (l, r) = if const_first { (k, x) } else { (x, k) };
+                        let f = PrimFunc::new(
+                            "f",
+                            vec![Param::Buffer(a), Param::Buffer(cbuf.clone())],
+                            Stmt::For {
+                                var: i.clone(),
+                                min: Expr::from(0i64),
+                                extent: Expr::from(N),
+                                kind,
+                                body: Box::new(
+                                    cbuf.store(vec![Expr::Var(i)], Expr::binary(op, l, r)),
+                                ),
+                            },
+                        );
+                        let host = |v: &[f64]| -> HostBuffer {
+                            if t == DataType::f32() {
+                                let v: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+                                HostBuffer::from_slice(&[N], &v)
+                            } else {
+                                HostBuffer::from_slice(&[N], v)
+                            }
+                        };
+                        let mut iargs = vec![
+                            InterpArg::Buffer(host(&xs)),
+                            InterpArg::Buffer(HostBuffer::zeros(t, &[N])),
+                        ];
+                        run(&f, &mut iargs).unwrap();
+                        let InterpArg::Buffer(want) = &iargs[1] else {
+                            unreachable!()
+                        };
+                        let module = IRModule::from_functions(vec![f.clone()]);
+                        let m =
+                            LlvmModule::jit_with(&module, &CodegenOptions::host(), Tiering::Off)
+                                .unwrap();
+                        let mut bufs = [host(&xs), HostBuffer::zeros(t, &[N])];
+                        let mut shape = [N];
+                        let dls: Vec<DLTensor> = bufs
+                            .iter_mut()
+                            .map(|h| DLTensor {
+                                data: h.data.as_mut_ptr().cast(),
+                                device: DLDevice {
+                                    device_type: DLDeviceType::CPU,
+                                    device_id: 0,
+                                },
+                                ndim: 1,
+                                dtype: DLDataType {
+                                    code: DLDataTypeCode(t.code as u8),
+                                    bits: t.bits,
+                                    lanes: 1,
+                                },
+                                shape: shape.as_mut_ptr(),
+                                strides: std::ptr::null_mut(),
+                                byte_offset: 0,
+                            })
+                            .collect();
+                        let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+                        m.require_function("f").unwrap().call(&views).unwrap();
+                        for (j, x) in xs.iter().enumerate() {
+                            let (g, w) = (
+                                bufs[1].get(j).unwrap().as_f64(),
+                                want.get(j).unwrap().as_f64(),
+                            );
+                            assert!(
+                                (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                                "{t} {op:?}({}) with x = {x:?}, c = {c:?} ({kind:?}): compiled {g:?}, \
+                                 interpreter {w:?}",
+                                if const_first { "c, x" } else { "x, c" }
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

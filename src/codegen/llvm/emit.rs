@@ -177,6 +177,34 @@ fn float_const(t: DataType, v: f64) -> String {
     }
 }
 
+/// A float `min`/`max` with one constant operand that is not NaN: `(other operand, constant,
+/// its value rounded to the type)`. `min` and `max` are commutative in the IR's semantics.
+fn minmax_by_constant<'e>(
+    op: BinOp,
+    a: &'e Expr,
+    b: &'e Expr,
+) -> Option<(&'e Expr, &'e Expr, f64)> {
+    if !matches!(op, BinOp::Min | BinOp::Max) {
+        return None;
+    }
+    let value = |e: &Expr| match e {
+        Expr::FloatImm { dtype, value } => {
+            let v = match (dtype.code, dtype.bits) {
+                (TypeCode::Float, 16) => half::f16::from_f64(*value).to_f64(),
+                (TypeCode::Float, 64) => *value,
+                (TypeCode::BFloat, _) => half::bf16::from_f64(*value).to_f64(),
+                _ => f64::from(*value as f32),
+            };
+            (!v.is_nan()).then_some(v)
+        }
+        _ => None,
+    };
+    if let Some(v) = value(b) {
+        return Some((a, b, v));
+    }
+    value(a).map(|v| (b, a, v))
+}
+
 /// Escapes bytes for an LLVM `c"..."` string.
 pub(crate) fn c_string(s: &str) -> String {
     let mut o = String::new();
@@ -410,6 +438,16 @@ impl<'m> Emitter<'m> {
             }
             Expr::Binary { op, a, b } => {
                 let t = a.dtype();
+                if let Some((var, c, cv)) = minmax_by_constant(*op, a, b) {
+                    let x = self.expr(var)?;
+                    let y = self.expr(c)?;
+                    let r = self.fminmax_const(*op == BinOp::Min, "i1", x, y, cv);
+                    return Ok(if t.code == TypeCode::BFloat {
+                        self.round_bf16(r)
+                    } else {
+                        r
+                    });
+                }
                 let x = self.expr(a)?;
                 let y = self.expr(b)?;
                 self.binary(*op, t, x, y, b)?
@@ -881,6 +919,29 @@ impl<'m> Emitter<'m> {
                 }
             }
         })
+    }
+
+    /// `min(x, c)` / `max(x, c)` for a constant `c` (value `cv`, not NaN) with the IR's
+    /// semantics in one compare and one select, which vectorizes and keeps a reduction's
+    /// dependency chain short (relu and clip are `max(x, 0)`, `min(max(x, lo), hi)`): a NaN `x`
+    /// is returned; between equal operands only `max(-0, +0)` and `min(+0, -0)` differ from
+    /// "keep `x`", so `c = +0` for max and `c = -0` for min take the other ordered test.
+    /// `bt` is the predicate type (`i1` or `<n x i1>`).
+    fn fminmax_const(&mut self, min: bool, bt: &str, x: Val, c: Val, cv: f64) -> Val {
+        let zero_sign_matters = cv == 0.0 && (cv.is_sign_negative() == min);
+        // (predicate, x when true) — x is kept when the predicate holds.
+        let pred = match (min, zero_sign_matters) {
+            (false, true) => "ugt",  // max(x, +0): x if x > 0 or NaN, else +0
+            (true, true) => "ult",   // min(x, -0): x if x < 0 or NaN, else -0
+            (false, false) => "uge", // max(x, c): x unless x < c
+            (true, false) => "ule",  // min(x, c): x unless x > c
+        };
+        let k = self.assign(bt, format!("fcmp {pred} {}, {}", x.typed(), c.v));
+        let ty = x.ty.clone();
+        self.assign(
+            &ty,
+            format!("select {bt} {}, {}, {}", k.v, x.typed(), c.typed()),
+        )
     }
 
     /// IEEE minimum/maximum: NaN if either is NaN, -0 below +0.
@@ -2047,6 +2108,15 @@ impl Emitter<'_> {
                         BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Min | BinOp::Max
                     ) =>
             {
+                if let Some((v, c, cv)) = minmax_by_constant(*op, a, b) {
+                    let x = self.vexpr(var, lo, n, v)?;
+                    let y = self.vexpr(var, lo, n, c)?;
+                    let x = self.as_vector(n, x);
+                    let y = self.as_vector(n, y);
+                    let bt = format!("<{n} x i1>");
+                    let r = self.fminmax_const(*op == BinOp::Min, &bt, x, y, cv);
+                    return Ok(Lanes::Vector(r));
+                }
                 let x = self.vexpr(var, lo, n, a)?;
                 let y = self.vexpr(var, lo, n, b)?;
                 let x = self.as_vector(n, x);
