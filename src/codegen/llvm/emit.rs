@@ -1734,10 +1734,99 @@ impl<'m> Emitter<'m> {
             "define internal i32 @\"{lname}\"(i32 %task, {{ i8*, i32 }}* %penv, i8* %cdata) {attrs} {{\n{text}}}\n"
         ));
         let cdata = self.assign("i8*", format!("bitcast {sty}* {} to i8*", clo.v));
-        let rc = self.assign("i32", format!("call i32 @__kiln_parallel_launch(i32 (i32, {{ i8*, i32 }}*, i8*)* @\"{lname}\", i8* {}, i32 0)", cdata.v));
+        let lam = format!("i32 (i32, {{ i8*, i32 }}*, i8*)* @\"{lname}\"");
+        let rc = match work_per_iteration(body) {
+            // Little work in all: one task on this thread, without the pool (whose launch
+            // costs microseconds). Unknown work (symbolic inner loops) always goes to the pool.
+            Some(w) => {
+                let limit = PARALLEL_MIN_WORK.div_ceil(w.max(1));
+                let small = self.assign("i1", format!("icmp slt i64 {}, {limit}", n64.v));
+                let (inline, pool, join) = (
+                    self.new_label("pinline"),
+                    self.new_label("ppool"),
+                    self.new_label("pjoin"),
+                );
+                self.line(format!("br i1 {}, label %{inline}, label %{pool}", small.v));
+                self.start_block(&inline);
+                let env = format!("%penv{}", self.label + 1);
+                self.label += 1;
+                let _ = writeln!(self.entry_allocas, "  {env} = alloca {{ i8*, i32 }}, align 8");
+                self.line(format!("store {{ i8*, i32 }} {{ i8* null, i32 1 }}, {{ i8*, i32 }}* {env}, align 8"));
+                let r1 = self.assign("i32", format!("call i32 @\"{lname}\"(i32 0, {{ i8*, i32 }}* {env}, i8* {})", cdata.v));
+                self.line(format!("br label %{join}"));
+                self.start_block(&pool);
+                let r2 = self.assign("i32", format!("call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)", cdata.v));
+                self.line(format!("br label %{join}"));
+                self.start_block(&join);
+                self.assign("i32", format!("phi i32 [ {}, %{inline} ], [ {}, %{pool} ]", r1.v, r2.v))
+            }
+            None => self.assign("i32", format!("call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)", cdata.v)),
+        };
         self.propagate(&rc.v);
         Ok(())
     }
+}
+
+/// Below this much work in all (iterations x [`work_per_iteration`]), a parallel loop runs on
+/// the calling thread: waking a pool and waiting for it costs 1-2 us (kiln's pool, measured by
+/// `cargo bench --bench kernels`), about what this many IR operations take on one core.
+pub(crate) const PARALLEL_MIN_WORK: u64 = 16_384;
+
+/// A static estimate of the work of one iteration of a loop body: IR nodes evaluated, inner
+/// loops of constant extent multiplied out; `None` when an inner loop's extent is not a
+/// constant (the work is unknown, so the loop is always worth the pool).
+pub(crate) fn work_per_iteration(s: &Stmt) -> Option<u64> {
+    fn expr(e: &Expr) -> u64 {
+        let sum = |v: &[Expr]| v.iter().map(expr).fold(0u64, u64::saturating_add);
+        1 + match e {
+            Expr::IntImm { .. } | Expr::FloatImm { .. } | Expr::Var(_) => 0,
+            Expr::Binary { a, b, .. } => expr(a).saturating_add(expr(b)),
+            Expr::Not(a) | Expr::Cast { value: a, .. } | Expr::Reinterpret { value: a, .. } => {
+                expr(a)
+            }
+            Expr::Select { cond, t, f } | Expr::IfThenElse { cond, t, f } => {
+                expr(cond).saturating_add(expr(t)).saturating_add(expr(f))
+            }
+            Expr::Load { indices, .. } => sum(indices),
+            Expr::Let { value, body, .. } => expr(value).saturating_add(expr(body)),
+            // A math function is worth several operations.
+            Expr::Call { args, .. } => sum(args).saturating_add(8),
+            Expr::CallExtern { args, .. } => sum(args).saturating_add(8),
+        }
+    }
+    Some(match s {
+        Stmt::Seq(v) => {
+            let mut t = 0u64;
+            for x in v {
+                t = t.saturating_add(work_per_iteration(x)?);
+            }
+            t
+        }
+        Stmt::For { extent, body, .. } => {
+            let e = u64::try_from(extent.as_int()?).unwrap_or(0);
+            e.saturating_mul(work_per_iteration(body)?.saturating_add(1))
+        }
+        Stmt::Store { indices, value, .. } => {
+            1 + expr(value) + indices.iter().map(expr).sum::<u64>()
+        }
+        Stmt::Let { value, body, .. } => expr(value).saturating_add(work_per_iteration(body)?),
+        Stmt::Allocate { body, .. } => work_per_iteration(body)?.saturating_add(4),
+        Stmt::IfThenElse {
+            cond,
+            then_case,
+            else_case,
+        } => {
+            let t = work_per_iteration(then_case)?;
+            let e = match else_case {
+                Some(e) => work_per_iteration(e)?,
+                None => 0,
+            };
+            expr(cond).saturating_add(t.max(e))
+        }
+        Stmt::Evaluate(e) => expr(e),
+        Stmt::Assert { cond, .. } => expr(cond),
+        _ => 1,
+    })
 }
 
 fn float_width(ty: &str) -> u32 {
@@ -2378,200 +2467,4 @@ impl Emitter<'_> {
         }
         Ok(())
     }
-}
-
-/// The thread pool of exported libraries that nobody gives one: when no loader fills the
-/// `__TVMBackendParallelLaunch` slot (a plain `dlopen`, Python `tvm_ffi` without TVM's runtime),
-/// parallel loops run here instead of serially. It is a fork-join over pthreads, so it needs
-/// nothing but libc: tasks 1.. on new threads, task 0 on the caller, then a join. Threads:
-/// `KILN_NUM_THREADS`, else the online CPUs (`sysconf`), at most 256, read once. A launch from
-/// inside a task (a parallel kernel called from a parallel loop) runs its tasks serially; a
-/// thread that cannot be started has its task run by the caller; a task failing on another
-/// thread (whose raised error stays on that thread) makes the caller raise a `RuntimeError`.
-/// A launch costs a thread creation per task (tens of microseconds), which is small against the
-/// kernels worth parallelizing; loaders with a pool (kiln's, TVM's) replace it.
-pub(crate) fn export_parallel_runtime(attrs: &str) -> String {
-    let lam = "i32 (i32, { i8*, i32 }*, i8*)*";
-    format!(
-        r#"%kiln.task = type {{ {lam}, i8*, i32, i32, i32 }}
-@__kiln_in_task = internal thread_local global i32 0, align 4
-@__kiln_nthreads = internal global i32 0, align 4
-@.kiln.env = private unnamed_addr constant [17 x i8] c"KILN_NUM_THREADS\00", align 1
-@.kiln.rte = private unnamed_addr constant [13 x i8] c"RuntimeError\00", align 1
-@.kiln.pfail = private unnamed_addr constant [47 x i8] c"a parallel task failed on a thread of the pool\00", align 1
-declare i8* @getenv(i8*)
-declare i64 @strtol(i8*, i8**, i32)
-declare i64 @sysconf(i32)
-declare i32 @pthread_create(i64*, i8*, i8* (i8*)*, i8*)
-declare i32 @pthread_join(i64, i8**)
-
-define internal i32 @__kiln_num_threads() nounwind {{
-entry:
-  %c = load atomic i32, i32* @__kiln_nthreads monotonic, align 4
-  %known = icmp sgt i32 %c, 0
-  br i1 %known, label %done, label %compute
-compute:
-  %e = call i8* @getenv(i8* getelementptr inbounds ([17 x i8], [17 x i8]* @.kiln.env, i64 0, i64 0))
-  %has = icmp ne i8* %e, null
-  br i1 %has, label %parse, label %cores
-parse:
-  %v = call i64 @strtol(i8* %e, i8** null, i32 10)
-  %ok = icmp sgt i64 %v, 0
-  br i1 %ok, label %pick, label %cores
-cores:
-  %n = call i64 @sysconf(i32 84)
-  %pos = icmp sgt i64 %n, 0
-  %n1 = select i1 %pos, i64 %n, i64 1
-  br label %pick
-pick:
-  %r = phi i64 [ %v, %parse ], [ %n1, %cores ]
-  %big = icmp sgt i64 %r, 256
-  %r2 = select i1 %big, i64 256, i64 %r
-  %r3 = trunc i64 %r2 to i32
-  store atomic i32 %r3, i32* @__kiln_nthreads monotonic, align 4
-  ret i32 %r3
-done:
-  ret i32 %c
-}}
-
-define internal i32 @__kiln_run_task(%kiln.task* %t) {attrs} {{
-entry:
-  %env = alloca {{ i8*, i32 }}, align 8
-  %e0 = getelementptr inbounds {{ i8*, i32 }}, {{ i8*, i32 }}* %env, i32 0, i32 0
-  store i8* null, i8** %e0, align 8
-  %ntp = getelementptr inbounds %kiln.task, %kiln.task* %t, i32 0, i32 3
-  %nt = load i32, i32* %ntp, align 4
-  %e1 = getelementptr inbounds {{ i8*, i32 }}, {{ i8*, i32 }}* %env, i32 0, i32 1
-  store i32 %nt, i32* %e1, align 8
-  %fp = getelementptr inbounds %kiln.task, %kiln.task* %t, i32 0, i32 0
-  %f = load {lam}, {lam}* %fp, align 8
-  %cdp = getelementptr inbounds %kiln.task, %kiln.task* %t, i32 0, i32 1
-  %cd = load i8*, i8** %cdp, align 8
-  %tkp = getelementptr inbounds %kiln.task, %kiln.task* %t, i32 0, i32 2
-  %tk = load i32, i32* %tkp, align 4
-  %rc = call i32 %f(i32 %tk, {{ i8*, i32 }}* %env, i8* %cd)
-  %rcp = getelementptr inbounds %kiln.task, %kiln.task* %t, i32 0, i32 4
-  store i32 %rc, i32* %rcp, align 4
-  ret i32 %rc
-}}
-
-define internal i8* @__kiln_task_main(i8* %p) {attrs} {{
-entry:
-  %t = bitcast i8* %p to %kiln.task*
-  store i32 1, i32* @__kiln_in_task, align 4
-  %rc = call i32 @__kiln_run_task(%kiln.task* %t)
-  ret i8* null
-}}
-
-define internal i32 @__kiln_parallel_threads({lam} %lambda, i8* %cdata, i32 %n) {attrs} {{
-entry:
-  %nested = load i32, i32* @__kiln_in_task, align 4
-  %nth = call i32 @__kiln_num_threads()
-  %given = icmp sgt i32 %n, 0
-  %ntask = select i1 %given, i32 %n, i32 %nth
-  %tasks = alloca %kiln.task, i32 %ntask, align 8
-  %tids = alloca i64, i32 %ntask, align 8
-  %started = alloca i8, i32 %ntask, align 1
-  br label %fill
-fill:
-  %i = phi i32 [ 0, %entry ], [ %i1, %fill ]
-  %tp = getelementptr inbounds %kiln.task, %kiln.task* %tasks, i32 %i
-  %f0 = getelementptr inbounds %kiln.task, %kiln.task* %tp, i32 0, i32 0
-  store {lam} %lambda, {lam}* %f0, align 8
-  %f1 = getelementptr inbounds %kiln.task, %kiln.task* %tp, i32 0, i32 1
-  store i8* %cdata, i8** %f1, align 8
-  %f2 = getelementptr inbounds %kiln.task, %kiln.task* %tp, i32 0, i32 2
-  store i32 %i, i32* %f2, align 4
-  %f3 = getelementptr inbounds %kiln.task, %kiln.task* %tp, i32 0, i32 3
-  store i32 %ntask, i32* %f3, align 4
-  %f4 = getelementptr inbounds %kiln.task, %kiln.task* %tp, i32 0, i32 4
-  store i32 0, i32* %f4, align 4
-  %sp = getelementptr inbounds i8, i8* %started, i32 %i
-  store i8 0, i8* %sp, align 1
-  %i1 = add i32 %i, 1
-  %more = icmp slt i32 %i1, %ntask
-  br i1 %more, label %fill, label %filled
-filled:
-  %serial = icmp ne i32 %nested, 0
-  %one = icmp sle i32 %nth, 1
-  %noth = or i1 %serial, %one
-  br i1 %noth, label %run, label %spawn
-spawn:
-  %s = phi i32 [ 1, %filled ], [ %s1, %spawned ]
-  %sgo = icmp slt i32 %s, %ntask
-  br i1 %sgo, label %spawn1, label %run
-spawn1:
-  %stp = getelementptr inbounds %kiln.task, %kiln.task* %tasks, i32 %s
-  %sarg = bitcast %kiln.task* %stp to i8*
-  %tid = getelementptr inbounds i64, i64* %tids, i32 %s
-  %cr = call i32 @pthread_create(i64* %tid, i8* null, i8* (i8*)* @__kiln_task_main, i8* %sarg)
-  %crok = icmp eq i32 %cr, 0
-  %ssp = getelementptr inbounds i8, i8* %started, i32 %s
-  %sflag = zext i1 %crok to i8
-  store i8 %sflag, i8* %ssp, align 1
-  br label %spawned
-spawned:
-  %s1 = add i32 %s, 1
-  br label %spawn
-run:
-  store i32 1, i32* @__kiln_in_task, align 4
-  br label %runloop
-runloop:
-  %r = phi i32 [ 0, %run ], [ %r1, %runnext ]
-  %rgo = icmp slt i32 %r, %ntask
-  br i1 %rgo, label %runone, label %ran
-runone:
-  %rsp = getelementptr inbounds i8, i8* %started, i32 %r
-  %rst = load i8, i8* %rsp, align 1
-  %rbusy = icmp ne i8 %rst, 0
-  br i1 %rbusy, label %runnext, label %runit
-runit:
-  %rtp = getelementptr inbounds %kiln.task, %kiln.task* %tasks, i32 %r
-  %rrc = call i32 @__kiln_run_task(%kiln.task* %rtp)
-  br label %runnext
-runnext:
-  %r1 = add i32 %r, 1
-  br label %runloop
-ran:
-  store i32 %nested, i32* @__kiln_in_task, align 4
-  br label %join
-join:
-  %j = phi i32 [ 0, %ran ], [ %j1, %joinnext ]
-  %rc = phi i32 [ 0, %ran ], [ %rc1, %joinnext ]
-  %worker = phi i1 [ false, %ran ], [ %worker1, %joinnext ]
-  %jgo = icmp slt i32 %j, %ntask
-  br i1 %jgo, label %join1, label %joined
-join1:
-  %jsp = getelementptr inbounds i8, i8* %started, i32 %j
-  %jst = load i8, i8* %jsp, align 1
-  %jbusy = icmp ne i8 %jst, 0
-  br i1 %jbusy, label %dojoin, label %joinrc
-dojoin:
-  %jtid = getelementptr inbounds i64, i64* %tids, i32 %j
-  %jt = load i64, i64* %jtid, align 8
-  %jr = call i32 @pthread_join(i64 %jt, i8** null)
-  br label %joinrc
-joinrc:
-  %jtp = getelementptr inbounds %kiln.task, %kiln.task* %tasks, i32 %j, i32 4
-  %jrc = load i32, i32* %jtp, align 4
-  %first = icmp eq i32 %rc, 0
-  %failed = icmp ne i32 %jrc, 0
-  %take = and i1 %first, %failed
-  %rc1 = select i1 %take, i32 %jrc, i32 %rc
-  %onw = and i1 %take, %jbusy
-  %worker1 = select i1 %take, i1 %onw, i1 %worker
-  br label %joinnext
-joinnext:
-  %j1 = add i32 %j, 1
-  br label %join
-joined:
-  br i1 %worker, label %raise, label %out
-raise:
-  call void @__kiln_raise(i8* getelementptr inbounds ([13 x i8], [13 x i8]* @.kiln.rte, i64 0, i64 0), i8* getelementptr inbounds ([47 x i8], [47 x i8]* @.kiln.pfail, i64 0, i64 0))
-  br label %out
-out:
-  ret i32 %rc
-}}
-"#
-    )
 }

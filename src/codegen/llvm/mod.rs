@@ -506,10 +506,13 @@ fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
     if mt.uses_parallel {
         slot(&mut s, "__TVMBackendParallelLaunch");
         // Without a loader's pool: JIT modules run the tasks serially (kiln always fills the
-        // slot), exported libraries use their own pthread fork-join (emit.rs).
+        // slot), exported libraries use the persistent pool of the runtime linked into them
+        // (`src/runtime/export_rt.c`), which returns -2 when a task failed on a worker.
         let serial = if weak {
-            s.push_str(&emit::export_parallel_runtime(attrs));
-            "  %s = call i32 @__kiln_parallel_threads(i32 (i32, { i8*, i32 }*, i8*)* %lambda, i8* %cdata, i32 %n)\n  ret i32 %s\n"
+            s.push_str("declare hidden i32 @__kiln_rt_parallel_launch(i32 (i32, { i8*, i32 }*, i8*)*, i8*, i32)\n");
+            s.push_str("@.kiln.rte = private unnamed_addr constant [13 x i8] c\"RuntimeError\\00\", align 1\n");
+            s.push_str("@.kiln.pfail = private unnamed_addr constant [47 x i8] c\"a parallel task failed on a thread of the pool\\00\", align 1\n");
+            "  %s = call i32 @__kiln_rt_parallel_launch(i32 (i32, { i8*, i32 }*, i8*)* %lambda, i8* %cdata, i32 %n)\n  %wf = icmp eq i32 %s, -2\n  br i1 %wf, label %wfail, label %out\nwfail:\n  call void @__kiln_raise(i8* getelementptr inbounds ([13 x i8], [13 x i8]* @.kiln.rte, i64 0, i64 0), i8* getelementptr inbounds ([47 x i8], [47 x i8]* @.kiln.pfail, i64 0, i64 0))\n  ret i32 -1\nout:\n  ret i32 %s\n"
         } else {
             "  %env = alloca { i8*, i32 }, align 8\n  %e0 = getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %env, i32 0, i32 0\n  store i8* null, i8** %e0, align 8\n  %e1 = getelementptr inbounds { i8*, i32 }, { i8*, i32 }* %env, i32 0, i32 1\n  store i32 1, i32* %e1, align 8\n  %s = call i32 %lambda(i32 0, { i8*, i32 }* %env, i8* %cdata)\n  ret i32 %s\n"
         };
@@ -537,14 +540,29 @@ fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
     if mt.uses_workspace {
         slot(&mut s, "__TVMBackendAllocWorkspace");
         slot(&mut s, "__TVMBackendFreeWorkspace");
-        s.push_str("declare i8* @aligned_alloc(i64, i64)\ndeclare void @free(i8*)\n");
+        // Without a loader's allocator: JIT modules use libc (kiln fills the slots anyway),
+        // exported libraries the per-thread workspace cache of their runtime
+        // (`src/runtime/export_rt.c`), reused across calls.
+        let (alloc, free) = if weak {
+            s.push_str("declare hidden i8* @__kiln_rt_alloc_workspace(i64)\ndeclare hidden void @__kiln_rt_free_workspace(i8*)\n");
+            (
+                "  %q = call i8* @__kiln_rt_alloc_workspace(i64 %n)\n  ret i8* %q\n",
+                "  call void @__kiln_rt_free_workspace(i8* %p)\n  ret void\n",
+            )
+        } else {
+            s.push_str("declare i8* @aligned_alloc(i64, i64)\ndeclare void @free(i8*)\n");
+            (
+                "  %a = add i64 %n, 63\n  %b = and i64 %a, -64\n  %z = icmp eq i64 %b, 0\n  %c = select i1 %z, i64 64, i64 %b\n  %q = call i8* @aligned_alloc(i64 64, i64 %c)\n  ret i8* %q\n",
+                "  call void @free(i8* %p)\n  ret void\n",
+            )
+        };
         let _ = writeln!(
             s,
-            "define internal i8* @__kiln_alloc_workspace(i32 %dt, i32 %dev, i64 %n, i32 %code, i32 %bits) nounwind {{\nentry:\n  %f = load i8*, i8** @__TVMBackendAllocWorkspace, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %libc, label %pool\npool:\n  %fp = bitcast i8* %f to i8* (i32, i32, i64, i32, i32)*\n  %p = call i8* %fp(i32 %dt, i32 %dev, i64 %n, i32 %code, i32 %bits)\n  ret i8* %p\nlibc:\n  %a = add i64 %n, 63\n  %b = and i64 %a, -64\n  %z = icmp eq i64 %b, 0\n  %c = select i1 %z, i64 64, i64 %b\n  %q = call i8* @aligned_alloc(i64 64, i64 %c)\n  ret i8* %q\n}}"
+            "define internal i8* @__kiln_alloc_workspace(i32 %dt, i32 %dev, i64 %n, i32 %code, i32 %bits) nounwind {{\nentry:\n  %f = load i8*, i8** @__TVMBackendAllocWorkspace, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %libc, label %pool\npool:\n  %fp = bitcast i8* %f to i8* (i32, i32, i64, i32, i32)*\n  %p = call i8* %fp(i32 %dt, i32 %dev, i64 %n, i32 %code, i32 %bits)\n  ret i8* %p\nlibc:\n{alloc}}}"
         );
         let _ = writeln!(
             s,
-            "define internal void @__kiln_free_workspace(i32 %dt, i32 %dev, i8* %p) nounwind {{\nentry:\n  %f = load i8*, i8** @__TVMBackendFreeWorkspace, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %libc, label %pool\npool:\n  %fp = bitcast i8* %f to i32 (i32, i32, i8*)*\n  %r = call i32 %fp(i32 %dt, i32 %dev, i8* %p)\n  ret void\nlibc:\n  call void @free(i8* %p)\n  ret void\n}}"
+            "define internal void @__kiln_free_workspace(i32 %dt, i32 %dev, i8* %p) nounwind {{\nentry:\n  %f = load i8*, i8** @__TVMBackendFreeWorkspace, align 8\n  %isnull = icmp eq i8* %f, null\n  br i1 %isnull, label %libc, label %pool\npool:\n  %fp = bitcast i8* %f to i32 (i32, i32, i8*)*\n  %r = call i32 %fp(i32 %dt, i32 %dev, i8* %p)\n  ret void\nlibc:\n{free}}}"
         );
     }
     s
@@ -921,36 +939,71 @@ pub fn export(module: &IRModule, o: &CodegenOptions, path: &Path) -> R<()> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     let io = |e: std::io::Error| CodegenError::Io(format!("writing `{}`: {e}", path.display()));
     match ext {
-        "o" => std::fs::write(path, compile_to(module, o, FileType::Object)?).map_err(io),
+        "o" => {
+            let obj = compile_to(module, o, FileType::Object)?;
+            if !uses_export_runtime(&obj) {
+                return std::fs::write(path, obj).map_err(io);
+            }
+            // One relocatable object with the runtime inside (a partial link).
+            link_with_runtime(&obj, path, &["-r", "-nostdlib"])
+        }
         "s" => std::fs::write(path, compile_to(module, o, FileType::Assembly)?).map_err(io),
         "ll" => std::fs::write(path, optimized_ll(module, o)?).map_err(io),
         "so" => {
             let obj = compile_to(module, o, FileType::Object)?;
-            let dir = tempfile::tempdir().map_err(|e| CodegenError::Io(format!("creating a temporary directory: {e}")))?;
-            let objp = dir.path().join("module.o");
-            std::fs::write(&objp, obj).map_err(|e| CodegenError::Io(format!("writing `{}`: {e}", objp.display())))?;
-            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-            let out = std::process::Command::new(&cc)
-                .args(["-shared", "-fPIC", "-o"])
-                .arg(path)
-                .arg(&objp)
-                .arg("-lm")
-                .output()
-                .map_err(|e| CodegenError::Io(format!("running the C compiler `{cc}` to link `{}`: {e}", path.display())))?;
-            if !out.status.success() {
-                return Err(CodegenError::Io(format!(
-                    "linking `{}` with `{cc}` failed: {}",
-                    path.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
-            }
-            Ok(())
+            link_with_runtime(&obj, path, &["-shared", "-fPIC", "-pthread", "-lm"])
         }
         other => Err(CodegenError::Unsupported(format!(
             "cannot export to `{}`: expected a path ending in .so, .o, .ll or .s, found extension `{other}`",
             path.display()
         ))),
     }
+}
+
+/// The runtime of exported libraries (`src/runtime/export_rt.c`: the persistent thread pool
+/// and the workspace cache for hosts that fill no context slot), compiled when kiln was built.
+const EXPORT_RUNTIME: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kiln_export_rt.o"));
+
+/// Whether an object file calls the export runtime (its symbols are all `__kiln_rt_*`).
+fn uses_export_runtime(obj: &[u8]) -> bool {
+    obj.windows(10).any(|w| w == b"__kiln_rt_")
+}
+
+/// Links the object `obj` with the export runtime into `path` with the C compiler (`$CC`,
+/// else `cc`) and `flags`.
+fn link_with_runtime(obj: &[u8], path: &Path, flags: &[&str]) -> R<()> {
+    let dir = tempfile::tempdir()
+        .map_err(|e| CodegenError::Io(format!("creating a temporary directory: {e}")))?;
+    let write = |name: &str, bytes: &[u8]| -> R<std::path::PathBuf> {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes)
+            .map_err(|e| CodegenError::Io(format!("writing `{}`: {e}", p.display())))?;
+        Ok(p)
+    };
+    let objp = write("module.o", obj)?;
+    let rtp = write("kiln_export_rt.o", EXPORT_RUNTIME)?;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = std::process::Command::new(&cc)
+        .args(flags)
+        .arg("-o")
+        .arg(path)
+        .arg(&objp)
+        .arg(&rtp)
+        .output()
+        .map_err(|e| {
+            CodegenError::Io(format!(
+                "running the C compiler `{cc}` to link `{}`: {e}",
+                path.display()
+            ))
+        })?;
+    if !out.status.success() {
+        return Err(CodegenError::Io(format!(
+            "linking `{}` with `{cc}` failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
