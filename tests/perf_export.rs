@@ -50,6 +50,16 @@ fn dynamic_imports(path: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+fn defined_dynamic(path: &std::path::Path) -> Vec<String> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.dynamic_symbols()
+        .filter(|s| !s.is_undefined())
+        .filter_map(|s| s.name().ok().map(str::to_owned))
+        .collect()
+}
+
 #[test]
 fn exported_parallel_kernels_use_threads_without_a_loader() {
     let dir = tempfile::tempdir().unwrap();
@@ -57,6 +67,12 @@ fn exported_parallel_kernels_use_threads_without_a_loader() {
     assert!(
         dynamic_imports(&so).iter().any(|s| s == "pthread_create"),
         "the library does not start threads"
+    );
+    // The runtime's symbols stay inside the library.
+    let exported = defined_dynamic(&so);
+    assert!(
+        !exported.iter().any(|s| s.contains("kiln_rt")),
+        "runtime symbols exported: {exported:?}"
     );
     // SAFETY: a kiln-exported library; its constructors do nothing unsafe.
     let lib = unsafe { libloading::Library::new(&so) }.unwrap();
@@ -76,7 +92,7 @@ fn exported_parallel_kernels_use_threads_without_a_loader() {
             assert!((c[i * n + j] - want).abs() < 1e-3, "C[{i},{j}]");
         }
     }
-    // vadd (symbolic n) through the same path, twice (threads are joined after each call).
+    // vadd (symbolic n) through the same path: inline at small sizes, the pool at large ones.
     let so = export_so(sk::vadd().unwrap(), dir.path());
     // SAFETY: as above.
     let lib = unsafe { libloading::Library::new(&so) }.unwrap();
@@ -95,8 +111,15 @@ fn exported_parallel_kernels_use_threads_without_a_loader() {
 
 #[test]
 fn a_failing_task_fails_the_call() {
-    // for i in parallel(n): if X[i] < 0 { assert false } else { Y[i] = X[i] }
-    let n = Expr::from(64i64);
+    // for i in parallel(n): if X[i] < 0 { assert false } else { Y[i] = X[i] }, at a size that
+    // runs inline (little work) and at one that runs on the pool.
+    for len in [64usize, 1 << 16] {
+        failing_task_fails_the_call(len);
+    }
+}
+
+fn failing_task_fails_the_call(len: usize) {
+    let n = Expr::from(len as i64);
     let x = Buffer::new("X", DataType::f32(), vec![n.clone()]);
     let y = Buffer::new("Y", DataType::f32(), vec![n.clone()]);
     let body = for_range("i", n, ForKind::Parallel, |i| {
@@ -115,16 +138,24 @@ fn a_failing_task_fails_the_call() {
     let so = export_so(f, dir.path());
     // SAFETY: a kiln-exported library.
     let lib = unsafe { libloading::Library::new(&so) }.unwrap();
-    for bad in [0usize, 63] {
-        let mut v = vec![1.0f32; 64];
+    let l = len as i64;
+    for bad in [0usize, len - 1] {
+        let mut v = vec![1.0f32; len];
         v[bad] = -1.0;
-        let mut arrays = vec![HostArray::f32(&[64], &v), HostArray::f32(&[64], &[0.0; 64])];
-        assert_ne!(call_raw(&lib, "check", &mut arrays), 0, "bad element {bad}");
+        let mut arrays = vec![
+            HostArray::f32(&[l], &v),
+            HostArray::f32(&[l], &vec![0.0; len]),
+        ];
+        assert_ne!(
+            call_raw(&lib, "check", &mut arrays),
+            0,
+            "bad element {bad} of {len}"
+        );
     }
     let mut arrays = vec![
-        HostArray::f32(&[64], &[2.0; 64]),
-        HostArray::f32(&[64], &[0.0; 64]),
+        HostArray::f32(&[l], &vec![2.0; len]),
+        HostArray::f32(&[l], &vec![0.0; len]),
     ];
     assert_eq!(call_raw(&lib, "check", &mut arrays), 0);
-    assert_eq!(arrays[1].to_f32(), vec![2.0; 64]);
+    assert_eq!(arrays[1].to_f32(), vec![2.0; len]);
 }

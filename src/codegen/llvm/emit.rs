@@ -1750,17 +1750,43 @@ impl<'m> Emitter<'m> {
                 self.start_block(&inline);
                 let env = format!("%penv{}", self.label + 1);
                 self.label += 1;
-                let _ = writeln!(self.entry_allocas, "  {env} = alloca {{ i8*, i32 }}, align 8");
-                self.line(format!("store {{ i8*, i32 }} {{ i8* null, i32 1 }}, {{ i8*, i32 }}* {env}, align 8"));
-                let r1 = self.assign("i32", format!("call i32 @\"{lname}\"(i32 0, {{ i8*, i32 }}* {env}, i8* {})", cdata.v));
+                let _ = writeln!(
+                    self.entry_allocas,
+                    "  {env} = alloca {{ i8*, i32 }}, align 8"
+                );
+                self.line(format!(
+                    "store {{ i8*, i32 }} {{ i8* null, i32 1 }}, {{ i8*, i32 }}* {env}, align 8"
+                ));
+                let r1 = self.assign(
+                    "i32",
+                    format!(
+                        "call i32 @\"{lname}\"(i32 0, {{ i8*, i32 }}* {env}, i8* {})",
+                        cdata.v
+                    ),
+                );
                 self.line(format!("br label %{join}"));
                 self.start_block(&pool);
-                let r2 = self.assign("i32", format!("call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)", cdata.v));
+                let r2 = self.assign(
+                    "i32",
+                    format!(
+                        "call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)",
+                        cdata.v
+                    ),
+                );
                 self.line(format!("br label %{join}"));
                 self.start_block(&join);
-                self.assign("i32", format!("phi i32 [ {}, %{inline} ], [ {}, %{pool} ]", r1.v, r2.v))
+                self.assign(
+                    "i32",
+                    format!("phi i32 [ {}, %{inline} ], [ {}, %{pool} ]", r1.v, r2.v),
+                )
             }
-            None => self.assign("i32", format!("call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)", cdata.v)),
+            None => self.assign(
+                "i32",
+                format!(
+                    "call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)",
+                    cdata.v
+                ),
+            ),
         };
         self.propagate(&rc.v);
         Ok(())

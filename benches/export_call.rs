@@ -1,0 +1,156 @@
+//! The cost of calling an exported kiln library from a host that is not kiln: a 1-element
+//! `vadd` (the benchmark kernel, whose loop is parallel) exported with `kiln build`'s default
+//! target.
+//!
+//! - From a plain C host (`tests/c/pool_host.c bench`, dlopen, no context slot filled): ns per
+//!   call of `__tvm_ffi_vadd` against a C function in the host that checks and decodes the
+//!   same three DLTensor arguments and adds one float, both timed in the same process (medians
+//!   of 15 batches of 20000 calls); the host runs 5 times and the medians are summarized.
+//! - From Python through `tvm_ffi` (`python/bench_call.py`, `$KILN_PYTHON`), when `tvm`
+//!   imports: against TVM 0.27's export of the same vadd (parallel, as in the kernels bench)
+//!   and of a serial one, with and without `import tvm` (which fills the libraries' pool slot
+//!   with TVM's pool).
+//!
+//! Run: `cargo bench --bench export_call`.
+
+mod util;
+use util::cpu_model;
+
+use std::path::Path;
+use std::process::Command;
+
+use kiln::codegen::llvm::{export, CodegenOptions};
+use kiln::ir::IRModule;
+use kiln::target::Target;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let t = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap();
+    let o = CodegenOptions::from_target(&t).unwrap();
+    let module = IRModule::from_functions(vec![kiln::schedule::kernels::vadd().unwrap()]);
+    export(&module, &o, &d.join("kiln_vadd.so")).unwrap();
+    println!("CPU: {}", cpu_model());
+    println!(
+        "1-element vadd exported for {}; median [min-max]",
+        t.export()
+    );
+
+    // The plain C host.
+    let exe = d.join("pool_host");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/pool_host.c");
+    let st = Command::new(cc)
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .arg("-ldl")
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling pool_host.c");
+    let (mut k, mut c, mut r) = (vec![], vec![], vec![]);
+    for _ in 0..5 {
+        let out = Command::new(&exe)
+            .arg("bench")
+            .arg(d.join("kiln_vadd.so"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: Vec<f64> = text
+            .lines()
+            .find_map(|l| l.strip_prefix("call_ns: "))
+            .unwrap_or_else(|| panic!("pool_host: {text}"))
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        k.push(v[0]);
+        c.push(v[1]);
+        r.push(v[2]);
+    }
+    let span = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        (lo, hi)
+    };
+    let (kl, kh) = span(&k);
+    let (cl, ch) = span(&c);
+    let (rl, rh) = span(&r);
+    println!(
+        "plain C host: __tvm_ffi_vadd {:.2} ns [{kl:.2}-{kh:.2}], C decode+add {:.2} ns [{cl:.2}-{ch:.2}]; kiln / C = {:.2} [{rl:.2}-{rh:.2}] (goal <= 1.5)",
+        median(&mut k),
+        median(&mut c),
+        median(&mut r)
+    );
+
+    // Python through tvm_ffi, beside TVM's exports.
+    let py = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/bench_call.py");
+    let has_tvm = Command::new(&py)
+        .args(["-c", "import tvm, tvm_ffi, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_tvm {
+        println!("python: `{py}` cannot import tvm, tvm_ffi and numpy; the tvm_ffi comparison is skipped");
+        return;
+    }
+    let mcpu = o.resolved().cpu;
+    let st = Command::new(&py)
+        .args([script, "build", d.to_str().unwrap(), &mcpu])
+        .status()
+        .unwrap();
+    assert!(st.success(), "bench_call.py build");
+    for import in [false, true] {
+        let mut args = vec![script, "time", d.to_str().unwrap()];
+        if import {
+            args.push("--import-tvm");
+        }
+        let out = Command::new(&py).args(&args).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "bench_call.py: {e}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let get = |k: &str| -> Option<(f64, f64, f64)> {
+            let x = v.get(k)?;
+            Some((
+                x["median"].as_f64()?,
+                x["min"].as_f64()?,
+                x["max"].as_f64()?,
+            ))
+        };
+        let kiln = get("kiln").unwrap();
+        let mut line = format!(
+            "python tvm_ffi{}: kiln {:.0} ns [{:.0}-{:.0}]",
+            if import {
+                " after `import tvm`"
+            } else {
+                ", no tvm"
+            },
+            kiln.0,
+            kiln.1,
+            kiln.2
+        );
+        for (key, what) in [
+            ("tvm", "TVM parallel vadd"),
+            ("tvm_serial", "TVM serial vadd"),
+        ] {
+            if let Some(t) = get(key) {
+                line += &format!(
+                    "; {what} {:.0} ns [{:.0}-{:.0}], kiln / TVM = {:.2}",
+                    t.0,
+                    t.1,
+                    t.2,
+                    kiln.0 / t.0
+                );
+            }
+        }
+        println!("{line}");
+    }
+}

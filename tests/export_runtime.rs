@@ -1,0 +1,95 @@
+//! The runtime kiln links into exported libraries (`src/runtime/export_rt.c`), seen from a
+//! plain C host that fills no context slot (`tests/c/pool_host.c`): a persistent pool sized by
+//! `KILN_NUM_THREADS`, else `TVM_NUM_THREADS`, else the CPUs; no thread created after the first
+//! call (counted over 1000 calls); workspaces reused across calls (the host counts the
+//! library's `aligned_alloc` calls).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln::codegen::llvm::{export, CodegenOptions};
+use kiln::ir::IRModule;
+use kiln::schedule::kernels as sk;
+use kiln::target::Target;
+
+fn host(dir: &Path) -> PathBuf {
+    let exe = dir.join("pool_host");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/pool_host.c");
+    let st = Command::new(cc)
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .arg("-ldl")
+        .status()
+        .unwrap();
+    assert!(st.success(), "compiling pool_host.c");
+    exe
+}
+
+fn export_default(f: kiln::ir::PrimFunc, dir: &Path) -> PathBuf {
+    let path = dir.join(format!("lib{}.so", f.name));
+    let t = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap();
+    let o = CodegenOptions::from_target(&t).unwrap();
+    export(&IRModule::from_functions(vec![f]), &o, &path).unwrap();
+    path
+}
+
+/// Runs the host with `env` (and neither thread variable unless given); returns the numbers
+/// after `prefix`.
+fn run(exe: &Path, mode: &str, lib: &Path, env: &[(&str, &str)], prefix: &str) -> Vec<f64> {
+    let mut cmd = Command::new(exe);
+    cmd.arg(mode).arg(lib);
+    cmd.env_remove("KILN_NUM_THREADS")
+        .env_remove("TVM_NUM_THREADS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "pool_host {mode}: {text}");
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` in {text}"));
+    line.split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect()
+}
+
+fn cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+
+#[test]
+fn the_pool_starts_once_with_the_configured_threads_and_never_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = host(dir.path());
+    let lib = export_default(sk::vadd().unwrap(), dir.path());
+    // Threads in the process after the first big call and after 1000 more calls: the main
+    // thread plus the pool's workers (the caller is one of the pool's threads).
+    let cases: [(&[(&str, &str)], f64); 4] = [
+        (&[("KILN_NUM_THREADS", "3")], 3.0),
+        (&[("TVM_NUM_THREADS", "2")], 2.0),
+        (&[("KILN_NUM_THREADS", "1"), ("TVM_NUM_THREADS", "4")], 1.0),
+        (&[], cpus()),
+    ];
+    for (env, want) in cases {
+        let t = run(&exe, "threads", &lib, env, "threads: ");
+        assert_eq!(t[0], want, "threads after the first call with {env:?}");
+        assert_eq!(
+            t[1], t[0],
+            "threads created after the first call with {env:?}"
+        );
+    }
+}
+
+#[test]
+fn workspaces_are_reused_across_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = host(dir.path());
+    let lib = export_default(sk::matmul_sized(64, 64, 64).unwrap(), dir.path());
+    let n = run(&exe, "workspace", &lib, &[], "aligned_alloc: ");
+    assert!(n[0] >= 1.0, "the first call allocates its workspace: {n:?}");
+    assert_eq!(n[1], 0.0, "1000 calls more allocated again: {n:?}");
+}
