@@ -1,7 +1,9 @@
 //! The benchmark kernels (`examples/kernels/*.json`, scheduled by `kiln::schedule::kernels`)
 //! against a plain Rust loop, numpy and TVM 0.27, in one run.
 //!
-//! kiln's kernels are JIT-compiled for the default target a user gets, `{"kind": "llvm",
+//! kiln's kernels (`kiln::schedule::kernels`, as `examples/kernels/*.json`, with matmul's
+//! register tiles chosen for the target's CPU: `MatmulTiles::for_target`) are JIT-compiled for
+//! the default target a user gets, `{"kind": "llvm",
 //! "mcpu": "native", "num-cores": <logical CPUs>}` (no fast math: multiply-add contraction is on
 //! by default and softmax asks for `fast_exp` itself), or for `KILN_BENCH_MCPU` in place of
 //! `native` (e.g. `haswell`, an AVX2-only target), and called through the packed-function ABI
@@ -106,13 +108,23 @@ struct Row {
     kiln_vs_rust_err: f64,
 }
 
-fn kernel(name: &str) -> LlvmModule {
-    let path = format!(
-        "{}/examples/kernels/{name}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+/// The scheduled kernel `name` for this run's target: `examples/kernels/<name>.json`'s schedule,
+/// with matmul's register tiles chosen for the target's CPU ([`MatmulTiles::for_target`]).
+fn scheduled(name: &str) -> IRModule {
+    use kiln::schedule::kernels as sk;
+    let f = match name {
+        "vadd" => sk::vadd(),
+        "matmul" => sk::matmul_tiled(1024, 1024, 1024, sk::MatmulTiles::for_target(&target())),
+        "rowsum" => sk::rowsum(),
+        _ => sk::softmax(),
+    };
+    let m = IRModule::from_functions(vec![f.unwrap()]);
     m.verify().unwrap();
+    m
+}
+
+fn kernel(name: &str) -> LlvmModule {
+    let m = scheduled(name);
     let o = CodegenOptions::from_target(&target()).unwrap().resolved();
     let m = LlvmModule::jit(&m, &o).unwrap();
     // Time the optimized code, not the JIT's quick first tier.
@@ -122,11 +134,7 @@ fn kernel(name: &str) -> LlvmModule {
 
 /// Exports a kernel as `<dir>/<name>.so` for python/bench_tvm.py (kiln through tvm_ffi).
 fn export_kernel(name: &str, dir: &Path) {
-    let path = format!(
-        "{}/examples/kernels/{name}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let m = IRModule::from_json_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let m = scheduled(name);
     let o = CodegenOptions::from_target(&target()).unwrap();
     kiln::codegen::llvm::export(&m, &o, &dir.join(format!("{name}.so"))).unwrap();
 }

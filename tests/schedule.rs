@@ -274,6 +274,11 @@ fn scheduled_kernels_are_correct_for_unaligned_data() {
             vec![vec![24, 17], vec![17, 64], vec![24, 64]],
         ),
         (
+            kernels::matmul_sized(70, 48, 19),
+            sk::matmul_tiled(70, 48, 19, sk::MatmulTiles::AVX2).unwrap(),
+            vec![vec![70, 19], vec![19, 48], vec![70, 48]],
+        ),
+        (
             kernels::rowsum_sized(3, 128),
             sk::rowsum_sized(3, 128).unwrap(),
             vec![vec![3, 128], vec![3]],
@@ -315,4 +320,69 @@ fn scheduled_kernels_are_correct_for_unaligned_data() {
         let got = arrays.last().unwrap().to_f32()[1..].to_vec();
         close(&format!("{} unaligned", f.name), &got, &want, 1e-5);
     }
+}
+
+/// matmul's register tiles follow the target's CPU: AVX-512 CPUs (named, `native` on one, or
+/// `+avx512f`) get 8 x 32, the others 4 x 16; `-avx512f` wins over the CPU.
+#[test]
+fn matmul_tiles_follow_the_targets_vector_registers() {
+    let tiles = |t: &str| sk::MatmulTiles::for_target(&kiln::target::Target::parse(t).unwrap());
+    assert_eq!(
+        tiles(r#"{"kind": "llvm", "mcpu": "haswell"}"#),
+        sk::MatmulTiles::AVX2
+    );
+    assert_eq!(
+        tiles(r#"{"kind": "llvm", "mcpu": "znver3"}"#),
+        sk::MatmulTiles::AVX2
+    );
+    assert_eq!(
+        tiles(r#"{"kind": "llvm", "mcpu": "skylake-avx512"}"#),
+        sk::MatmulTiles::AVX512
+    );
+    assert_eq!(
+        tiles(r#"{"kind": "llvm", "mcpu": "znver4"}"#),
+        sk::MatmulTiles::AVX512
+    );
+    assert_eq!(
+        tiles(r#"{"kind": "llvm", "mcpu": "haswell", "mattr": ["+avx512f"]}"#),
+        sk::MatmulTiles::AVX512
+    );
+    assert_eq!(
+        tiles(r#"{"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]}"#),
+        sk::MatmulTiles::AVX2
+    );
+    // `native`: the host's features decide.
+    let host_has = kiln::target::host_cpu().is_some_and(|(_, f)| f.iter().any(|x| x == "+avx512f"));
+    let want = if host_has {
+        sk::MatmulTiles::AVX512
+    } else {
+        sk::MatmulTiles::AVX2
+    };
+    assert_eq!(tiles(r#"{"kind": "llvm", "mcpu": "native"}"#), want);
+}
+
+/// Built for an AVX2-only CPU, matmul's inner loop is ymm FMAs with no spill to the stack.
+#[test]
+fn the_avx2_matmul_keeps_its_accumulators_in_registers() {
+    let t = kiln::target::Target::parse(r#"{"kind": "llvm", "mcpu": "haswell"}"#).unwrap();
+    let o = CodegenOptions::from_target(&t).unwrap();
+    let f = sk::matmul_tiled(64, 64, 64, sk::MatmulTiles::for_target(&t)).unwrap();
+    let m = LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
+    m.wait_optimized().unwrap();
+    let asm = m.get_source("asm").unwrap();
+    assert!(
+        asm.contains("vfmadd231ps") && asm.contains("%ymm"),
+        "no ymm FMA"
+    );
+    assert!(!asm.contains("%zmm"), "zmm registers on an AVX2 target");
+    // The k loop (the block with the FMAs): no vector register goes to or comes from the
+    // stack.
+    let lines: Vec<&str> = asm.lines().collect();
+    let first = lines.iter().position(|l| l.contains("vfmadd")).unwrap();
+    let last = lines.iter().rposition(|l| l.contains("vfmadd")).unwrap();
+    let spills: Vec<&&str> = lines[first..=last]
+        .iter()
+        .filter(|l| l.contains("%ymm") && l.contains("(%rsp)"))
+        .collect();
+    assert!(spills.is_empty(), "vector spills in the k loop: {spills:?}");
 }

@@ -50,14 +50,68 @@ pub fn vadd() -> ScheduleResult<PrimFunc> {
     s.finish()
 }
 
-/// Scheduled `matmul(A[m,k], B[k,n], C[m,n])`; `n` must be a multiple of [`MATMUL_NR`] (other
-/// `m` and `k` are fine).
+/// The register blocking of `matmul` for one CPU: an `mr` x `nr` block of `C` in vector
+/// registers over the whole `k` loop, `mb` rows of `A` per parallel task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulTiles {
+    /// Rows of `C` per register block.
+    pub mr: i64,
+    /// Columns of `C` per register block (a multiple of the vector width).
+    pub nr: i64,
+    /// Rows per parallel task block (a multiple of `mr`).
+    pub mb: i64,
+}
+
+impl MatmulTiles {
+    /// 32 vector registers of 16 floats (AVX-512): 8 x 32, sixteen zmm accumulators, two for
+    /// the `B` panel row, one broadcast of `A`.
+    pub const AVX512: MatmulTiles = MatmulTiles {
+        mr: MATMUL_MR,
+        nr: MATMUL_NR,
+        mb: MATMUL_MB,
+    };
+    /// 16 vector registers of 8 floats (AVX2, and SSE machines, which LLVM lowers the 8-lane
+    /// vectors for): 4 x 16, eight ymm accumulators (two FMA ports x four cycles of latency),
+    /// two for the `B` panel row, one broadcast of `A`, nothing spilled. 8 x 32 needs 32 ymm
+    /// accumulators there and spills (108 GFLOP/s against 176 on a Xeon built for `haswell`);
+    /// 6 x 16 fits too, but 64-row blocks are not a multiple of 6 and the tail's guards stayed
+    /// in the inner loop (114 GFLOP/s).
+    pub const AVX2: MatmulTiles = MatmulTiles {
+        mr: 4,
+        nr: 16,
+        mb: 64,
+    };
+
+    /// The tiles for a target: AVX-512 when its CPU has it (`mcpu` `native` resolved to the
+    /// host, a named CPU by [`crate::target::cpu_has_avx512`], `mattr` `+avx512f`/`-avx512f`
+    /// deciding over both), else AVX2's.
+    pub fn for_target(t: &crate::target::Target) -> MatmulTiles {
+        if crate::target::has_avx512(t) {
+            MatmulTiles::AVX512
+        } else {
+            MatmulTiles::AVX2
+        }
+    }
+}
+
+/// Scheduled `matmul(A[m,k], B[k,n], C[m,n])` with the AVX-512 tiles
+/// ([`MatmulTiles::AVX512`]); `n` must be a multiple of [`MATMUL_NR`] (other `m` and `k` are
+/// fine). [`matmul_tiled`] takes the tiles of another CPU.
 ///
 /// # Errors
 /// `n` not a multiple of [`MATMUL_NR`].
 pub fn matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
+    matmul_tiled(m, n, k, MatmulTiles::AVX512)
+}
+
+/// Scheduled `matmul` with the register blocking `tiles` (e.g. [`MatmulTiles::for_target`]);
+/// `n` must be a multiple of `tiles.nr`.
+///
+/// # Errors
+/// `n` not a multiple of `tiles.nr`.
+pub fn matmul_tiled(m: i64, n: i64, k: i64, tiles: MatmulTiles) -> ScheduleResult<PrimFunc> {
     let mut s = Schedule::new(plain::matmul_sized(m, n, k));
-    let nr = MATMUL_NR;
+    let nr = tiles.nr;
     // Bp[n / nr, k, n % nr]: each register block reads one contiguous k x nr panel.
     let fill = s.transform_layout(
         "B",
@@ -73,8 +127,8 @@ pub fn matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
     let (fill_oo, fill_oi) = s.split(&fill_o, 8.min(n / nr))?;
     s.reorder(&[&fill_oo, &fill[0], &fill_oi, &fill_j])?;
     s.parallel(&fill_oo)?;
-    let (io, ii) = s.split("i", MATMUL_MB.min(m))?;
-    let (it, ir) = s.split(&ii, MATMUL_MR)?;
+    let (io, ii) = s.split("i", tiles.mb.min(m))?;
+    let (it, ir) = s.split(&ii, tiles.mr)?;
     let (jo, ji) = s.split("j", nr)?;
     s.reorder(&[&io, &jo, &it, &ir, &ji])?;
     s.parallel(&io)?;

@@ -388,6 +388,61 @@ pub fn host_cpu() -> Option<&'static (String, Vec<String>)> {
     .as_ref()
 }
 
+/// Whether LLVM's x86 CPU `name` has AVX-512 (`avx512f`): the CPUs of LLVM 14's x86 table
+/// that do, and the `x86-64-v4` level. Unknown names are taken not to.
+pub fn cpu_has_avx512(name: &str) -> bool {
+    matches!(
+        name,
+        "knl"
+            | "knm"
+            | "skylake-avx512"
+            | "skx"
+            | "cascadelake"
+            | "cooperlake"
+            | "cannonlake"
+            | "icelake-client"
+            | "icelake-server"
+            | "tigerlake"
+            | "sapphirerapids"
+            | "rocketlake"
+            | "graniterapids"
+            | "emeraldrapids"
+            | "znver4"
+            | "znver5"
+            | "x86-64-v4"
+    )
+}
+
+/// Whether code for the `llvm` target `t` may use AVX-512: its `mcpu` (`native` = the host
+/// CPU and its features) has it, unless `mattr` says `-avx512f`; or `mattr` says `+avx512f`.
+pub fn has_avx512(t: &super::Target) -> bool {
+    let mut attrs: Vec<String> = t.get_str_array("mattr").unwrap_or_default().to_vec();
+    let cpu = match t.get_str("mcpu") {
+        Some("native") => match host_cpu() {
+            Some((name, features)) => {
+                let mut all = features.clone();
+                all.extend(attrs);
+                attrs = all;
+                name.clone()
+            }
+            None => String::new(),
+        },
+        Some(c) => c.to_owned(),
+        None => String::new(),
+    };
+    // The last word on avx512f wins, as in LLVM's feature strings.
+    match attrs
+        .iter()
+        .rev()
+        .find(|a| a.get(1..) == Some("avx512f"))
+        .map(String::as_str)
+    {
+        Some("+avx512f") => true,
+        Some(_) => false,
+        None => cpu_has_avx512(&cpu),
+    }
+}
+
 /// The llvm/c canonicalizer: the default triple, Arm features.
 ///
 /// `mcpu: native` is kept as written (as TVM 0.27 keeps it): a target string means the same

@@ -74,7 +74,9 @@ use std::hash::{Hash, Hasher};
 use std::str::FromStr;
 use std::sync::Arc;
 
-pub use builtin::{arm_features, default_triple, host_cpu, ArmFeatures};
+pub use builtin::{
+    arm_features, cpu_has_avx512, default_triple, has_avx512, host_cpu, ArmFeatures,
+};
 pub use error::{TargetError, TargetResult};
 pub use kind::{
     Canonicalizer, Config, OptionSpec, OptionType, OptionValueType, TargetKind, TargetKindBuilder,
