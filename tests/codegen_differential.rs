@@ -197,6 +197,36 @@ proptest! {
     }
 }
 
+/// Calls the module's `f` on 1-D host buffers of `N` elements (one `DLTensor` each).
+fn call_f(m: &LlvmModule, bufs: &mut [HostBuffer]) -> Result<(), String> {
+    let mut shape = [N];
+    let dls: Vec<DLTensor> = bufs
+        .iter_mut()
+        .map(|h| DLTensor {
+            data: h.data.as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: 1,
+            dtype: DLDataType {
+                code: DLDataTypeCode(h.dtype.code as u8),
+                bits: h.dtype.bits,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        })
+        .collect();
+    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+    m.require_function("f")
+        .unwrap()
+        .call(&views)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 /// A sum-of-products expression over `A[i]`, `B[i]` and constants (all in [0.5, 2], so no
 /// cancellation: every operation's rounding error is relative to a positive result).
 #[derive(Debug, Clone)]
@@ -287,31 +317,7 @@ fn check_contracted(
     let m = LlvmModule::jit_with(&module, &opts, Tiering::Off)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut bufs = vec![host(a), host(b), HostBuffer::zeros(t, &[N])];
-    let mut shape = [N];
-    let dls: Vec<DLTensor> = bufs
-        .iter_mut()
-        .map(|h| DLTensor {
-            data: h.data.as_mut_ptr().cast(),
-            device: DLDevice {
-                device_type: DLDeviceType::CPU,
-                device_id: 0,
-            },
-            ndim: 1,
-            dtype: DLDataType {
-                code: DLDataTypeCode(t.code as u8),
-                bits: t.bits,
-                lanes: 1,
-            },
-            shape: shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        })
-        .collect();
-    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
-    m.require_function("f")
-        .unwrap()
-        .call(&views)
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    call_f(&m, &mut bufs).map_err(TestCaseError::fail)?;
     let InterpArg::Buffer(want) = &iargs[2] else {
         unreachable!()
     };
@@ -415,28 +421,7 @@ fn min_and_max_with_a_constant_keep_nan_and_signed_zero_rules() {
                             LlvmModule::jit_with(&module, &CodegenOptions::host(), Tiering::Off)
                                 .unwrap();
                         let mut bufs = [host(&xs), HostBuffer::zeros(t, &[N])];
-                        let mut shape = [N];
-                        let dls: Vec<DLTensor> = bufs
-                            .iter_mut()
-                            .map(|h| DLTensor {
-                                data: h.data.as_mut_ptr().cast(),
-                                device: DLDevice {
-                                    device_type: DLDeviceType::CPU,
-                                    device_id: 0,
-                                },
-                                ndim: 1,
-                                dtype: DLDataType {
-                                    code: DLDataTypeCode(t.code as u8),
-                                    bits: t.bits,
-                                    lanes: 1,
-                                },
-                                shape: shape.as_mut_ptr(),
-                                strides: std::ptr::null_mut(),
-                                byte_offset: 0,
-                            })
-                            .collect();
-                        let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
-                        m.require_function("f").unwrap().call(&views).unwrap();
+                        call_f(&m, &mut bufs).unwrap();
                         for (j, x) in xs.iter().enumerate() {
                             let (g, w) = (
                                 bufs[1].get(j).unwrap().as_f64(),

@@ -280,6 +280,49 @@ fn float_functions_compiled_by_llvm_agree_with_the_interpreter() {
     }
 }
 
+/// Builds `f(A, B, C)` for OpenCL, runs it on `dev` with `a`, `b` in type `t` and returns `C`.
+fn on_device(
+    f: PrimFunc,
+    t: DataType,
+    a: &[f64],
+    b: &[f64],
+    api: &kiln::device_api::OpenClDeviceApi,
+    dev: kiln::device_api::Device,
+) -> Vec<f64> {
+    let n = a.len() as i64;
+    let m = OpenClModule::build(
+        &IRModule::from_functions(vec![f]),
+        &Target::parse(r#"{"kind": "opencl"}"#).unwrap(),
+    )
+    .unwrap();
+    let pf = m.get_function("f").unwrap();
+    let tensor = |v: &[f64]| {
+        if t == DataType::f32() {
+            let v: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+            Tensor::from_slice(&v, &[n], dev).unwrap()
+        } else {
+            Tensor::from_slice(v, &[n], dev).unwrap()
+        }
+    };
+    let (at, bt, ct) = (tensor(a), tensor(b), tensor(&vec![0.0; a.len()]));
+    pf.call(&[
+        AnyView::from(at.as_dltensor()),
+        AnyView::from(bt.as_dltensor()),
+        AnyView::from(ct.as_dltensor()),
+    ])
+    .unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    if t == DataType::f32() {
+        ct.to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    } else {
+        ct.to_vec::<f64>().unwrap()
+    }
+}
+
 #[test]
 fn float_functions_in_opencl_agree_with_the_interpreter() {
     let Some((api, dev)) = common::opencl_device("float_functions_in_opencl") else {
@@ -291,37 +334,7 @@ fn float_functions_in_opencl_agree_with_the_interpreter() {
         for op in FLOAT_FNS.into_iter().chain(PREDICATES) {
             let f = device_func(op, t, n);
             let want = interpret(&f, t, &a, &b);
-            let m = OpenClModule::build(
-                &IRModule::from_functions(vec![f]),
-                &Target::parse(r#"{"kind": "opencl"}"#).unwrap(),
-            )
-            .unwrap();
-            let pf = m.get_function("f").unwrap();
-            let tensor = |v: &[f64]| {
-                if t == DataType::f32() {
-                    let v: Vec<f32> = v.iter().map(|x| *x as f32).collect();
-                    Tensor::from_slice(&v, &[n], dev).unwrap()
-                } else {
-                    Tensor::from_slice(v, &[n], dev).unwrap()
-                }
-            };
-            let (at, bt, ct) = (tensor(&a), tensor(&b), tensor(&vec![0.0; n as usize]));
-            pf.call(&[
-                AnyView::from(at.as_dltensor()),
-                AnyView::from(bt.as_dltensor()),
-                AnyView::from(ct.as_dltensor()),
-            ])
-            .unwrap();
-            api.sync_stream(dev, api.current_stream(dev)).unwrap();
-            let got: Vec<f64> = if t == DataType::f32() {
-                ct.to_vec::<f32>()
-                    .unwrap()
-                    .iter()
-                    .map(|x| *x as f64)
-                    .collect()
-            } else {
-                ct.to_vec::<f64>().unwrap()
-            };
+            let got = on_device(f, t, &a, &b, &api, dev);
             // OpenCL C's accuracy requirements go up to 16 ulp (pow-like functions).
             compare("OpenCL", op, t, (&a, &b), &got, &want, 16);
         }
@@ -868,26 +881,8 @@ fn fast_exp_is_the_same_bits_on_every_backend() {
     else {
         return;
     };
-    let m = OpenClModule::build(
-        &IRModule::from_functions(vec![device_func(Intrinsic::FastExp, t, n)]),
-        &Target::parse(r#"{"kind": "opencl"}"#).unwrap(),
-    )
-    .unwrap();
-    let pf = m.get_function("f").unwrap();
-    let tensor = |v: &[f64]| {
-        let v: Vec<f32> = v.iter().map(|x| *x as f32).collect();
-        Tensor::from_slice(&v, &[n], dev).unwrap()
-    };
-    let (at, bt, ct) = (tensor(&a), tensor(&b), tensor(&b));
-    pf.call(&[
-        AnyView::from(at.as_dltensor()),
-        AnyView::from(bt.as_dltensor()),
-        AnyView::from(ct.as_dltensor()),
-    ])
-    .unwrap();
-    api.sync_stream(dev, api.current_stream(dev)).unwrap();
-    for (k, g) in ct.to_vec::<f32>().unwrap().into_iter().enumerate() {
-        let g = f64::from(g);
+    let got = on_device(device_func(Intrinsic::FastExp, t, n), t, &a, &b, &api, dev);
+    for (k, &g) in got.iter().enumerate() {
         assert!(
             (g.is_nan() && want[k].is_nan()) || g.to_bits() == want[k].to_bits(),
             "OpenCL fast_exp({}) = {g:e}, interpreter {:e}",

@@ -19,28 +19,6 @@ mod common;
 
 use std::process::Command;
 
-/// `KILN_PYTHON` if it imports TVM, tvm_ffi and numpy; else skips (or fails under
-/// `KILN_REQUIRE_TVM=1`).
-fn python_with_tvm(test: &str) -> Option<String> {
-    let py = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import tvm, tvm_ffi, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert_ne!(
-            std::env::var("KILN_REQUIRE_TVM").as_deref(),
-            Ok("1"),
-            "KILN_REQUIRE_TVM=1 but `{py}` cannot import tvm (pip install apache-tvm==0.27.0.post1)"
-        );
-        eprintln!(
-            "skipped: `{py}` cannot import tvm (pip install apache-tvm==0.27.0.post1) [{test}]"
-        );
-        return None;
-    }
-    Some(py)
-}
-
 fn script(name: &str) -> String {
     format!("{}/tests/python/{name}", env!("CARGO_MANIFEST_DIR"))
 }
@@ -60,7 +38,7 @@ fn run(py: &str, args: &[&str]) -> String {
 
 #[test]
 fn topi_operators_converted_by_the_bridge_agree_with_tvm() {
-    let Some(py) = python_with_tvm("topi_operators_converted_by_the_bridge_agree_with_tvm") else {
+    let Some(py) = common::python_with_tvm() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -92,8 +70,7 @@ fn topi_operators_converted_by_the_bridge_agree_with_tvm() {
 
 #[test]
 fn tir_the_bridge_does_not_cover_is_an_error_naming_the_node() {
-    let Some(py) = python_with_tvm("tir_the_bridge_does_not_cover_is_an_error_naming_the_node")
-    else {
+    let Some(py) = common::python_with_tvm() else {
         return;
     };
     let out = run(&py, &[&script("tvm_bridge_errors.py")]);

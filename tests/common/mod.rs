@@ -115,18 +115,38 @@ impl HostArray {
 /// The Python (`KILN_PYTHON`, default `python3`) if it can import tvm_ffi and numpy. Without it
 /// the caller skips, except under `KILN_REQUIRE_TVM_FFI=1` (CI), where this panics.
 pub fn python_with_tvm_ffi() -> Option<String> {
+    python_with(
+        "tvm_ffi, numpy",
+        "KILN_REQUIRE_TVM_FFI",
+        "pip install apache-tvm-ffi numpy",
+    )
+}
+
+/// The Python (`KILN_PYTHON`) if it can import TVM 0.27, tvm_ffi and numpy; else skips, or
+/// panics under `KILN_REQUIRE_TVM=1` (CI).
+pub fn python_with_tvm() -> Option<String> {
+    python_with(
+        "tvm, tvm_ffi, numpy",
+        "KILN_REQUIRE_TVM",
+        "pip install apache-tvm==0.27.0.post1",
+    )
+}
+
+/// `KILN_PYTHON` (default `python3`) if it imports `modules`; else a visible skip, or a panic
+/// when the environment variable `require` is `1`.
+fn python_with(modules: &str, require: &str, install: &str) -> Option<String> {
     let py = std::env::var("KILN_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&py)
-        .args(["-c", "import tvm_ffi, numpy"])
+        .args(["-c", &format!("import {modules}")])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
         assert_ne!(
-            std::env::var("KILN_REQUIRE_TVM_FFI").as_deref(),
+            std::env::var(require).as_deref(),
             Ok("1"),
-            "KILN_REQUIRE_TVM_FFI=1 but `{py}` cannot import tvm_ffi and numpy"
+            "{require}=1 but `{py}` cannot import {modules} ({install})"
         );
-        eprintln!("skipped: `{py}` cannot import tvm_ffi and numpy");
+        eprintln!("skipped: `{py}` cannot import {modules} ({install})");
         return None;
     }
     Some(py)
