@@ -13,8 +13,10 @@
  *     in all, else TVM_NUM_THREADS, else the CPUs this process may run on (sched_getaffinity);
  *     the caller is one of them and runs tasks too. No thread is created after that.
  *   - workers spin briefly for the next launch, then park on a futex;
- *   - tasks are claimed from a shared counter, so a worker that another process delays does
- *     not hold up the launch; the caller waits for the last task (spin, then futex);
+ *   - tasks are claimed from a shared counter tagged with the launch's generation, so a worker
+ *     that another process delays does not hold up the launch and a worker late from one
+ *     launch never takes a task of the next; the caller waits for the last task (spin, then
+ *     futex);
  *   - launches from several host threads take turns (one launch at a time); a launch from
  *     inside a task, or with one thread, runs serially on the caller;
  *   - a task failing on a worker makes the launch return -2 (the generated code raises
@@ -74,13 +76,18 @@ static _Thread_local int in_task = 0;
 static struct {
   _Atomic uint32_t gen;  /* bumped for every launch (and to stop); workers wait on it */
   _Atomic uint32_t done; /* set by whoever finishes the last task; the caller waits on it */
-  _Atomic int32_t next;  /* the next task to claim */
+  /* (launch generation << 32) | next task to claim. A claim is a compare-and-swap that keeps
+   * the generation, so a worker still leaving the previous launch can never take (and run
+   * twice) a task of the next one. */
+  _Atomic uint64_t claim;
   _Atomic int32_t remaining;
   _Atomic int32_t worker_failed;
   _Atomic int32_t quit;
+  /* Written by the caller before it publishes `claim`, read only after a successful claim of
+   * this generation (which ends only after every task of it finished). */
   kiln_lambda lambda;
   void *cdata;
-  _Atomic int32_t num_task;
+  int32_t num_task;
 } job;
 
 static int env_threads(const char *name) {
@@ -111,15 +118,23 @@ static void init(void) {
   pthread_atfork(NULL, NULL, reset_after_fork);
 }
 
-/* Runs tasks of the current job until none is left. Returns 1 if one failed. */
-static int run_tasks(void) {
+/* Runs tasks of launch `g` until none is left. Returns 1 if one failed. On a worker a failure
+ * is recorded before the task counts as finished, so the caller, who reads it once every task
+ * has finished, cannot miss it. */
+static int run_tasks(uint32_t g, int is_worker) {
   int failed = 0;
   for (;;) {
-    int32_t t = atomic_fetch_add(&job.next, 1);
-    int32_t nt = atomic_load(&job.num_task);
+    uint64_t w = atomic_load(&job.claim);
+    if ((uint32_t)(w >> 32) != g) break; /* a later launch (or none): nothing of ours left */
+    int32_t t = (int32_t)(uint32_t)w;
+    int32_t nt = job.num_task;
     if (t >= nt) break;
+    if (!atomic_compare_exchange_weak(&job.claim, &w, w + 1)) continue;
     kiln_env env = {NULL, nt};
-    if (job.lambda(t, &env, job.cdata) != 0) failed = 1;
+    if (job.lambda(t, &env, job.cdata) != 0) {
+      failed = 1;
+      if (is_worker) atomic_store(&job.worker_failed, 1);
+    }
     if (atomic_fetch_sub(&job.remaining, 1) == 1) {
       atomic_store(&job.done, 1);
       futex_wake(&job.done);
@@ -143,7 +158,7 @@ static void *worker_main(void *arg) {
     }
     seen = g;
     if (atomic_load(&job.quit)) return NULL;
-    if (run_tasks()) atomic_store(&job.worker_failed, 1);
+    run_tasks(g, 1);
   }
 }
 
@@ -179,17 +194,18 @@ HIDDEN int32_t __kiln_rt_parallel_launch(kiln_lambda f, void *cdata, int32_t num
     return run_serial(f, cdata);
   }
   int32_t nt = num_task > 0 ? num_task : pool_threads;
+  uint32_t g = atomic_load(&job.gen) + 1;
   job.lambda = f;
   job.cdata = cdata;
-  atomic_store(&job.num_task, nt);
+  job.num_task = nt;
   atomic_store(&job.remaining, nt);
   atomic_store(&job.done, 0);
   atomic_store(&job.worker_failed, 0);
-  atomic_store(&job.next, 0);
-  atomic_fetch_add(&job.gen, 1);
+  atomic_store(&job.claim, (uint64_t)g << 32);
+  atomic_store(&job.gen, g);
   futex_wake(&job.gen);
   in_task = 1;
-  int caller_failed = run_tasks();
+  int caller_failed = run_tasks(g, 0);
   in_task = 0;
   int spins = 0;
   while (atomic_load(&job.remaining) > 0) {
