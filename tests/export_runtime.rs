@@ -93,3 +93,33 @@ fn workspaces_are_reused_across_calls() {
     assert!(n[0] >= 1.0, "the first call allocates its workspace: {n:?}");
     assert_eq!(n[1], 0.0, "1000 calls more allocated again: {n:?}");
 }
+
+/// Launches back to back, each task incrementing its elements once: a task run twice (a worker
+/// late from one launch taking a task of the next) or skipped would leave a wrong count.
+#[test]
+fn back_to_back_launches_run_every_task_exactly_once() {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc};
+    let dir = tempfile::tempdir().unwrap();
+    let exe = host(dir.path());
+    let n = Expr::from(1i64 << 16);
+    let c = Buffer::new("C", DataType::f32(), vec![n.clone()]);
+    let body = for_range("i", n, ForKind::Parallel, |i| {
+        c.store([i.clone()], c.load([i]) + Expr::from(1.0f32))
+    });
+    let f = PrimFunc::new("inc", vec![Param::Buffer(c)], body).with_noalias(true);
+    let lib = export_default(f, dir.path());
+    for threads in ["2", "4"] {
+        let out = Command::new(&exe)
+            .arg("inc")
+            .arg(&lib)
+            .env("KILN_NUM_THREADS", threads)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("inc: ok"),
+            "{threads} threads: {text}"
+        );
+    }
+}

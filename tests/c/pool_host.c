@@ -7,6 +7,9 @@
  *   pool_host workspace LIB    matmul 64 x 64 x 64 (packs B in a workspace) 1000 times; counts
  *                              the library's aligned_alloc calls (interposed by this host):
  *                              prints "aligned_alloc: <first call> <1000 calls more>"
+ *   pool_host inc LIB          `inc` (C[i] += 1 over [n] in parallel, n = 65536) 2000 times back to
+ *                              back; every element must be 2000: a task run twice or skipped
+ *                              by a late worker shows; prints "inc: ok"
  *   pool_host bench LIB        ns per call of a 1-element vadd through __tvm_ffi_vadd, and of
  *                              a C function decoding the same three DLTensor arguments and
  *                              adding one float; prints "call_ns: <kiln> <c> <ratio>" (medians)
@@ -151,6 +154,24 @@ int main(int argc, char** argv) {
       }
     }
     printf("aligned_alloc: %ld %ld\n", first, allocs - before - first);
+    return 0;
+  }
+  if (strcmp(argv[1], "inc") == 0) {
+    safe_call f = lookup(h, "inc");
+    enum { N = 1 << 16, CALLS = 2000 };
+    static float c[N];
+    int64_t shape[1] = {N};
+    DLTensor tc = {c, 1, 0, 1, 2, 32, 1, shape, NULL, 0};
+    DLTensor* ts[1] = {&tc};
+    Any args[1], ret = {0};
+    pack(args, ts, 1);
+    for (int i = 0; i < CALLS; ++i) {
+      if (f(NULL, args, 1, &ret) != 0) { printf("inc failed\n"); return 1; }
+    }
+    for (int i = 0; i < N; ++i) {
+      if (c[i] != (float)CALLS) { printf("c[%d] = %g after %d calls\n", i, c[i], CALLS); return 1; }
+    }
+    printf("inc: ok\n");
     return 0;
   }
   if (strcmp(argv[1], "bench") == 0) {
