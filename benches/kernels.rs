@@ -3,10 +3,10 @@
 //!
 //! kiln's kernels (`kiln::schedule::kernels`, as `examples/kernels/*.json`, with matmul's
 //! register tiles chosen for the target's CPU: `MatmulTiles::for_target`) are JIT-compiled for
-//! the default target a user gets, `{"kind": "llvm",
-//! "mcpu": "native", "num-cores": <logical CPUs>}` (no fast math: multiply-add contraction is on
-//! by default and softmax asks for `fast_exp` itself), or for `KILN_BENCH_MCPU` in place of
-//! `native` (e.g. `haswell`, an AVX2-only target), and called through the packed-function ABI
+//! the default target a user gets, `{"kind": "llvm", "mcpu": "native", "num-cores": <logical
+//! CPUs>}` (no fast math: multiply-add contraction is on by default and softmax asks for
+//! `fast_exp` itself), then, in a second run, for an AVX2-only CPU (`haswell`); with
+//! `KILN_BENCH_MCPU` set, one run for that CPU. They are called through the packed-function ABI
 //! with 64-byte-aligned inputs. TVM builds its kernels for the same target (the CPU name LLVM
 //! resolves `native` to, passed as `KILN_TVM_MCPU`). numpy and TVM (with
 //! its best hand schedules) are timed by `python/bench_tvm.py`, run with `$KILN_PYTHON` (default
@@ -176,6 +176,22 @@ fn main() {
         print!("{}", kernel(name).get_source("asm").unwrap_or_default());
         return;
     }
+    // Without `KILN_BENCH_MCPU`: this run for the host CPU (`native`), then the same bench
+    // again, in a child process, for an AVX2-only CPU (`haswell`).
+    let again_for_avx2 = std::env::var_os("KILN_BENCH_MCPU").is_none();
+    run();
+    if again_for_avx2 {
+        println!();
+        let st = std::process::Command::new(std::env::current_exe().unwrap())
+            .env("KILN_BENCH_MCPU", "haswell")
+            .status()
+            .unwrap();
+        assert!(st.success(), "the haswell run failed");
+    }
+}
+
+/// One run of the whole bench for this process's target ([`target`]).
+fn run() {
     let quick = std::env::var("KILN_BENCH_QUICK").is_ok_and(|v| v == "1");
     let reps = |n: usize| if quick { n.div_ceil(4).max(3) } else { n };
     // `KILN_BENCH_DIR` keeps the inputs and outputs (for rerunning python/bench_tvm.py alone).
