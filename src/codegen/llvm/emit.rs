@@ -1646,27 +1646,32 @@ impl<'m> Emitter<'m> {
         let mut fields: Vec<String> = vec!["i64".into(), "i64".into()];
         fields.extend(caps.iter().map(|(_, v, _)| v.ty.clone()));
         let sty = format!("{{ {} }}", fields.join(", "));
-        let clo = self.assign(&format!("{sty}*"), format!("alloca {sty}, align 8"));
-        let store_field = |e: &mut Self, idx: usize, val: &Val| {
-            let p = e.assign(
-                "",
-                format!(
-                    "getelementptr inbounds {sty}, {sty}* {}, i32 0, i32 {idx}",
-                    clo.v
-                ),
-            );
-            e.line(format!(
-                "store {}, {}* {}, align 8",
-                val.typed(),
-                val.ty,
-                p.v
-            ));
+        // The closure: a static alloca (in the entry block), filled where the lambda is called.
+        // The inline call gets its own, which LLVM removes once it inlines the lambda; the
+        // pool's escapes into the launch.
+        let make_closure = |e: &mut Self| -> Val {
+            e.label += 1;
+            let clo = format!("%clo{}", e.label);
+            let _ = writeln!(e.entry_allocas, "  {clo} = alloca {sty}, align 8");
+            let mut store_field = |idx: usize, val: &Val| {
+                let p = e.assign(
+                    "",
+                    format!("getelementptr inbounds {sty}, {sty}* {clo}, i32 0, i32 {idx}"),
+                );
+                e.line(format!(
+                    "store {}, {}* {}, align 8",
+                    val.typed(),
+                    val.ty,
+                    p.v
+                ));
+            };
+            store_field(0, &lo64);
+            store_field(1, &n64);
+            for (k, (_, v, _)) in caps.iter().enumerate() {
+                store_field(k + 2, v);
+            }
+            e.assign("i8*", format!("bitcast {sty}* {clo} to i8*"))
         };
-        store_field(self, 0, &lo64);
-        store_field(self, 1, &n64);
-        for (k, (_, v, _)) in caps.iter().enumerate() {
-            store_field(self, k + 2, v);
-        }
         self.lambdas += 1;
         let lname = format!("{}_lambda_{}", self.fname, self.lambdas);
         // The lambda body, in its own emitter.
@@ -1733,7 +1738,6 @@ impl<'m> Emitter<'m> {
         self.m.functions.push(format!(
             "define internal i32 @\"{lname}\"(i32 %task, {{ i8*, i32 }}* %penv, i8* %cdata) {attrs} {{\n{text}}}\n"
         ));
-        let cdata = self.assign("i8*", format!("bitcast {sty}* {} to i8*", clo.v));
         let lam = format!("i32 (i32, {{ i8*, i32 }}*, i8*)* @\"{lname}\"");
         let rc = match work_per_iteration(body) {
             // Little work in all: one task on this thread, without the pool (whose launch
@@ -1757,6 +1761,7 @@ impl<'m> Emitter<'m> {
                 self.line(format!(
                     "store {{ i8*, i32 }} {{ i8* null, i32 1 }}, {{ i8*, i32 }}* {env}, align 8"
                 ));
+                let cdata = make_closure(self);
                 let r1 = self.assign(
                     "i32",
                     format!(
@@ -1766,6 +1771,7 @@ impl<'m> Emitter<'m> {
                 );
                 self.line(format!("br label %{join}"));
                 self.start_block(&pool);
+                let cdata = make_closure(self);
                 let r2 = self.assign(
                     "i32",
                     format!(
@@ -1780,13 +1786,16 @@ impl<'m> Emitter<'m> {
                     format!("phi i32 [ {}, %{inline} ], [ {}, %{pool} ]", r1.v, r2.v),
                 )
             }
-            None => self.assign(
-                "i32",
-                format!(
-                    "call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)",
-                    cdata.v
-                ),
-            ),
+            None => {
+                let cdata = make_closure(self);
+                self.assign(
+                    "i32",
+                    format!(
+                        "call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)",
+                        cdata.v
+                    ),
+                )
+            }
         };
         self.propagate(&rc.v);
         Ok(())
