@@ -104,6 +104,39 @@ fn main() {
         .status()
         .unwrap();
     assert!(st.success(), "bench_call.py build");
+    // TVM's serial export from the same plain C host (it needs libtvm_ffi's symbols: preloaded).
+    let lib_ffi = Command::new(&py)
+        .args([
+            "-c",
+            "import pathlib, tvm_ffi; print(pathlib.Path(tvm_ffi.__file__).parent / 'lib' / 'libtvm_ffi.so')",
+        ])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .filter(|p| Path::new(p).exists());
+    if let Some(ffi) = lib_ffi {
+        let mut t = vec![];
+        for _ in 0..5 {
+            let out = Command::new(&exe)
+                .arg("bench")
+                .arg(d.join("tvm_serial_vadd.so"))
+                .env("LD_PRELOAD", &ffi)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            if let Some(v) = text.lines().find_map(|l| l.strip_prefix("call_ns: ")) {
+                t.push(v.split_whitespace().next().unwrap().parse::<f64>().unwrap());
+            }
+        }
+        if !t.is_empty() {
+            let (lo, hi) = span(&t);
+            let m = median(&mut t);
+            println!(
+                "plain C host, TVM 0.27's serial vadd export (libtvm_ffi preloaded): {m:.2} ns [{lo:.2}-{hi:.2}]; kiln / TVM = {:.2}",
+                median(&mut k.clone()) / m
+            );
+        }
+    }
     for import in [false, true] {
         let mut args = vec![script, "time", d.to_str().unwrap()];
         if import {
