@@ -36,20 +36,25 @@ fn run(py: &str, args: &[&str]) -> String {
     stdout
 }
 
+/// Runs a Python test script that takes kiln's binary and a scratch directory.
+fn run_with_kiln(py: &str, name: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    run(
+        py,
+        &[
+            &script(name),
+            env!("CARGO_BIN_EXE_kiln"),
+            dir.path().to_str().unwrap(),
+        ],
+    )
+}
+
 #[test]
 fn topi_operators_converted_by_the_bridge_agree_with_tvm() {
     let Some(py) = common::python_with_tvm() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let out = run(
-        &py,
-        &[
-            &script("tvm_corpus.py"),
-            env!("CARGO_BIN_EXE_kiln"),
-            dir.path().to_str().unwrap(),
-        ],
-    );
+    let out = run_with_kiln(&py, "tvm_corpus.py");
     let coverage = out
         .lines()
         .find(|l| l.starts_with("coverage:"))
@@ -82,14 +87,6 @@ fn tir_scalar_operations_agree_with_numpy_through_tvm_ffi() {
     let Some(py) = common::python_with_tvm_ffi() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let out = run(
-        &py,
-        &[
-            &script("tir_scalar_numpy.py"),
-            env!("CARGO_BIN_EXE_kiln"),
-            dir.path().to_str().unwrap(),
-        ],
-    );
+    let out = run_with_kiln(&py, "tir_scalar_numpy.py");
     assert!(out.contains(" passed, 0 failed"), "{out}");
 }

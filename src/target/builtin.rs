@@ -416,20 +416,9 @@ pub fn cpu_has_avx512(name: &str) -> bool {
 /// Whether code for the `llvm` target `t` may use AVX-512: its `mcpu` (`native` = the host
 /// CPU and its features) has it, unless `mattr` says `-avx512f`; or `mattr` says `+avx512f`.
 pub fn has_avx512(t: &super::Target) -> bool {
-    let mut attrs: Vec<String> = t.get_str_array("mattr").unwrap_or_default().to_vec();
-    let cpu = match t.get_str("mcpu") {
-        Some("native") => match host_cpu() {
-            Some((name, features)) => {
-                let mut all = features.clone();
-                all.extend(attrs);
-                attrs = all;
-                name.clone()
-            }
-            None => String::new(),
-        },
-        Some(c) => c.to_owned(),
-        None => String::new(),
-    };
+    // `native` becomes the host's CPU name with its features ahead of `mattr`.
+    let resolved = t.resolve_native().unwrap_or_else(|_| t.clone());
+    let attrs = resolved.get_str_array("mattr").unwrap_or_default();
     // The last word on avx512f wins, as in LLVM's feature strings.
     match attrs
         .iter()
@@ -439,7 +428,7 @@ pub fn has_avx512(t: &super::Target) -> bool {
     {
         Some("+avx512f") => true,
         Some(_) => false,
-        None => cpu_has_avx512(&cpu),
+        None => cpu_has_avx512(resolved.get_str("mcpu").unwrap_or("")),
     }
 }
 

@@ -189,12 +189,7 @@ fn minmax_by_constant<'e>(
     }
     let value = |e: &Expr| match e {
         Expr::FloatImm { dtype, value } => {
-            let v = match (dtype.code, dtype.bits) {
-                (TypeCode::Float, 16) => half::f16::from_f64(*value).to_f64(),
-                (TypeCode::Float, 64) => *value,
-                (TypeCode::BFloat, _) => half::bf16::from_f64(*value).to_f64(),
-                _ => f64::from(*value as f32),
-            };
+            let v = crate::ir::interp::round_to(*dtype, *value);
             (!v.is_nan()).then_some(v)
         }
         _ => None,
@@ -1739,6 +1734,17 @@ impl<'m> Emitter<'m> {
             "define internal i32 @\"{lname}\"(i32 %task, {{ i8*, i32 }}* %penv, i8* %cdata) {attrs} {{\n{text}}}\n"
         ));
         let lam = format!("i32 (i32, {{ i8*, i32 }}*, i8*)* @\"{lname}\"");
+        // The launch on the pool (or the host's), with its own closure.
+        let pool_launch = |e: &mut Self| -> Val {
+            let cdata = make_closure(e);
+            e.assign(
+                "i32",
+                format!(
+                    "call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)",
+                    cdata.v
+                ),
+            )
+        };
         let rc = match work_per_iteration(body) {
             // Little work in all: one task on this thread, without the pool (whose launch
             // costs microseconds). Unknown work (symbolic inner loops) always goes to the pool.
@@ -1771,14 +1777,7 @@ impl<'m> Emitter<'m> {
                 );
                 self.line(format!("br label %{join}"));
                 self.start_block(&pool);
-                let cdata = make_closure(self);
-                let r2 = self.assign(
-                    "i32",
-                    format!(
-                        "call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)",
-                        cdata.v
-                    ),
-                );
+                let r2 = pool_launch(self);
                 self.line(format!("br label %{join}"));
                 self.start_block(&join);
                 self.assign(
@@ -1786,16 +1785,7 @@ impl<'m> Emitter<'m> {
                     format!("phi i32 [ {}, %{inline} ], [ {}, %{pool} ]", r1.v, r2.v),
                 )
             }
-            None => {
-                let cdata = make_closure(self);
-                self.assign(
-                    "i32",
-                    format!(
-                        "call i32 @__kiln_parallel_launch({lam}, i8* {}, i32 0)",
-                        cdata.v
-                    ),
-                )
-            }
+            None => pool_launch(self),
         };
         self.propagate(&rc.v);
         Ok(())
