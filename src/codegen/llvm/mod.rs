@@ -330,9 +330,11 @@ fn generate<const N: usize>(
         }
         // The packed wrapper: the checks without their messages, a failure handed to the
         // checker, which raises TVM's error. Exported: the checker is an internal function of
-        // the library, and the wrapper's checks cost a few instructions and branches (issue
-        // #16: a C host's call of a 1-element vadd, 7.0 -> 4.6 ns on a Sapphire-Rapids-class
-        // Xeon, against 3.6 ns for a C function decoding the same arguments). In the JIT: the
+        // the library, unoptimized (`optnone`: it only runs for bad or unusual arguments, and
+        // optimizing it cost ~10 % of an export's build), and the wrapper's checks cost a few
+        // instructions and branches (issue #16: a C host's call of a 1-element vadd, 7.0 ->
+        // 4.8 ns on a Sapphire-Rapids-class Xeon, against 3.6 ns for a C function decoding the
+        // same arguments; `docs/performance.md`). In the JIT: the
         // checker is compiled lazily, and the wrapper is built for compile speed; LLVM skips it
         // (`optnone`) and selects its instructions without optimizing (FastISel), which halves
         // the cold build of a one-function module and costs about 6 ns a call.
@@ -356,7 +358,7 @@ fn generate<const N: usize>(
                     e.finish()
                 };
                 mt.functions.push(format!(
-                    "define internal i32 @\"__kiln_check_{symbol}\"({safe_params}) {attrs} cold noinline {{\n{body}}}\n"
+                    "define internal i32 @\"__kiln_check_{symbol}\"({safe_params}) {attrs} cold noinline optnone {{\n{body}}}\n"
                 ));
                 (
                     format!("call i32 @\"__kiln_check_{symbol}\"(i8* %self, %ffi.any* %args, i32 %num_args, %ffi.any* %ret)"),
@@ -364,7 +366,11 @@ fn generate<const N: usize>(
                     "",
                 )
             }
-            Linkage::Checkers { .. } => unreachable!("handled above"),
+            Linkage::Checkers { .. } => {
+                return Err(CodegenError::Llvm(
+                    "kiln bug: a checkers module has no wrappers".into(),
+                ))
+            }
         };
         let mode = match compute_slot {
             Some(compute_slot) => packed::Mode::Conjunction {
