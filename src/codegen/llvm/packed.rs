@@ -481,8 +481,8 @@ fn decode(c: &mut Ctx<'_, '_>, f: &PrimFunc) -> Result<Decoded, CodegenError> {
     }
     c.barrier();
     // 3. Per-tensor ndim, dtype, device type.
-    // (i, t, shape*, strides*, dev_id)
-    let mut tinfo: Vec<(usize, String, Val, Val, Val)> = Vec::new();
+    // (i, t, (shape*, strides*) unless read where used, dev_id)
+    let mut tinfo: Vec<(usize, String, Option<(Val, Val)>, Val)> = Vec::new();
     // An exported wrapper: the first tensor's (device_type, device_id) word, which every other
     // tensor's must equal.
     let mut device_word: Option<String> = None;
@@ -519,9 +519,8 @@ fn decode(c: &mut Ctx<'_, '_>, f: &PrimFunc) -> Result<Decoded, CodegenError> {
                 }
             };
             c.require(&ok.v, "", String::new);
-            let shape = c.field(t, 7, "i64*");
-            let strides = c.field(t, 8, "i64*");
-            tinfo.push((*i, t.clone(), shape, strides, devid));
+            // The shape and strides pointers are read where they are used (fewer registers).
+            tinfo.push((*i, t.clone(), None, devid));
             continue;
         }
         let nd = c.field(t, 3, "i32");
@@ -563,7 +562,7 @@ fn decode(c: &mut Ctx<'_, '_>, f: &PrimFunc) -> Result<Decoded, CodegenError> {
         );
         let strides =
             c.e.assign("i64*", format!("load i64*, i64** {}, align 8", stp.v));
-        tinfo.push((*i, t.clone(), shape, strides, devid));
+        tinfo.push((*i, t.clone(), Some((shape, strides)), devid));
     }
     c.barrier();
     // Scalars bind their variables first (in parameter order they come before or after tensors;
@@ -574,15 +573,19 @@ fn decode(c: &mut Ctx<'_, '_>, f: &PrimFunc) -> Result<Decoded, CodegenError> {
         }
     }
     // 4. Shapes, strides, device ids, data pointers.
-    let first_dev: Option<(String, Val)> = tinfo.first().map(|(i, _, _, _, d)| {
+    let first_dev: Option<(String, Val)> = tinfo.first().map(|(i, _, _, d)| {
         let Param::Buffer(b) = &f.params[*i] else {
             unreachable!("tensors are buffers")
         };
         (b.name.clone(), d.clone())
     });
-    for (i, t, shape, strides, devid) in &tinfo {
+    for (i, t, pointers, devid) in &tinfo {
         let Param::Buffer(b) = &f.params[*i] else {
             unreachable!("tensors are buffers")
+        };
+        let (shape, strides) = match pointers {
+            Some((shape, strides)) => (shape.clone(), strides.clone()),
+            None => (c.field(t, 7, "i64*"), c.field(t, 8, "i64*")),
         };
         let mut dims: Vec<Val> = Vec::new();
         for (k, sexpr) in b.shape.iter().enumerate() {
