@@ -482,7 +482,8 @@ fn decode(c: &mut Ctx<'_, '_>, f: &PrimFunc) -> Result<Decoded, CodegenError> {
     c.barrier();
     // 3. Per-tensor ndim, dtype, device type.
     // (i, t, (shape*, strides*) unless read where used, dev_id)
-    let mut tinfo: Vec<(usize, String, Option<(Val, Val)>, Val)> = Vec::new();
+    type TensorInfo = (usize, String, Option<(Val, Val)>, Val);
+    let mut tinfo: Vec<TensorInfo> = Vec::new();
     // An exported wrapper: the first tensor's (device_type, device_id) word, which every other
     // tensor's must equal.
     let mut device_word: Option<String> = None;
