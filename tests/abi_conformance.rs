@@ -497,3 +497,157 @@ fn exported_libraries_load_in_kiln_and_in_a_plain_c_host() {
         "{text}"
     );
 }
+
+/// How [`exported_fast_checks_agree_with_the_checker`] alters tensor `k` of a valid call.
+const VARIATIONS: &[&str] = &[
+    "valid",
+    "ndim",
+    "code",
+    "bits",
+    "lanes",
+    "device_type",
+    "device_id",
+    "null_data",
+    "shape",
+    "byte_offset",
+    "compact_strides",
+    "unit_dim_strides",
+    "doubled_strides",
+    "zero_strides",
+    "object",
+];
+
+/// One call of `f` with tensors of `shape` (the last one the output), tensor `k` altered by
+/// `variation`: the output's values, or the error.
+fn fast_check_call(
+    f: &kiln::packed_func::PackedFunc,
+    ntensors: usize,
+    shape: &[i64],
+    k: usize,
+    variation: &str,
+) -> Result<Vec<f32>, (String, String)> {
+    let numel = shape.iter().product::<i64>() as usize;
+    let mut arrays: Vec<HostArray> = (0..ntensors)
+        .map(|i| {
+            let v: Vec<f32> = (0..numel.max(1))
+                .map(|j| {
+                    if i + 1 == ntensors {
+                        0.0
+                    } else {
+                        (i * 100 + j) as f32
+                    }
+                })
+                .collect();
+            let mut a = HostArray::f32(&[numel.max(1) as i64], &v);
+            a.shape = shape.to_vec();
+            a
+        })
+        .collect();
+    let compact: Vec<i64> = (0..shape.len())
+        .map(|d| shape[d + 1..].iter().product())
+        .collect();
+    let mut strides: Vec<i64> = match variation {
+        "compact_strides" => compact.clone(),
+        // Extent-1 dimensions' strides are ignored.
+        "unit_dim_strides" => (0..shape.len())
+            .map(|d| if shape[d] == 1 { 7 } else { compact[d] })
+            .collect(),
+        "doubled_strides" => compact.iter().map(|s| s * 2).collect(),
+        "zero_strides" => vec![0; shape.len()],
+        _ => Vec::new(),
+    };
+    let mut other_shape: Vec<i64> = shape.to_vec();
+    other_shape[0] += 1;
+    let mut dls: Vec<kiln::packed_func::DLTensor> = arrays.iter_mut().map(HostArray::dl).collect();
+    let t = &mut dls[k];
+    match variation {
+        "ndim" => t.ndim -= 1,
+        "code" => t.dtype.code = DLDataTypeCode::INT,
+        "bits" => t.dtype.bits = 64,
+        "lanes" => t.dtype.lanes = 4,
+        "device_type" => t.device.device_type = kiln::packed_func::DLDeviceType::CUDA,
+        "device_id" => t.device.device_id = 1,
+        "null_data" => t.data = std::ptr::null_mut(),
+        "shape" => t.shape = other_shape.as_mut_ptr(),
+        // Every array has 8 bytes to spare.
+        "byte_offset" => t.byte_offset = 4,
+        "compact_strides" | "unit_dim_strides" | "doubled_strides" | "zero_strides" => {
+            t.strides = strides.as_mut_ptr()
+        }
+        _ => {}
+    }
+    // SAFETY: the tensor's shape and strides hold `ndim` values and its data outlives the call.
+    let object = (variation == "object").then(|| unsafe { Any::tensor_object(&dls[k], ()) });
+    let views: Vec<AnyView> = dls
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match &object {
+            Some(o) if i == k => o.view(),
+            _ => AnyView::from(d),
+        })
+        .collect();
+    match f.call(&views) {
+        Ok(_) => Ok(arrays.last().unwrap().to_f32()),
+        Err(PackedFuncError::Raised { kind, message }) => Err((kind, message)),
+        Err(e) => Err(("other".into(), e.to_string())),
+    }
+}
+
+/// An exported library's wrapper checks its arguments on a fast path of its own (wide compares,
+/// a few stricter checks) and hands any doubt to the checker, which the JIT's wrapper shares:
+/// for every variation of every tensor of valid calls (empty tensors and extent-1 dimensions
+/// among them), the library and the JIT give the same result or the same error.
+#[test]
+fn exported_fast_checks_agree_with_the_checker() {
+    let n = size_var("n");
+    let (mm, nn) = (size_var("m"), size_var("n"));
+    let a = buf("A", DataType::f32(), vec![Expr::from(&mm), Expr::from(&nn)]);
+    let c = buf("C", DataType::f32(), vec![Expr::from(&mm), Expr::from(&nn)]);
+    let body = kiln::ir::builder::compute(&c, |i| a.load(i) + Expr::from(2.0f32));
+    let kernels: Vec<(PrimFunc, usize, Vec<Vec<i64>>)> = vec![
+        (
+            elementwise("add_n", vec![Expr::from(&n)], true),
+            3,
+            vec![vec![5], vec![1], vec![0], vec![3000]],
+        ),
+        (
+            kiln::schedule::kernels::vadd().unwrap(),
+            3,
+            vec![vec![1], vec![0], vec![40000]],
+        ),
+        (
+            PrimFunc::new("mat2d", vec![Param::Buffer(a), Param::Buffer(c)], body),
+            2,
+            vec![vec![3, 4], vec![1, 4], vec![3, 1], vec![0, 4], vec![1, 1]],
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut compared = 0;
+    for (f, ntensors, shapes) in kernels {
+        let name = f.attrs.global_symbol.clone().unwrap();
+        let m = IRModule::from_functions(vec![f]);
+        let jit = LlvmModule::jit_with(&m, &options(false), Tiering::Off).unwrap();
+        let path = dir.path().join(format!("{name}.so"));
+        export(&m, &options(false), &path).unwrap();
+        // SAFETY: a library kiln just generated.
+        let lib = unsafe { kiln::packed_func::LibraryModule::load(&path) }.unwrap();
+        let (fj, fe) = (
+            jit.require_function(&name).unwrap(),
+            lib.require_function(&name).unwrap(),
+        );
+        for shape in &shapes {
+            for k in 0..ntensors {
+                for v in VARIATIONS {
+                    let want = fast_check_call(&fj, ntensors, shape, k, v);
+                    let got = fast_check_call(&fe, ntensors, shape, k, v);
+                    assert_eq!(got, want, "{name}, shape {shape:?}, tensor #{k}: {v}");
+                    if *v == "valid" || *v == "object" || *v == "compact_strides" {
+                        assert!(got.is_ok(), "{name}, shape {shape:?}, #{k}, {v}: {got:?}");
+                    }
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert!(compared > 300, "{compared}");
+}

@@ -1748,9 +1748,11 @@ impl<'m> Emitter<'m> {
         let rc = match work_per_iteration(body) {
             // Little work in all: one task on this thread, without the pool (whose launch
             // costs microseconds). Unknown work (symbolic inner loops) always goes to the pool.
+            // Unsigned: a negative extent (no iteration) goes to the pool, and LLVM knows that
+            // the inline task's range is [0, n), which saves its bounds arithmetic.
             Some(w) => {
                 let limit = PARALLEL_MIN_WORK.div_ceil(w.max(1));
-                let small = self.assign("i1", format!("icmp slt i64 {}, {limit}", n64.v));
+                let small = self.assign("i1", format!("icmp ult i64 {}, {limit}", n64.v));
                 let (inline, pool, join) = (
                     self.new_label("pinline"),
                     self.new_label("ppool"),

@@ -328,34 +328,56 @@ fn generate<const N: usize>(
             exported.push(symbol);
             continue;
         }
-        // The packed wrapper. Exported: every check branches to its error (the fastest calls).
-        // In the JIT: built for compile speed, the checks and-ed without their messages, a
-        // failure handed to the lazily compiled checker; LLVM skips it (`optnone`) and selects
-        // its instructions without optimizing (FastISel), which halves the cold build of a
-        // one-function module and costs about 6 ns a call.
-        let (mode_slow, quick) = match linkage {
+        // The packed wrapper: the checks without their messages, a failure handed to the
+        // checker, which raises TVM's error. Exported: the checker is an internal function of
+        // the library, unoptimized (`optnone`: it only runs for bad or unusual arguments, and
+        // optimizing it cost ~10 % of an export's build), and the wrapper's checks cost a few
+        // instructions and branches (issue #16: a C host's call of a 1-element vadd, 7.0 ->
+        // 4.8 ns on a Sapphire-Rapids-class Xeon, against 3.6 ns for a C function decoding the
+        // same arguments; `docs/performance.md`). In the JIT: the
+        // checker is compiled lazily, and the wrapper is built for compile speed; LLVM skips it
+        // (`optnone`) and selects its instructions without optimizing (FastISel), which halves
+        // the cold build of a one-function module and costs about 6 ns a call.
+        let (slow, compute_slot, quick) = match linkage {
             Linkage::Jit {
                 check: (entry, cx),
                 calls,
                 ..
             } => (
-                Some((
-                    format!(
-                        "call i32 inttoptr (i64 {entry} to i32 (i8*, %ffi.any*, i32, i32)*)(i8* inttoptr (i64 {cx} to i8*), %ffi.any* %args, i32 %num_args, i32 {index})",
-                        index = exported.len()
-                    ),
-                    calls + exported.len() * std::mem::size_of::<usize>(),
-                )),
+                format!(
+                    "call i32 inttoptr (i64 {entry} to i32 (i8*, %ffi.any*, i32, i32)*)(i8* inttoptr (i64 {cx} to i8*), %ffi.any* %args, i32 %num_args, i32 {index})",
+                    index = exported.len()
+                ),
+                Some(calls + exported.len() * std::mem::size_of::<usize>()),
                 " noinline optnone",
             ),
-            _ => (None, ""),
+            Linkage::Export => {
+                let body = {
+                    let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
+                    packed::emit(f, &mut e, packed::Mode::Checker, "")?;
+                    e.finish()
+                };
+                mt.functions.push(format!(
+                    "define internal i32 @\"__kiln_check_{symbol}\"({safe_params}) {attrs} cold noinline optnone {{\n{body}}}\n"
+                ));
+                (
+                    format!("call i32 @\"__kiln_check_{symbol}\"(i8* %self, %ffi.any* %args, i32 %num_args, %ffi.any* %ret)"),
+                    None,
+                    "",
+                )
+            }
+            Linkage::Checkers { .. } => {
+                return Err(CodegenError::Llvm(
+                    "kiln bug: a checkers module has no wrappers".into(),
+                ))
+            }
         };
-        let mode = match &mode_slow {
-            Some((slow, compute_slot)) => packed::Mode::Fast {
-                slow,
-                compute_slot: *compute_slot,
+        let mode = match compute_slot {
+            Some(compute_slot) => packed::Mode::Conjunction {
+                slow: &slow,
+                compute_slot,
             },
-            None => packed::Mode::Full,
+            None => packed::Mode::Branches { slow: &slow },
         };
         let cname = if jit {
             format!("{}_compute_{sfx}", f.name)
