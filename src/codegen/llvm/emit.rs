@@ -694,14 +694,17 @@ impl<'m> Emitter<'m> {
                 }
             }
             None => {
-                for (d, i) in indices.iter().enumerate() {
-                    let iv = self.index64(i)?;
+                // Dimensions whose indices split one value are merged (`codegen::index`).
+                for dim in crate::codegen::index::contiguous_dims(indices, &buffer.shape) {
+                    let iv = self.index64(dim.index)?;
                     off = Some(match off {
                         None => iv,
-                        Some(o) => {
-                            let ext = self.index64(&buffer.shape[d])?;
-                            let m = self.assign("i64", format!("mul nsw i64 {}, {}", o.v, ext.v));
-                            self.assign("i64", format!("add nsw i64 {}, {}", m.v, iv.v))
+                        Some(mut o) => {
+                            for e in &dim.extents {
+                                let ext = self.index64(e)?;
+                                o = self.assign("i64", format!("mul nsw i64 {}, {}", o.v, ext.v));
+                            }
+                            self.assign("i64", format!("add nsw i64 {}, {}", o.v, iv.v))
                         }
                     });
                 }
