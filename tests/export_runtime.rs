@@ -123,3 +123,40 @@ fn back_to_back_launches_run_every_task_exactly_once() {
         );
     }
 }
+
+#[test]
+fn the_runtime_is_linked_only_into_libraries_that_call_it() {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc};
+    let dir = tempfile::tempdir().unwrap();
+    let n = Expr::from(1i64 << 16);
+    let lib = |sub: &str, kind: ForKind| {
+        let c = Buffer::new("C", DataType::f32(), vec![n.clone()]);
+        let body = for_range("i", n.clone(), kind, |i| {
+            c.store([i.clone()], c.load([i]) + Expr::from(1.0f32))
+        });
+        let f = PrimFunc::new("inc", vec![Param::Buffer(c)], body).with_noalias(true);
+        let d = dir.path().join(sub);
+        std::fs::create_dir(&d).unwrap();
+        export_default(f, &d)
+    };
+    let has = |lib: &Path, s: &str| {
+        let bytes = std::fs::read(lib).unwrap();
+        bytes.windows(s.len()).any(|w| w == s.as_bytes())
+    };
+    let serial = lib("serial", ForKind::Serial);
+    assert!(!has(&serial, "__kiln_rt_") && !has(&serial, "pthread_create"));
+    let parallel = lib("parallel", ForKind::Parallel);
+    assert!(has(&parallel, "__kiln_rt_parallel_launch") && has(&parallel, "pthread_create"));
+    // Both run from a plain C host.
+    let exe = host(dir.path());
+    for lib in [serial, parallel] {
+        let out = Command::new(&exe).arg("inc").arg(&lib).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("inc: ok"),
+            "{}: {text}",
+            lib.display()
+        );
+    }
+}
