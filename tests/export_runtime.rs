@@ -160,3 +160,38 @@ fn the_runtime_is_linked_only_into_libraries_that_call_it() {
         );
     }
 }
+
+#[test]
+fn libm_is_linked_so_its_current_function_versions_are_bound() {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Intrinsic, Param, PrimFunc};
+    let dir = tempfile::tempdir().unwrap();
+    let n = Expr::from(1024i64);
+    let a = Buffer::new("A", DataType::f32(), vec![n.clone()]);
+    let b = Buffer::new("B", DataType::f32(), vec![n.clone()]);
+    let body = for_range("i", n, ForKind::Serial, |i| {
+        b.store(
+            [i.clone()],
+            Expr::Call {
+                op: Intrinsic::Exp,
+                args: vec![a.load([i])],
+            },
+        )
+    });
+    let f =
+        PrimFunc::new("vexp", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true);
+    let lib = export_default(f, dir.path());
+    let bytes = std::fs::read(&lib).unwrap();
+    let has = |s: &str| bytes.windows(s.len()).any(|w| w == s.as_bytes());
+    // `expf` is a call to libm (no vector library); without libm among the library's needed
+    // objects, and its version, the loader binds the oldest, slow `expf`.
+    assert!(
+        has("expf"),
+        "the kernel no longer calls expf: pick another libm function"
+    );
+    assert!(
+        has("libm.so.6"),
+        "libm is not a needed library of {}",
+        lib.display()
+    );
+}
