@@ -9,8 +9,11 @@
 //! ```json
 //! {"target": {"kind": "llvm", "mcpu": "native"},
 //!  "asm_contains": ["vfmadd"], "asm_not_contains": ["call\texpf"],
+//!  "also_run_on": [{"kind": "llvm", "mcpu": "native"}],
 //!  "module": {kiln-ir/1 module}, "runs": [run cases as in tests/ir/run]}
 //! ```
+//!
+//! `also_run_on` (optional) runs the same cases on code built for more targets (no patterns).
 //!
 //! `KILN_BLESS=1` rewrites the expected outputs of `tests/codegen/*.json` runs from the reference
 //! interpreter (review the diff before committing).
@@ -235,6 +238,7 @@ fn codegen_files_compile_to_the_expected_assembly_and_results() {
         let not_contains = obj
             .remove("asm_not_contains")
             .unwrap_or(Value::Array(vec![]));
+        let also = obj.remove("also_run_on").unwrap_or(Value::Array(vec![]));
         let module = IRModule::from_json(&obj["module"])
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         module
@@ -278,6 +282,17 @@ fn codegen_files_compile_to_the_expected_assembly_and_results() {
         for (i, case) in file.runs.iter().enumerate() {
             if let Err(e) = run_compiled(&m, case) {
                 failures.push(format!("{} runs[{i}]: {e} (KILN_BLESS=1 rewrites expected outputs from the interpreter)", path.display()));
+            }
+        }
+        for t in also.as_array().unwrap() {
+            let t = kiln::target::Target::from_json(t).unwrap();
+            let opts = CodegenOptions::from_target(&t).unwrap();
+            let m = LlvmModule::jit(&module, &opts)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for (i, case) in file.runs.iter().enumerate() {
+                if let Err(e) = run_compiled(&m, case) {
+                    failures.push(format!("{} runs[{i}] on {t}: {e}", path.display()));
+                }
             }
         }
     }

@@ -123,3 +123,75 @@ fn back_to_back_launches_run_every_task_exactly_once() {
         );
     }
 }
+
+#[test]
+fn the_runtime_is_linked_only_into_libraries_that_call_it() {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc};
+    let dir = tempfile::tempdir().unwrap();
+    let n = Expr::from(1i64 << 16);
+    let lib = |sub: &str, kind: ForKind| {
+        let c = Buffer::new("C", DataType::f32(), vec![n.clone()]);
+        let body = for_range("i", n.clone(), kind, |i| {
+            c.store([i.clone()], c.load([i]) + Expr::from(1.0f32))
+        });
+        let f = PrimFunc::new("inc", vec![Param::Buffer(c)], body).with_noalias(true);
+        let d = dir.path().join(sub);
+        std::fs::create_dir(&d).unwrap();
+        export_default(f, &d)
+    };
+    let has = |lib: &Path, s: &str| {
+        let bytes = std::fs::read(lib).unwrap();
+        bytes.windows(s.len()).any(|w| w == s.as_bytes())
+    };
+    let serial = lib("serial", ForKind::Serial);
+    assert!(!has(&serial, "__kiln_rt_") && !has(&serial, "pthread_create"));
+    let parallel = lib("parallel", ForKind::Parallel);
+    assert!(has(&parallel, "__kiln_rt_parallel_launch") && has(&parallel, "pthread_create"));
+    // Both run from a plain C host.
+    let exe = host(dir.path());
+    for lib in [serial, parallel] {
+        let out = Command::new(&exe).arg("inc").arg(&lib).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("inc: ok"),
+            "{}: {text}",
+            lib.display()
+        );
+    }
+}
+
+#[test]
+fn libm_is_linked_so_its_current_function_versions_are_bound() {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Intrinsic, Param, PrimFunc};
+    let dir = tempfile::tempdir().unwrap();
+    let n = Expr::from(1024i64);
+    let a = Buffer::new("A", DataType::f32(), vec![n.clone()]);
+    let b = Buffer::new("B", DataType::f32(), vec![n.clone()]);
+    let body = for_range("i", n, ForKind::Serial, |i| {
+        b.store(
+            [i.clone()],
+            Expr::Call {
+                op: Intrinsic::Exp,
+                args: vec![a.load([i])],
+            },
+        )
+    });
+    let f =
+        PrimFunc::new("vexp", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true);
+    let lib = export_default(f, dir.path());
+    let bytes = std::fs::read(&lib).unwrap();
+    let has = |s: &str| bytes.windows(s.len()).any(|w| w == s.as_bytes());
+    // `expf` is a call to libm (no vector library); without libm among the library's needed
+    // objects, and its version, the loader binds the oldest, slow `expf`.
+    assert!(
+        has("expf"),
+        "the kernel no longer calls expf: pick another libm function"
+    );
+    assert!(
+        has("libm.so.6"),
+        "libm is not a needed library of {}",
+        lib.display()
+    );
+}

@@ -301,3 +301,28 @@ fn a_shape_variable_may_also_be_a_scalar_parameter() {
         )
     );
 }
+
+#[test]
+fn float_constants_are_read_exactly() {
+    // Decimal texts a fast float parser reads one ulp off; Python's `repr` and kiln write them.
+    for v in [
+        -127.99999999999999f64,
+        126.99999999999999,
+        9.999999747378752e-6,
+        2.2250738585072014e-308,
+        4.9406564584124654e-324,
+        0.30000000000000004,
+        1.7976931348623157e308,
+        -9.223372036854776e18,
+    ] {
+        let text = format!(
+            r#"{{"format": "kiln-ir/1", "functions": [{{"name": "f", "params": [], "body": {{"stmt": "evaluate", "value": {{"const": {v:?}, "dtype": "float64"}}}}}}]}}"#
+        );
+        let m = IRModule::from_json_str(&text).unwrap();
+        let back = m.to_json();
+        let got = back["functions"][0]["body"]["value"]["const"]
+            .as_f64()
+            .unwrap();
+        assert_eq!(got.to_bits(), v.to_bits(), "{v:?} read as {got:?}");
+    }
+}

@@ -16,6 +16,8 @@
 pub mod cache;
 pub mod device;
 #[cfg(feature = "llvm")]
+pub(crate) mod index;
+#[cfg(feature = "llvm")]
 pub mod llvm;
 #[cfg(feature = "llvm")]
 pub mod opencl;

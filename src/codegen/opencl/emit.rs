@@ -626,13 +626,17 @@ impl Kernel<'_> {
                 }
             }
             None => {
-                for (d, i) in indices.iter().enumerate() {
-                    let iv = as_it(self, i, pre)?;
+                // Dimensions whose indices split one value are merged (`codegen::index`).
+                for dim in crate::codegen::index::contiguous_dims(indices, &buffer.shape) {
+                    let iv = as_it(self, dim.index, pre)?;
                     off = Some(match off {
                         None => iv,
-                        Some(o) => {
-                            let ext = as_it(self, &buffer.shape[d], pre)?;
-                            format!("({o}) * {ext} + {iv}")
+                        Some(mut o) => {
+                            for e in &dim.extents {
+                                let ext = as_it(self, e, pre)?;
+                                o = format!("({o}) * {ext}");
+                            }
+                            format!("{o} + {iv}")
                         }
                     });
                 }
