@@ -18,7 +18,7 @@
 //! Every function returns `i32`: 0, or -1 after raising an error (integer division by zero,
 //! failed assertions, workspace exhaustion) and freeing the workspaces live at that point.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use crate::ir::{
@@ -112,6 +112,9 @@ pub struct EmitOptions {
     pub kernels: Vec<crate::codegen::device::KernelPlan>,
     /// Whether this module is a device target's host code (even with no kernel).
     pub device_host: bool,
+    /// Outputs of at least this many bytes are written with streaming stores (x86; `None`:
+    /// never); see `stream.rs`.
+    pub stream_store_bytes: Option<u64>,
 }
 
 /// Local allocations up to this size live on the stack; larger ones use the workspace.
@@ -229,6 +232,9 @@ pub(crate) struct ModuleText {
     pub uses_parallel: bool,
     /// Whether a function launches device kernels (`__kiln_device_launch`).
     pub uses_device: bool,
+    /// The data variables of the outputs that may be written with streaming stores (of every
+    /// function of the module: ids are unique), from `stream::stream_outputs`.
+    pub stream_bufs: HashSet<VarId>,
 }
 
 impl ModuleText {
@@ -276,6 +282,9 @@ pub(crate) struct Emitter<'m> {
     lambdas: usize,
     metadata: &'m mut Vec<String>,
     md_next: &'m mut usize,
+    /// In the vector part of a streaming loop: the output whose contiguous stores are
+    /// non-temporal and 64-byte aligned.
+    stream_buf: Option<VarId>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -310,6 +319,7 @@ impl<'m> Emitter<'m> {
             lambdas: 0,
             metadata,
             md_next,
+            stream_buf: None,
         }
     }
 
@@ -1386,8 +1396,19 @@ impl<'m> Emitter<'m> {
         self.counted_loop(var, lo, end, kind, body)
     }
 
-    /// `for var in [lo, end)` (values of the loop variable's type).
+    /// `for var in [lo, end)` (values of the loop variable's type); in streaming form when its
+    /// body writes a streamed output (`stream.rs`).
     fn counted_loop(&mut self, var: &Var, lo: Val, end: Val, kind: ForKind, body: &Stmt) -> R<()> {
+        if matches!(kind, ForKind::Serial | ForKind::Parallel) {
+            if let Some((buffer, indices)) = self.stream_store(var, body) {
+                return self.stream_loop(var, lo, end, body, &buffer, &indices);
+            }
+        }
+        self.plain_loop(var, lo, end, kind, body)
+    }
+
+    /// `for var in [lo, end)`, as written.
+    fn plain_loop(&mut self, var: &Var, lo: Val, end: Val, kind: ForKind, body: &Stmt) -> R<()> {
         let ty = reg_ty(var.dtype);
         let head = self.new_label("for_head");
         let bodyl = self.new_label("for_body");
@@ -2485,7 +2506,17 @@ impl Emitter<'_> {
                     let vt = Self::vty(n, &mt);
                     let p =
                         self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
-                    self.line(format!("store {}, {vt}* {}, align {align}", v.typed(), p.v));
+                    if self.stream_buf == Some(buffer.data.id) {
+                        // The streaming loop's vector part: 64 bytes at a 64-byte boundary.
+                        let nt = self.md(|k| format!("!{k} = !{{i32 1}}"));
+                        self.line(format!(
+                            "store {}, {vt}* {}, align {STREAM_ALIGN}, !nontemporal !{nt}",
+                            v.typed(),
+                            p.v
+                        ));
+                    } else {
+                        self.line(format!("store {}, {vt}* {}, align {align}", v.typed(), p.v));
+                    }
                 } else {
                     for l in 0..n {
                         let x = self.assign(&mt, format!("extractelement {}, i32 {l}", v.typed()));
@@ -2500,6 +2531,212 @@ impl Emitter<'_> {
             }
             _ => unreachable!("vec_body_ok admits only stores, lets, ifs and sequences"),
         }
+        Ok(())
+    }
+}
+
+// ----- streaming stores (`stream.rs` has the rule) ------------------------------------------------
+
+/// Bytes per vector store of a streaming loop, and their alignment: one cache line.
+const STREAM_ALIGN: i64 = 64;
+
+/// The stores in `s` (through sequences, lets and conditions) to buffers in `bufs` whose
+/// address moves by one element per step of `id` (last index coefficient 1, others 0).
+fn stream_stores<'s>(s: &'s Stmt, id: VarId, bufs: &HashSet<VarId>, out: &mut Vec<&'s Stmt>) {
+    match s {
+        Stmt::Seq(v) => v.iter().for_each(|s| stream_stores(s, id, bufs, out)),
+        Stmt::Let { body, .. } => stream_stores(body, id, bufs, out),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => {
+            stream_stores(then_case, id, bufs, out);
+            if let Some(e) = else_case {
+                stream_stores(e, id, bufs, out);
+            }
+        }
+        Stmt::Store {
+            buffer, indices, ..
+        } if bufs.contains(&buffer.data.id) && buffer.strides.is_none() => {
+            let last = indices.len().wrapping_sub(1);
+            let unit = !indices.is_empty()
+                && indices
+                    .iter()
+                    .enumerate()
+                    .all(|(d, i)| lane_coef(i, id) == Some(i64::from(d == last)));
+            if unit {
+                out.push(s);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Emitter<'_> {
+    /// The streamed store of a loop over `var` with `body`, if the loop gets the streaming form.
+    fn stream_store(&self, var: &Var, body: &Stmt) -> Option<(Buffer, Vec<Expr>)> {
+        let threshold = self.opts.stream_store_bytes?;
+        if self.opts.device_host
+            || self.m.stream_bufs.is_empty()
+            || var.dtype.code != TypeCode::Int
+            || !vec_body_ok(body, var.id)
+        {
+            return None;
+        }
+        let mut found = Vec::new();
+        stream_stores(body, var.id, &self.m.stream_bufs, &mut found);
+        let Some(Stmt::Store {
+            buffer, indices, ..
+        }) = found.first()
+        else {
+            return None;
+        };
+        // A constant size below the threshold never streams.
+        let mut bytes = Some(buffer.dtype.bytes() as i64);
+        for d in &buffer.shape {
+            bytes = bytes.and_then(|b| d.as_int().and_then(|x| b.checked_mul(x)));
+        }
+        if bytes.is_some_and(|b| (b.max(0) as u64) < threshold) {
+            return None;
+        }
+        Some(((*buffer).clone(), indices.clone()))
+    }
+
+    /// The loop in streaming form, behind a run-time size check when the output's shape is
+    /// symbolic.
+    fn stream_loop(
+        &mut self,
+        var: &Var,
+        lo: Val,
+        end: Val,
+        body: &Stmt,
+        buffer: &Buffer,
+        indices: &[Expr],
+    ) -> R<()> {
+        let threshold = self.opts.stream_store_bytes.unwrap_or(0);
+        if buffer.shape.iter().all(|d| d.as_int().is_some()) {
+            return self.stream_body(var, lo, end, body, buffer, indices);
+        }
+        let mut bytes = Val::new("i64", buffer.dtype.bytes().to_string());
+        for d in &buffer.shape {
+            let x = self.index64(d)?;
+            bytes = self.assign("i64", format!("mul i64 {}, {}", bytes.v, x.v));
+        }
+        let big = self.assign("i1", format!("icmp sge i64 {}, {threshold}", bytes.v));
+        let (sl, pl, join) = (
+            self.new_label("stream"),
+            self.new_label("nostream"),
+            self.new_label("stream_end"),
+        );
+        self.line(format!("br i1 {}, label %{sl}, label %{pl}", big.v));
+        self.start_block(&sl);
+        self.stream_body(var, lo.clone(), end.clone(), body, buffer, indices)?;
+        self.line(format!("br label %{join}"));
+        self.start_block(&pl);
+        self.plain_loop(var, lo, end, ForKind::Serial, body)?;
+        self.line(format!("br label %{join}"));
+        self.start_block(&join);
+        Ok(())
+    }
+
+    /// Scalar iterations up to the output's first 64-byte boundary, vector iterations of 64
+    /// bytes with non-temporal aligned stores, the rest in scalar form, an `sfence`.
+    fn stream_body(
+        &mut self,
+        var: &Var,
+        lo: Val,
+        end: Val,
+        body: &Stmt,
+        buffer: &Buffer,
+        indices: &[Expr],
+    ) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let elem = buffer.dtype.bytes().max(1) as i64;
+        let lanes = STREAM_ALIGN / elem;
+        let lo64 = self.widen64(var.dtype, lo.clone());
+        let end64 = self.widen64(var.dtype, end.clone());
+        let ext0 = self.assign("i64", format!("sub i64 {}, {}", end64.v, lo64.v));
+        let neg = self.assign("i1", format!("icmp slt i64 {}, 0", ext0.v));
+        let ext = self.assign("i64", format!("select i1 {}, i64 0, i64 {}", neg.v, ext0.v));
+        // The address of the first iteration's store.
+        let old = self.vars.insert(var.id, lo.clone());
+        let addr = self.address(buffer, indices);
+        self.restore(var.id, old);
+        let addr = addr?;
+        let mt = mem_ty(buffer.dtype);
+        let a = self.assign("i64", format!("ptrtoint {mt}* {addr} to i64"));
+        let mis = self.assign("i64", format!("and i64 {}, {}", a.v, STREAM_ALIGN - 1));
+        let to_line = self.assign("i64", format!("sub i64 {STREAM_ALIGN}, {}", mis.v));
+        let to_line = self.assign(
+            "i64",
+            format!("and i64 {}, {}", to_line.v, STREAM_ALIGN - 1),
+        );
+        let head0 = self.assign("i64", format!("udiv i64 {}, {elem}", to_line.v));
+        // An output not aligned to its element never reaches a 64-byte boundary: all scalar.
+        let lowbits = self.assign("i64", format!("and i64 {}, {}", a.v, elem - 1));
+        let aligned = self.assign("i1", format!("icmp eq i64 {}, 0", lowbits.v));
+        let head1 = self.assign(
+            "i64",
+            format!("select i1 {}, i64 {}, i64 {}", aligned.v, head0.v, ext.v),
+        );
+        let short = self.assign("i1", format!("icmp ult i64 {}, {}", head1.v, ext.v));
+        let head = self.assign(
+            "i64",
+            format!("select i1 {}, i64 {}, i64 {}", short.v, head1.v, ext.v),
+        );
+        let rest = self.assign("i64", format!("sub i64 {}, {}", ext.v, head.v));
+        let nvec = self.assign("i64", format!("udiv i64 {}, {lanes}", rest.v));
+        let vbytes = self.assign("i64", format!("mul i64 {}, {lanes}", nvec.v));
+        let mstart = self.assign("i64", format!("add i64 {}, {}", lo64.v, head.v));
+        let mend = self.assign("i64", format!("add i64 {}, {}", mstart.v, vbytes.v));
+        let narrow = |e: &mut Self, x: &Val| -> Val {
+            if ty == "i64" {
+                x.clone()
+            } else {
+                e.assign(&ty, format!("trunc i64 {} to {ty}", x.v))
+            }
+        };
+        let mstart_t = narrow(self, &mstart);
+        let mend_t = narrow(self, &mend);
+        // Head.
+        self.plain_loop(var, lo, mstart_t, ForKind::Serial, body)?;
+        // Vector part.
+        let (vh, vb, vl, vx) = (
+            self.new_label("nt_head"),
+            self.new_label("nt_body"),
+            self.new_label("nt_latch"),
+            self.new_label("nt_end"),
+        );
+        let pre = self.cur_block.clone();
+        self.line(format!("br label %{vh}"));
+        self.start_block(&vh);
+        let j = self.tmp();
+        let jn = self.tmp();
+        self.line(format!(
+            "{j} = phi i64 [ {}, %{pre} ], [ {jn}, %{vl} ]",
+            mstart.v
+        ));
+        let c = self.assign("i1", format!("icmp slt i64 {j}, {}", mend.v));
+        self.line(format!("br i1 {}, label %{vb}, label %{vx}", c.v));
+        self.start_block(&vb);
+        let jv = narrow(self, &Val::new("i64", &j));
+        let saved = self.stream_buf.replace(buffer.data.id);
+        let r = self.vstmt(var, &jv, lanes, body);
+        self.stream_buf = saved;
+        r?;
+        self.line(format!("br label %{vl}"));
+        self.start_block(&vl);
+        self.line(format!("{jn} = add nsw i64 {j}, {lanes}"));
+        self.line(format!("br label %{vh}"));
+        self.start_block(&vx);
+        // Tail.
+        self.plain_loop(var, mend_t, end, ForKind::Serial, body)?;
+        // Non-temporal stores are weakly ordered: fence them before this thread says it is done.
+        self.m
+            .declares
+            .insert("declare void @llvm.x86.sse.sfence()".into());
+        self.line("call void @llvm.x86.sse.sfence()");
         Ok(())
     }
 }

@@ -14,6 +14,7 @@ mod fault;
 mod helper;
 mod jit;
 mod packed;
+pub mod stream;
 mod tiering;
 
 use std::collections::BTreeMap;
@@ -66,6 +67,10 @@ pub struct CodegenOptions {
     /// With `device_host`: the `kiln-device/1` metadata (device source and kernel table) an
     /// exported library embeds as `__kiln_device_meta`.
     pub device_meta: Option<String>,
+    /// Outputs written once of at least this many bytes are written with non-temporal
+    /// (streaming) stores; `None`: never. x86 only ([`stream`] has the rule and the default,
+    /// [`stream::stream_store_threshold`]).
+    pub stream_store_bytes: Option<u64>,
 }
 
 impl CodegenOptions {
@@ -85,6 +90,13 @@ impl CodegenOptions {
             device_name: "cpu".into(),
             device_host: false,
             device_meta: None,
+            stream_store_bytes: stream::stream_store_threshold(
+                TargetMachine::get_default_triple()
+                    .as_str()
+                    .to_str()
+                    .unwrap_or(""),
+                "native",
+            ),
         }
     }
 
@@ -147,6 +159,7 @@ impl CodegenOptions {
         } else {
             t.kind_name().to_owned()
         };
+        let stream_store_bytes = stream::stream_store_threshold(&triple, &cpu);
         Ok(CodegenOptions {
             triple,
             cpu,
@@ -157,6 +170,7 @@ impl CodegenOptions {
             device_name,
             device_host: false,
             device_meta: None,
+            stream_store_bytes,
         })
     }
 
@@ -288,6 +302,7 @@ fn generate<const N: usize>(
             Vec::new()
         },
         device_host: o.device_host,
+        stream_store_bytes: o.stream_store_bytes,
     };
     let mut mt = ModuleText::default();
     let mut metadata = vec![
@@ -378,6 +393,7 @@ fn generate<const N: usize>(
             mt.functions.push(wrapper);
         }
         // The compute function.
+        mt.stream_bufs.extend(stream::stream_outputs(f));
         let body = {
             let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
             for (id, ty) in &sig.buffers {
