@@ -197,6 +197,58 @@ impl CodegenOptions {
         self
     }
 
+    /// What code built with these options gets, in one line for people: the CPU (`native`
+    /// resolved), its vector ISA, the floating-point rule and the streaming-store threshold,
+    /// e.g. `cpu rocketlake (native), AVX-512; float: a*b+c fused to FMA (contraction on),
+    /// otherwise IEEE; streaming stores for outputs of 32 MiB or more`.
+    pub fn describe(&self) -> String {
+        let r = self.clone().resolved();
+        let native = if self.cpu == "native" {
+            " (native)"
+        } else {
+            ""
+        };
+        // The last word on a feature wins, as in LLVM's feature strings.
+        let feature = |name: &str| -> Option<bool> {
+            r.features
+                .split(',')
+                .rev()
+                .find(|f| f.get(1..) == Some(name))
+                .map(|f| f.starts_with('+'))
+        };
+        let x86 = stream::stream_store_threshold(&r.triple, "generic").is_some();
+        let isa = if !x86 {
+            String::new()
+        } else if feature("avx512f").unwrap_or_else(|| crate::target::cpu_has_avx512(&r.cpu)) {
+            ", AVX-512".to_owned()
+        } else if feature("avx2") == Some(true) || r.cpu == "haswell" || r.cpu.starts_with("znver")
+        {
+            ", AVX2".to_owned()
+        } else if feature("avx2") == Some(false) {
+            ", no AVX2".to_owned()
+        } else {
+            String::new()
+        };
+        let flags: Vec<&str> = r.fast_math.split_whitespace().collect();
+        let float = if flags.contains(&"fast") {
+            "fast math (every LLVM fast-math flag)".to_owned()
+        } else if flags.is_empty() {
+            "IEEE, no contraction".to_owned()
+        } else if flags == ["contract"] {
+            "a*b+c fused to FMA (contraction on), otherwise IEEE".to_owned()
+        } else {
+            format!("fast-math flags `{}`", flags.join(" "))
+        };
+        let streaming = match r.stream_store_bytes {
+            None => "no streaming stores".to_owned(),
+            Some(b) if b >= 1 << 20 && b % (1 << 20) == 0 => {
+                format!("streaming stores for outputs of {} MiB or more", b >> 20)
+            }
+            Some(b) => format!("streaming stores for outputs of {b} bytes or more"),
+        };
+        format!("cpu {}{native}{isa}; float: {float}; {streaming}", r.cpu)
+    }
+
     fn llvm_opt(&self) -> OptimizationLevel {
         match self.opt_level {
             0 => OptimizationLevel::None,
