@@ -513,6 +513,36 @@ pub fn has_avx512(t: &super::Target) -> bool {
     }
 }
 
+/// The per-core L2 cache size of LLVM's x86 CPU `name`, in bytes, for the CPUs whose size is
+/// one figure across their parts (`None`: not known here).
+pub fn cpu_l2_bytes(name: &str) -> Option<u64> {
+    const K: u64 = 1 << 10;
+    Some(match name {
+        "haswell" | "broadwell" | "skylake" | "kabylake" | "coffeelake" | "sandybridge"
+        | "ivybridge" | "x86-64-v3" => 256 * K,
+        "znver1" | "znver2" | "znver3" | "cannonlake" | "icelake-client" => 512 * K,
+        "skylake-avx512" | "skx" | "cascadelake" | "cooperlake" | "znver4" | "znver5"
+        | "alderlake" | "x86-64-v4" => 1024 * K,
+        "icelake-server" | "tigerlake" => 1280 * K,
+        "sapphirerapids" | "emeraldrapids" | "graniterapids" | "raptorlake" => 2048 * K,
+        "rocketlake" => 512 * K,
+        _ => return None,
+    })
+}
+
+/// The L2 size kernels for the `llvm` target `t` may count on: the host's for `mcpu: native`
+/// ([`host_caches`]), a named CPU's ([`cpu_l2_bytes`]), else 256 KiB (the smallest L2 of the
+/// x86 CPUs with AVX2).
+pub fn l2_bytes(t: &super::Target) -> u64 {
+    const SMALLEST: u64 = 256 << 10;
+    match t.get_str("mcpu") {
+        Some("native") => host_caches().l2,
+        Some(c) => cpu_l2_bytes(c),
+        None => None,
+    }
+    .unwrap_or(SMALLEST)
+}
+
 /// The llvm/c canonicalizer: the default triple, Arm features.
 ///
 /// `mcpu: native` is kept as written (as TVM 0.27 keeps it): a target string means the same
