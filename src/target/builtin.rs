@@ -530,13 +530,20 @@ pub fn cpu_l2_bytes(name: &str) -> Option<u64> {
     })
 }
 
-/// The L2 size kernels for the `llvm` target `t` may count on: the host's for `mcpu: native`
-/// ([`host_caches`]), a named CPU's ([`cpu_l2_bytes`]), else 256 KiB (the smallest L2 of the
-/// x86 CPUs with AVX2).
+/// Whether the LLVM CPU name `cpu` is the host's: `native`, or the name LLVM gives the host
+/// CPU (what `native` resolves to), so that a `native` target and its resolved form are
+/// treated alike.
+pub fn is_host_cpu(cpu: &str) -> bool {
+    cpu == "native" || host_cpu().is_some_and(|(name, _)| name == cpu)
+}
+
+/// The L2 size kernels for the `llvm` target `t` may count on: the host's for the host's CPU
+/// ([`is_host_cpu`], [`host_caches`]), a named CPU's ([`cpu_l2_bytes`]), else 256 KiB (the
+/// smallest L2 of the x86 CPUs with AVX2).
 pub fn l2_bytes(t: &super::Target) -> u64 {
     const SMALLEST: u64 = 256 << 10;
     match t.get_str("mcpu") {
-        Some("native") => host_caches().l2,
+        Some(c) if is_host_cpu(c) => host_caches().l2.or_else(|| cpu_l2_bytes(c)),
         Some(c) => cpu_l2_bytes(c),
         None => None,
     }

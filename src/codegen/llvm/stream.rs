@@ -32,8 +32,9 @@
 //! the same expressions, computed lane by lane.
 //!
 //! The threshold is a compile-time constant, so a library exported for one machine and run on
-//! another keeps it: for `mcpu: native`, the host's last-level cache size, at most
-//! [`STREAM_STORE_MAX_BYTES`]; for any other CPU, [`STREAM_STORE_MAX_BYTES`]. The bound exists
+//! another keeps it: for the host's CPU (`mcpu: native`, or the name LLVM gives the host CPU),
+//! the host's last-level cache size, at most [`STREAM_STORE_MAX_BYTES`]; for any other CPU,
+//! [`STREAM_STORE_MAX_BYTES`]. The bound exists
 //! because the reported last level is often not what one kernel can use: a server's L3 is
 //! shared by every core of the socket, and a VM may report the host's whole cache (480 MiB on
 //! the Xeon above, where ordinary stores already lose from 32 MiB of output).
@@ -48,8 +49,10 @@ use crate::ir::{Expr, Param, PrimFunc, Stmt, StorageScope, TypeCode, VarId};
 /// every x86 target, whatever cache the host reports.
 pub const STREAM_STORE_MAX_BYTES: u64 = 32 << 20;
 
-/// The streaming-store threshold for a target triple and CPU (`native` = the host): `None` off
-/// x86; else the host's last-level cache (for `native`), at most [`STREAM_STORE_MAX_BYTES`].
+/// The streaming-store threshold for a target triple and CPU: `None` off x86; else, for the
+/// host's CPU (`native` or the name LLVM gives the host, so that `native` and its resolved
+/// form compile the same code), the host's last-level cache, at most
+/// [`STREAM_STORE_MAX_BYTES`]; for another CPU, [`STREAM_STORE_MAX_BYTES`].
 pub fn stream_store_threshold(triple: &str, cpu: &str) -> Option<u64> {
     let arch = triple.split('-').next().unwrap_or("");
     let x86 =
@@ -57,7 +60,7 @@ pub fn stream_store_threshold(triple: &str, cpu: &str) -> Option<u64> {
     if !x86 {
         return None;
     }
-    let llc = if cpu == "native" {
+    let llc = if crate::target::is_host_cpu(cpu) {
         crate::target::host_caches().last_level
     } else {
         None
