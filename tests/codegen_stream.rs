@@ -273,3 +273,33 @@ fn symbolic_sizes_choose_at_run_time() {
         }
     }
 }
+
+/// A loop that also writes another buffer keeps its ordinary form: computing its iterations 16
+/// at a time could read what a later iteration wrote (`D[i] = A[i]; C[i] = D[i + 1]` reads the
+/// old `D[i + 1]` in order).
+#[test]
+fn loops_with_another_store_are_not_streamed() {
+    let t = DataType::f32();
+    let n = 100i64;
+    let a = Buffer::new("A", t, vec![Expr::from(n)]);
+    let d = Buffer::new("D", t, vec![Expr::from(n + 1)]);
+    let c = Buffer::new("C", t, vec![Expr::from(n)]);
+    let body = for_range("i", Expr::from(n), ForKind::Serial, |i| {
+        Stmt::Seq(vec![
+            d.store(vec![i.clone()], a.load(vec![i.clone()])),
+            c.store(vec![i.clone()], d.load(vec![i + Expr::from(1i64)])),
+        ])
+    });
+    let f = PrimFunc::new(
+        "two",
+        vec![Param::Buffer(a), Param::Buffer(d), Param::Buffer(c)],
+        body,
+    )
+    .with_noalias(true);
+    if x86_host() {
+        let a = asm(f.clone(), &opts(Some(0)));
+        assert!(!a.contains("movnt"), "a loop with two stores streams");
+    }
+    let (got, want) = run_both(&f, &opts(Some(0)), 4);
+    assert_eq!(got, want);
+}

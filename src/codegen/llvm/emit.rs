@@ -1381,6 +1381,15 @@ impl<'m> Emitter<'m> {
         }
     }
 
+    /// `!llvm.loop` metadata that keeps a loop as it is: not vectorized, interleaved or unrolled.
+    fn no_unroll_metadata(&mut self) -> String {
+        let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
+        let il = self.md(|n| format!("!{n} = !{{!\"llvm.loop.interleave.count\", i32 1}}"));
+        let un = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.disable\"}}"));
+        let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}, !{il}, !{un}}}"));
+        format!(", !llvm.loop !{id}")
+    }
+
     fn serial_for(
         &mut self,
         var: &Var,
@@ -2540,6 +2549,23 @@ impl Emitter<'_> {
 /// Bytes per vector store of a streaming loop, and their alignment: one cache line.
 const STREAM_ALIGN: i64 = 64;
 
+/// The number of stores in `s`.
+fn count_stores(s: &Stmt) -> usize {
+    match s {
+        Stmt::Seq(v) => v.iter().map(count_stores).sum(),
+        Stmt::Let { body, .. } | Stmt::Allocate { body, .. } | Stmt::For { body, .. } => {
+            count_stores(body)
+        }
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => count_stores(then_case) + else_case.as_deref().map_or(0, count_stores),
+        Stmt::Store { .. } => 1,
+        _ => 0,
+    }
+}
+
 /// The stores in `s` (through sequences, lets and conditions) to buffers in `bufs` whose
 /// address moves by one element per step of `id` (last index coefficient 1, others 0).
 fn stream_stores<'s>(s: &'s Stmt, id: VarId, bufs: &HashSet<VarId>, out: &mut Vec<&'s Stmt>) {
@@ -2586,12 +2612,18 @@ impl Emitter<'_> {
         }
         let mut found = Vec::new();
         stream_stores(body, var.id, &self.m.stream_bufs, &mut found);
+        // The streamed store must be the body's only store: then no iteration reads what
+        // another wrote (the output is never read), and computing the iterations out of order
+        // and 16 at a time gives what the serial loop gives.
         let Some(Stmt::Store {
             buffer, indices, ..
         }) = found.first()
         else {
             return None;
         };
+        if count_stores(body) != 1 {
+            return None;
+        }
         // A constant size below the threshold never streams.
         let mut bytes = Some(buffer.dtype.bytes() as i64);
         for d in &buffer.shape {
@@ -2603,8 +2635,9 @@ impl Emitter<'_> {
         Some(((*buffer).clone(), indices.clone()))
     }
 
-    /// The loop in streaming form, behind a run-time size check when the output's shape is
-    /// symbolic.
+    /// The loop in streaming form; when the output's shape is symbolic, its vector part has two
+    /// forms, with and without non-temporal stores, chosen by the output's size at run time
+    /// (two simple vector loops compile in less time than the loop LLVM would vectorize).
     fn stream_loop(
         &mut self,
         var: &Var,
@@ -2616,7 +2649,7 @@ impl Emitter<'_> {
     ) -> R<()> {
         let threshold = self.opts.stream_store_bytes.unwrap_or(0);
         if buffer.shape.iter().all(|d| d.as_int().is_some()) {
-            return self.stream_body(var, lo, end, body, buffer, indices);
+            return self.stream_body(var, lo, end, body, buffer, indices, None);
         }
         let mut bytes = Val::new("i64", buffer.dtype.bytes().to_string());
         for d in &buffer.shape {
@@ -2624,24 +2657,13 @@ impl Emitter<'_> {
             bytes = self.assign("i64", format!("mul i64 {}, {}", bytes.v, x.v));
         }
         let big = self.assign("i1", format!("icmp sge i64 {}, {threshold}", bytes.v));
-        let (sl, pl, join) = (
-            self.new_label("stream"),
-            self.new_label("nostream"),
-            self.new_label("stream_end"),
-        );
-        self.line(format!("br i1 {}, label %{sl}, label %{pl}", big.v));
-        self.start_block(&sl);
-        self.stream_body(var, lo.clone(), end.clone(), body, buffer, indices)?;
-        self.line(format!("br label %{join}"));
-        self.start_block(&pl);
-        self.plain_loop(var, lo, end, ForKind::Serial, body)?;
-        self.line(format!("br label %{join}"));
-        self.start_block(&join);
-        Ok(())
+        self.stream_body(var, lo, end, body, buffer, indices, Some(big))
     }
 
     /// Scalar iterations up to the output's first 64-byte boundary, vector iterations of 64
-    /// bytes with non-temporal aligned stores, the rest in scalar form, an `sfence`.
+    /// bytes with non-temporal aligned stores (with `big`: only where it is true, ordinary
+    /// stores otherwise), the rest in scalar form, an `sfence`.
+    #[allow(clippy::too_many_arguments)]
     fn stream_body(
         &mut self,
         var: &Var,
@@ -2650,8 +2672,8 @@ impl Emitter<'_> {
         body: &Stmt,
         buffer: &Buffer,
         indices: &[Expr],
+        big: Option<Val>,
     ) -> R<()> {
-        let ty = reg_ty(var.dtype);
         let elem = buffer.dtype.bytes().max(1) as i64;
         let lanes = STREAM_ALIGN / elem;
         let lo64 = self.widen64(var.dtype, lo.clone());
@@ -2690,23 +2712,58 @@ impl Emitter<'_> {
         let vbytes = self.assign("i64", format!("mul i64 {}, {lanes}", nvec.v));
         let mstart = self.assign("i64", format!("add i64 {}, {}", lo64.v, head.v));
         let mend = self.assign("i64", format!("add i64 {}, {}", mstart.v, vbytes.v));
-        let narrow = |e: &mut Self, x: &Val| -> Val {
-            if ty == "i64" {
-                x.clone()
-            } else {
-                e.assign(&ty, format!("trunc i64 {} to {ty}", x.v))
-            }
-        };
-        let mstart_t = narrow(self, &mstart);
-        let mend_t = narrow(self, &mend);
-        // Head.
-        self.plain_loop(var, lo, mstart_t, ForKind::Serial, body)?;
         // Vector part.
+        match big {
+            None => self.vector_steps(var, &mstart, &mend, lanes, body, Some(buffer))?,
+            Some(big) => {
+                let (nt, plain, join) = (
+                    self.new_label("nt"),
+                    self.new_label("no_nt"),
+                    self.new_label("nt_join"),
+                );
+                self.line(format!("br i1 {}, label %{nt}, label %{plain}", big.v));
+                self.start_block(&nt);
+                self.vector_steps(var, &mstart, &mend, lanes, body, Some(buffer))?;
+                self.line(format!("br label %{join}"));
+                self.start_block(&plain);
+                self.vector_steps(var, &mstart, &mend, lanes, body, None)?;
+                self.line(format!("br label %{join}"));
+                self.start_block(&join);
+            }
+        }
+        // Head and tail (each fewer than 64 bytes of the output) in one scalar loop: one copy of
+        // the body less to compile.
+        let tail = self.assign("i64", format!("sub i64 {}, {}", end64.v, mend.v));
+        let count = self.assign("i64", format!("add i64 {}, {}", head.v, tail.v));
+        self.edge_steps(var, &lo64, &head, &mend, &count, body)?;
+        // Non-temporal stores are weakly ordered: fence them before this thread says it is done.
+        self.m
+            .declares
+            .insert("declare void @llvm.x86.sse.sfence()".into());
+        self.line("call void @llvm.x86.sse.sfence()");
+        Ok(())
+    }
+}
+
+impl Emitter<'_> {
+    /// `body` for `var` in `[start, end)` (i64 values, `end - start` a multiple of `lanes`),
+    /// `lanes` at a time as vector code; contiguous stores to `nontemporal` are non-temporal
+    /// and 64-byte aligned (the caller has aligned `start` for it).
+    fn vector_steps(
+        &mut self,
+        var: &Var,
+        start: &Val,
+        end: &Val,
+        lanes: i64,
+        body: &Stmt,
+        nontemporal: Option<&Buffer>,
+    ) -> R<()> {
+        let ty = reg_ty(var.dtype);
         let (vh, vb, vl, vx) = (
-            self.new_label("nt_head"),
-            self.new_label("nt_body"),
-            self.new_label("nt_latch"),
-            self.new_label("nt_end"),
+            self.new_label("vs_head"),
+            self.new_label("vs_body"),
+            self.new_label("vs_latch"),
+            self.new_label("vs_end"),
         );
         let pre = self.cur_block.clone();
         self.line(format!("br label %{vh}"));
@@ -2715,28 +2772,83 @@ impl Emitter<'_> {
         let jn = self.tmp();
         self.line(format!(
             "{j} = phi i64 [ {}, %{pre} ], [ {jn}, %{vl} ]",
-            mstart.v
+            start.v
         ));
-        let c = self.assign("i1", format!("icmp slt i64 {j}, {}", mend.v));
+        let c = self.assign("i1", format!("icmp slt i64 {j}, {}", end.v));
         self.line(format!("br i1 {}, label %{vb}, label %{vx}", c.v));
         self.start_block(&vb);
-        let jv = narrow(self, &Val::new("i64", &j));
-        let saved = self.stream_buf.replace(buffer.data.id);
+        let jv = if ty == "i64" {
+            Val::new("i64", &j)
+        } else {
+            self.assign(&ty, format!("trunc i64 {j} to {ty}"))
+        };
+        let saved = std::mem::replace(&mut self.stream_buf, nontemporal.map(|b| b.data.id));
         let r = self.vstmt(var, &jv, lanes, body);
         self.stream_buf = saved;
         r?;
         self.line(format!("br label %{vl}"));
         self.start_block(&vl);
         self.line(format!("{jn} = add nsw i64 {j}, {lanes}"));
-        self.line(format!("br label %{vh}"));
+        // Vector code already; as a streaming loop bound by memory bandwidth, unrolling would
+        // only cost compile time.
+        let md = self.no_unroll_metadata();
+        self.line(format!("br label %{vh}{md}"));
         self.start_block(&vx);
-        // Tail.
-        self.plain_loop(var, mend_t, end, ForKind::Serial, body)?;
-        // Non-temporal stores are weakly ordered: fence them before this thread says it is done.
-        self.m
-            .declares
-            .insert("declare void @llvm.x86.sse.sfence()".into());
-        self.line("call void @llvm.x86.sse.sfence()");
+        Ok(())
+    }
+}
+
+impl Emitter<'_> {
+    /// `body` for `var` = `lo + k` for `k < head`, then `mend + k - head`, for `k` in
+    /// `[0, count)` (i64 values), one iteration at a time, as a loop LLVM keeps as it is.
+    fn edge_steps(
+        &mut self,
+        var: &Var,
+        lo: &Val,
+        head: &Val,
+        mend: &Val,
+        count: &Val,
+        body: &Stmt,
+    ) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let (eh, eb, el, ex) = (
+            self.new_label("edge_head"),
+            self.new_label("edge_body"),
+            self.new_label("edge_latch"),
+            self.new_label("edge_end"),
+        );
+        let pre = self.cur_block.clone();
+        self.line(format!("br label %{eh}"));
+        self.start_block(&eh);
+        let k = self.tmp();
+        let kn = self.tmp();
+        self.line(format!("{k} = phi i64 [ 0, %{pre} ], [ {kn}, %{el} ]"));
+        let c = self.assign("i1", format!("icmp slt i64 {k}, {}", count.v));
+        self.line(format!("br i1 {}, label %{eb}, label %{ex}", c.v));
+        self.start_block(&eb);
+        let in_head = self.assign("i1", format!("icmp slt i64 {k}, {}", head.v));
+        let a = self.assign("i64", format!("add i64 {}, {k}", lo.v));
+        let t0 = self.assign("i64", format!("sub i64 {k}, {}", head.v));
+        let b = self.assign("i64", format!("add i64 {}, {}", mend.v, t0.v));
+        let i64v = self.assign(
+            "i64",
+            format!("select i1 {}, i64 {}, i64 {}", in_head.v, a.v, b.v),
+        );
+        let iv = if ty == "i64" {
+            i64v
+        } else {
+            self.assign(&ty, format!("trunc i64 {} to {ty}", i64v.v))
+        };
+        let old = self.vars.insert(var.id, iv);
+        let r = self.stmt(body);
+        self.restore(var.id, old);
+        r?;
+        self.line(format!("br label %{el}"));
+        self.start_block(&el);
+        self.line(format!("{kn} = add nsw i64 {k}, 1"));
+        let md = self.no_unroll_metadata();
+        self.line(format!("br label %{eh}{md}"));
+        self.start_block(&ex);
         Ok(())
     }
 }
