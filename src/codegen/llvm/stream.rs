@@ -9,7 +9,7 @@
 //! would have stayed in the cache for whoever reads it next), so they are used only for big
 //! outputs.
 //!
-//! The rule ([`stream_outputs`], and the emitter's `counted_loop`):
+//! The rule (`stream_outputs` here, and the emitter's `counted_loop`):
 //!
 //! - the function is `noalias` (its buffers do not overlap: the emitter vectorizes the loop
 //!   itself, see below);
