@@ -303,3 +303,22 @@ fn loops_with_another_store_are_not_streamed() {
     let (got, want) = run_both(&f, &opts(Some(0)), 4);
     assert_eq!(got, want);
 }
+
+/// A store whose index uses a variable bound inside the loop body still compiles and computes
+/// what the loop computes (its address cannot be taken before the loop, so it is not streamed).
+#[test]
+fn stores_indexed_by_variables_of_the_body_keep_the_ordinary_form() {
+    let t = DataType::f32();
+    let n = 100i64;
+    let a = Buffer::new("A", t, vec![Expr::from(n)]);
+    let c = Buffer::new("C", t, vec![Expr::from(n + 3)]);
+    let body = for_range("i", Expr::from(n), ForKind::Serial, |i| {
+        kiln::ir::builder::let_stmt("off", Expr::from(3i64), |off| {
+            c.store(vec![i.clone() + off], a.load(vec![i]) * 2.0f32)
+        })
+    });
+    let f =
+        PrimFunc::new("letoff", vec![Param::Buffer(a), Param::Buffer(c)], body).with_noalias(true);
+    let (got, want) = run_both(&f, &opts(Some(0)), 4);
+    assert_eq!(got, want);
+}

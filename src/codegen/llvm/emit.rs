@@ -2624,6 +2624,18 @@ impl Emitter<'_> {
         if count_stores(body) != 1 {
             return None;
         }
+        // Its address is computed before the loop (to align it): only variables bound outside
+        // the body, and the loop variable, may appear in it.
+        let mut used = BTreeSet::new();
+        for i in indices {
+            collect_vars(&Stmt::Evaluate(i.clone()), &mut used);
+        }
+        if !used
+            .iter()
+            .all(|id| *id == var.id || self.vars.contains_key(id))
+        {
+            return None;
+        }
         // A constant size below the threshold never streams.
         let mut bytes = Some(buffer.dtype.bytes() as i64);
         for d in &buffer.shape {
