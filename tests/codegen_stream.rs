@@ -215,7 +215,14 @@ fn targets_off_x86_never_stream() {
 #[test]
 fn streamed_loops_compute_what_plain_loops_compute_at_every_alignment() {
     for t in [DataType::f32(), DataType::f64()] {
-        for (r, c, skip) in [(3, 37, 0), (4, 100, 3), (2, 1, 0), (5, 16, 0), (2, 200, 17)] {
+        for (r, c, skip) in [
+            (3, 37, 0),
+            (4, 100, 3),
+            (2, 1, 0),
+            (5, 16, 0),
+            (2, 200, 17),
+            (2, 131, 0),
+        ] {
             let f = rows(r, c, skip, t);
             for shift in [0, 4, 8, 12, 24, 40, 60] {
                 if t == DataType::f64() && shift % 8 != 0 {
@@ -235,6 +242,22 @@ fn streamed_loops_compute_what_plain_loops_compute_at_every_alignment() {
     let f = rows(3, 50, 0, DataType::f32());
     let (got, want) = run_both(&f, &opts(Some(0)), 2);
     assert_eq!(got, want);
+}
+
+/// Under the default threshold, rows of fewer than 512 bytes of constant length are left to
+/// LLVM (they would run mostly in the scalar head and tail); wider rows of a big output stream.
+#[test]
+fn narrow_rows_of_constant_length_are_not_streamed() {
+    if !x86_host() {
+        return;
+    }
+    let o = opts(Some(1 << 20));
+    // 4096 rows of 127 floats (508 bytes), 2 MiB in all: ordinary stores.
+    let narrow = asm(rows(4096, 127, 0, DataType::f32()), &o);
+    assert!(!narrow.contains("movnt"), "narrow rows streamed");
+    // 4096 rows of 128 floats: streamed.
+    let wide = asm(rows(4096, 128, 0, DataType::f32()), &o);
+    assert!(wide.contains("movnt"), "wide rows not streamed");
 }
 
 #[test]

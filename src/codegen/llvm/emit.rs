@@ -285,6 +285,9 @@ pub(crate) struct Emitter<'m> {
     /// In the vector part of a streaming loop: the output whose contiguous stores are
     /// non-temporal and 64-byte aligned.
     stream_buf: Option<VarId>,
+    /// The constant extent of the serial loop `counted_loop` is about to emit, if known (set
+    /// by `serial_for`, taken by `counted_loop`).
+    next_extent: Option<i64>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -320,6 +323,7 @@ impl<'m> Emitter<'m> {
             metadata,
             md_next,
             stream_buf: None,
+            next_extent: None,
         }
     }
 
@@ -1402,14 +1406,16 @@ impl<'m> Emitter<'m> {
         let lo = self.expr(min)?;
         let n = self.expr(extent)?;
         let end = self.assign(&ty, format!("add {}, {}", lo.typed(), n.v));
+        self.next_extent = extent.as_int();
         self.counted_loop(var, lo, end, kind, body)
     }
 
     /// `for var in [lo, end)` (values of the loop variable's type); in streaming form when its
     /// body writes a streamed output (`stream.rs`).
     fn counted_loop(&mut self, var: &Var, lo: Val, end: Val, kind: ForKind, body: &Stmt) -> R<()> {
+        let extent = self.next_extent.take();
         if matches!(kind, ForKind::Serial | ForKind::Parallel) {
-            if let Some((buffer, indices)) = self.stream_store(var, body) {
+            if let Some((buffer, indices)) = self.stream_store(var, body, extent) {
                 return self.stream_loop(var, lo, end, body, &buffer, &indices);
             }
         }
@@ -2548,6 +2554,10 @@ impl Emitter<'_> {
 
 /// Bytes per vector store of a streaming loop, and their alignment: one cache line.
 const STREAM_ALIGN: i64 = 64;
+/// Loops of a constant extent that write fewer bytes than this (or than the threshold, if it is
+/// smaller) are not streamed: at most 64 bytes of scalar head and tail against at least 448
+/// bytes of vector steps.
+const STREAM_MIN_LOOP_BYTES: i64 = 8 * STREAM_ALIGN;
 
 /// The number of stores in `s`.
 fn count_stores(s: &Stmt) -> usize {
@@ -2601,7 +2611,12 @@ fn stream_stores<'s>(s: &'s Stmt, id: VarId, bufs: &HashSet<VarId>, out: &mut Ve
 
 impl Emitter<'_> {
     /// The streamed store of a loop over `var` with `body`, if the loop gets the streaming form.
-    fn stream_store(&self, var: &Var, body: &Stmt) -> Option<(Buffer, Vec<Expr>)> {
+    fn stream_store(
+        &self,
+        var: &Var,
+        body: &Stmt,
+        extent: Option<i64>,
+    ) -> Option<(Buffer, Vec<Expr>)> {
         let threshold = self.opts.stream_store_bytes?;
         if self.opts.device_host
             || self.m.stream_bufs.is_empty()
@@ -2622,6 +2637,12 @@ impl Emitter<'_> {
             return None;
         };
         if count_stores(body) != 1 {
+            return None;
+        }
+        // A short loop of known length (rows of a narrow output) would run mostly in the scalar
+        // head and tail: left to LLVM's vectorizer.
+        let min_bytes = STREAM_MIN_LOOP_BYTES.min(threshold.min(i64::MAX as u64) as i64);
+        if extent.is_some_and(|e| e.saturating_mul(buffer.dtype.bytes() as i64) < min_bytes) {
             return None;
         }
         // Its address is computed before the loop (to align it): only variables bound outside

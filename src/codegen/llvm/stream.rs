@@ -18,7 +18,9 @@
 //! - that store is the only store of a serial loop (or of the chunk of a parallel loop each
 //!   thread runs) whose body is lane-wise (the emitter's vectorizer accepts it: the store, lets
 //!   and conditions that do not depend on the loop variable, no inner loop), and its index moves
-//!   by one element per iteration in the last dimension. With one store to an output nobody
+//!   by one element per iteration in the last dimension, with no variable bound in the body
+//!   (its address is taken before the loop); a loop of constant extent writes at least 512
+//!   bytes, or the threshold if smaller (else it would run mostly in the scalar head and tail). With one store to an output nobody
 //!   reads, no iteration sees another's effects: computing them out of order and 16 at a time
 //!   gives what the serial loop gives;
 //! - the output's size in bytes is at least [`CodegenOptions::stream_store_bytes`]: decided at
