@@ -428,3 +428,30 @@ fn the_avx2_matmul_keeps_its_accumulators_in_registers() {
         .collect();
     assert!(spills.is_empty(), "vector spills in the k loop: {spills:?}");
 }
+
+/// Every benchmark kernel built for an AVX2-only CPU is ymm vector code (no zmm register): the
+/// kernels the bench runs for `haswell` (matmul with that CPU's tiles and row blocks).
+#[test]
+fn the_benchmark_kernels_for_haswell_use_ymm_registers_only() {
+    let t = kiln::target::Target::parse(r#"{"kind": "llvm", "mcpu": "haswell"}"#).unwrap();
+    let o = CodegenOptions::from_target(&t).unwrap();
+    for f in [
+        sk::vadd().unwrap(),
+        sk::matmul_tiled(
+            128,
+            128,
+            128,
+            sk::MatmulTiles::for_target_and_depth(&t, 128),
+        )
+        .unwrap(),
+        sk::rowsum_sized(64, 256).unwrap(),
+        sk::softmax_sized(64, 256).unwrap(),
+    ] {
+        let name = f.name.clone();
+        let m = LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
+        m.wait_optimized().unwrap();
+        let asm = m.get_source("asm").unwrap();
+        assert!(asm.contains("%ymm"), "{name}: no ymm code");
+        assert!(!asm.contains("%zmm"), "{name}: zmm register on haswell");
+    }
+}
