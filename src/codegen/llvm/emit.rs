@@ -2680,7 +2680,11 @@ impl Emitter<'_> {
         buffer: &Buffer,
         indices: &[Expr],
     ) -> R<()> {
-        let threshold = self.opts.stream_store_bytes.unwrap_or(0);
+        let threshold = self
+            .opts
+            .stream_store_bytes
+            .unwrap_or(0)
+            .min(i64::MAX as u64);
         if buffer.shape.iter().all(|d| d.as_int().is_some()) {
             return self.stream_body(var, lo, end, body, buffer, indices, None);
         }
@@ -2693,9 +2697,10 @@ impl Emitter<'_> {
         self.stream_body(var, lo, end, body, buffer, indices, Some(big))
     }
 
-    /// Scalar iterations up to the output's first 64-byte boundary, vector iterations of 64
-    /// bytes with non-temporal aligned stores (with `big`: only where it is true, ordinary
-    /// stores otherwise), the rest in scalar form, an `sfence`.
+    /// From the output's first 64-byte boundary, vector steps of 64 bytes with non-temporal
+    /// aligned stores (with `big`: where it is true; ordinary stores otherwise); then the
+    /// iterations before that boundary and after the last whole step in one scalar loop; then
+    /// an `sfence`.
     #[allow(clippy::too_many_arguments)]
     fn stream_body(
         &mut self,
