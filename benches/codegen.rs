@@ -24,6 +24,13 @@ use kiln::packed_func::DLTensor;
 use kiln::target::Target;
 
 fn main() {
+    if std::env::var_os("KILN_BENCH_STREAM_ONLY").is_some() {
+        let module = IRModule::from_functions(vec![kernels::vadd()]);
+        let target = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap();
+        std::env::set_var("KILN_CACHE", "off");
+        streaming_store_cost(&module, &target);
+        return;
+    }
     let module = IRModule::from_functions(vec![kernels::vadd()]);
     let target = Target::parse(
         &std::env::var("KILN_BENCH_TARGET")
@@ -61,6 +68,7 @@ fn main() {
     std::env::set_var("KILN_CACHE", "off");
     let (med, lo, hi) = build_times(41, false, 0, false);
     println!("build vadd -> callable JIT function, no cache: median {med:.2} ms [min {lo:.2}, max {hi:.2}] (goal < 5 ms; TVM 0.27 tvm.compile: 22-44 ms)");
+    streaming_store_cost(&module, &target);
     let (med, lo, hi) = build_times(21, false, 20, false);
     println!("  the same after 20 ms idle:                      median {med:.2} ms [min {lo:.2}, max {hi:.2}]");
     let (med, lo, hi) = build_times(41, false, 0, true);
@@ -205,6 +213,44 @@ fn tiers(target: &Target) {
         println!(
             "  {name:8} quick: build {qb:6.2}, run {qr:8.3} [{ql:.3}, {qh:.3}]   O3: build {ob:6.2}, run {or:8.3} [{ol:.3}, {oh:.3}]   quick run / O3 run = {:.2}",
             qr / or
+        );
+    }
+}
+
+/// The build cost of streaming stores: vadd (symbolic size, so both forms of its loop are
+/// compiled, behind a run-time size check) with and without them, alternated, to a callable
+/// function and to its O3 code.
+fn streaming_store_cost(module: &IRModule, target: &Target) {
+    let with = CodegenOptions::from_target(target).unwrap().resolved();
+    if with.stream_store_bytes.is_none() {
+        return;
+    }
+    let without = CodegenOptions {
+        stream_store_bytes: None,
+        ..with.clone()
+    };
+    let mut t: [[Vec<f64>; 2]; 2] = Default::default();
+    for _ in 0..41 {
+        for (k, o) in [&with, &without].into_iter().enumerate() {
+            kiln::codegen::llvm::wait_all_optimized();
+            let s = Instant::now();
+            let m = kiln::codegen::llvm::LlvmModule::jit(module, o).unwrap();
+            black_box(kiln::packed_func::Module::require_function(&m, "vadd").unwrap());
+            t[k][0].push(s.elapsed().as_secs_f64() * 1e3);
+            m.wait_optimized().unwrap();
+            t[k][1].push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    for (i, what) in ["callable", "O3 code"].iter().enumerate() {
+        let (a, alo, ahi) = med(&mut t[0][i]);
+        let (b, blo, bhi) = med(&mut t[1][i]);
+        println!(
+            "  vadd -> {what:<8} with streaming stores: median {a:.2} ms [{alo:.2}, {ahi:.2}], without: {b:.2} ms [{blo:.2}, {bhi:.2}]: {:.2}x",
+            a / b
         );
     }
 }

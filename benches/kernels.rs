@@ -2,7 +2,8 @@
 //! against a plain Rust loop, numpy and TVM 0.27, in one run.
 //!
 //! kiln's kernels (`kiln::schedule::kernels`, as `examples/kernels/*.json`, with matmul's
-//! register tiles chosen for the target's CPU: `MatmulTiles::for_target`) are JIT-compiled for
+//! register tiles chosen for the target's CPU and row blocks for its L2 cache:
+//! `MatmulTiles::for_target_and_depth`; vadd's 64 MiB output with streaming stores on x86) are JIT-compiled for
 //! the default target a user gets, `{"kind": "llvm", "mcpu": "native", "num-cores": <logical
 //! CPUs>}` (no fast math: multiply-add contraction is on by default and softmax asks for
 //! `fast_exp` itself), then, in a second run, for an AVX2-only CPU (`haswell`); with
@@ -109,12 +110,18 @@ struct Row {
 }
 
 /// The scheduled kernel `name` for this run's target: `examples/kernels/<name>.json`'s schedule,
-/// with matmul's register tiles chosen for the target's CPU ([`MatmulTiles::for_target`]).
+/// with matmul's register tiles chosen for the target's CPU and its row blocks for the CPU's L2
+/// (`MatmulTiles::for_target_and_depth`).
 fn scheduled(name: &str) -> IRModule {
     use kiln::schedule::kernels as sk;
     let f = match name {
         "vadd" => sk::vadd(),
-        "matmul" => sk::matmul_tiled(1024, 1024, 1024, sk::MatmulTiles::for_target(&target())),
+        "matmul" => sk::matmul_tiled(
+            1024,
+            1024,
+            1024,
+            sk::MatmulTiles::for_target_and_depth(&target(), 1024),
+        ),
         "rowsum" => sk::rowsum(),
         _ => sk::softmax(),
     };

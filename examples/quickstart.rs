@@ -1,6 +1,8 @@
 //! kiln's main job, end to end: read kernels written in kiln's IR (JSON), compile them with LLVM
-//! for this machine (`{"kind": "llvm", "mcpu": "native"}`), run them on CPU tensors, check them
-//! against plain Rust loops, and print compile time and throughput.
+//! for this machine under the default target (`{"kind": "llvm", "mcpu": "native"}`, what
+//! `kiln build` and `kiln run` use without `--target`; no option needed for fast code), run them
+//! on CPU tensors, check them against plain Rust loops, and print the target, compile time and
+//! throughput.
 //!
 //! Run: `cargo run --release --example quickstart`
 
@@ -64,10 +66,11 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let target = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#)?;
     let cpu = Device::cpu();
-    println!(
-        "target: llvm, mcpu = {}",
-        target.get_str("mcpu").unwrap_or("?")
-    );
+    // What this target gives, with no option: `native` resolved, the vector ISA, the float
+    // rule (multiply-adds fused, as TVM), streaming stores for big outputs.
+    let opts = kiln::codegen::llvm::CodegenOptions::from_target(&target)?;
+    println!("target: {target} (the default of `kiln build` and `kiln run`)");
+    println!("        {}", opts.describe());
 
     // --- vector add, n = 16M ---------------------------------------------------------------
     let n = 16 << 20;

@@ -113,6 +113,43 @@ fn run_finds_a_library_named_without_a_directory_in_the_current_directory() {
 }
 
 #[test]
+fn build_and_run_say_which_target_and_what_it_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = kiln()
+        .args(["run", VADD, "vadd", "rand:8", "rand:8", "zeros:8", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "{err}");
+    assert!(
+        err.contains(r#"for {"kind":"llvm","tag":"","keys":["cpu"],"mcpu":"native"} (the default target): cpu "#),
+        "{err}"
+    );
+    assert!(err.contains("(native)"), "{err}");
+    assert!(err.contains("a*b+c fused to FMA (contraction on)"), "{err}");
+    #[cfg(target_arch = "x86_64")]
+    assert!(err.contains("streaming stores for outputs of"), "{err}");
+    let ll = dir.path().join("v.ll");
+    let st = kiln()
+        .args(["build", VADD, "-o"])
+        .arg(&ll)
+        .args([
+            "--target",
+            r#"{"kind": "llvm", "mcpu": "haswell", "fast-math-contract": false}"#,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "{err}");
+    assert!(!err.contains("default target"), "{err}");
+    assert!(
+        err.contains(": cpu haswell, AVX2; float: IEEE, no contraction;"),
+        "{err}"
+    );
+}
+
+#[test]
 fn run_generates_inputs_times_and_checks_against_the_interpreter() {
     let dir = tempfile::tempdir().unwrap();
     let st = kiln()

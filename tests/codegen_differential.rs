@@ -76,9 +76,25 @@ fn check(e: &E, t: DataType, kind: ForKind, a: &[i64], b: &[i64]) -> Result<(), 
     ];
     let want = run(&f, &mut iargs);
 
-    // The JIT's quick first tier and its optimized code, each on its own.
-    for tiering in [Tiering::QuickOnly, Tiering::Off] {
-        let m = LlvmModule::jit_with(&module, &CodegenOptions::host(), tiering)
+    // The JIT's quick first tier and its optimized code, each on its own; and, with the
+    // buffers `noalias`, the optimized code with streaming stores for any size (float outputs
+    // of serial and parallel loops: scalar head, 64-byte vector stores, scalar tail).
+    let streamed = IRModule::from_functions(vec![f.clone().with_noalias(true)]);
+    let stream_opts = CodegenOptions {
+        stream_store_bytes: Some(0),
+        ..CodegenOptions::host()
+    };
+    let mut configs = vec![
+        (Tiering::QuickOnly, &module, CodegenOptions::host()),
+        (Tiering::Off, &module, CodegenOptions::host()),
+    ];
+    // (Only float outputs of serial and parallel loops stream: other programs would compile
+    // the same code again.)
+    if t.is_float() && matches!(kind, ForKind::Serial | ForKind::Parallel) {
+        configs.push((Tiering::Off, &streamed, stream_opts));
+    }
+    for (tiering, module, opts) in configs {
+        let m = LlvmModule::jit_with(module, &opts, tiering)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let pf = m.require_function("f").unwrap();
         let nbytes = N as usize * t.bytes();
@@ -150,7 +166,8 @@ fn check(e: &E, t: DataType, kind: ForKind, a: &[i64], b: &[i64]) -> Result<(), 
                     let nan_both = t.is_float() && is_nan(g) && is_nan(w);
                     prop_assert!(
                         g == w || nan_both,
-                        "element {k}: compiled ({tiering:?}) {g:?}, interpreted {w:?}\n{f}"
+                        "element {k}: compiled ({tiering:?}, streaming stores from {:?} bytes) {g:?}, interpreted {w:?}\n{f}",
+                        opts.stream_store_bytes
                     );
                 }
             }

@@ -279,6 +279,20 @@ fn scheduled_kernels_are_correct_for_unaligned_data() {
             vec![vec![70, 19], vec![19, 48], vec![70, 48]],
         ),
         (
+            kernels::matmul_sized(70, 48, 19),
+            sk::matmul_tiled(
+                70,
+                48,
+                19,
+                sk::MatmulTiles {
+                    mb: 12,
+                    ..sk::MatmulTiles::AVX2
+                },
+            )
+            .unwrap(),
+            vec![vec![70, 19], vec![19, 48], vec![70, 48]],
+        ),
+        (
             kernels::rowsum_sized(3, 128),
             sk::rowsum_sized(3, 128).unwrap(),
             vec![vec![3, 128], vec![3]],
@@ -361,6 +375,34 @@ fn matmul_tiles_follow_the_targets_vector_registers() {
     assert_eq!(tiles(r#"{"kind": "llvm", "mcpu": "native"}"#), want);
 }
 
+/// matmul's row blocks follow the L2 cache: `mb` rows of `A` in half of it, a multiple of
+/// `mr`, between `mr` and 64; a named CPU's L2 from its model, `native` the host's.
+#[test]
+fn matmul_row_blocks_follow_the_l2_cache() {
+    assert_eq!(sk::block_rows(256 << 10, 1024, 4), 32);
+    assert_eq!(sk::block_rows(2 << 20, 1024, 8), 64);
+    assert_eq!(sk::block_rows(512 << 10, 1024, 8), 64);
+    assert_eq!(sk::block_rows(256 << 10, 1024, 8), 32);
+    assert_eq!(sk::block_rows(256 << 10, 3000, 8), 8);
+    assert_eq!(sk::block_rows(256 << 10, 100_000, 4), 4);
+    assert_eq!(sk::block_rows(1 << 20, 1500, 6), 60);
+    assert_eq!(sk::block_rows(256 << 10, 1500, 6), 18);
+    let tiles = |t: &str, k| {
+        sk::MatmulTiles::for_target_and_depth(&kiln::target::Target::parse(t).unwrap(), k)
+    };
+    let haswell = tiles(r#"{"kind": "llvm", "mcpu": "haswell"}"#, 1024);
+    assert_eq!((haswell.mr, haswell.nr, haswell.mb), (4, 16, 32));
+    let spr = tiles(r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#, 1024);
+    assert_eq!((spr.mr, spr.nr, spr.mb), (8, 32, 64));
+    // An unknown CPU: the smallest L2 (256 KiB).
+    let generic = tiles(r#"{"kind": "llvm", "mcpu": "x86-64"}"#, 1024);
+    assert_eq!(generic.mb, 32);
+    let native = tiles(r#"{"kind": "llvm", "mcpu": "native"}"#, 1024);
+    let l2 = kiln::target::host_caches().l2.unwrap_or(256 << 10);
+    assert_eq!(native.mb, sk::block_rows(l2, 1024, native.mr));
+    assert!(native.mb % native.mr == 0 && native.mb <= 64);
+}
+
 /// Built for an AVX2-only CPU, matmul's inner loop is ymm FMAs with no spill to the stack.
 #[test]
 fn the_avx2_matmul_keeps_its_accumulators_in_registers() {
@@ -385,4 +427,31 @@ fn the_avx2_matmul_keeps_its_accumulators_in_registers() {
         .filter(|l| l.contains("%ymm") && l.contains("(%rsp)"))
         .collect();
     assert!(spills.is_empty(), "vector spills in the k loop: {spills:?}");
+}
+
+/// Every benchmark kernel built for an AVX2-only CPU is ymm vector code (no zmm register): the
+/// kernels the bench runs for `haswell` (matmul with that CPU's tiles and row blocks).
+#[test]
+fn the_benchmark_kernels_for_haswell_use_ymm_registers_only() {
+    let t = kiln::target::Target::parse(r#"{"kind": "llvm", "mcpu": "haswell"}"#).unwrap();
+    let o = CodegenOptions::from_target(&t).unwrap();
+    for f in [
+        sk::vadd().unwrap(),
+        sk::matmul_tiled(
+            128,
+            128,
+            128,
+            sk::MatmulTiles::for_target_and_depth(&t, 128),
+        )
+        .unwrap(),
+        sk::rowsum_sized(64, 256).unwrap(),
+        sk::softmax_sized(64, 256).unwrap(),
+    ] {
+        let name = f.name.clone();
+        let m = LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
+        m.wait_optimized().unwrap();
+        let asm = m.get_source("asm").unwrap();
+        assert!(asm.contains("%ymm"), "{name}: no ymm code");
+        assert!(!asm.contains("%zmm"), "{name}: zmm register on haswell");
+    }
 }

@@ -9,7 +9,7 @@
 //! | kernel | schedule |
 //! |---|---|
 //! | `vadd` | one parallel loop (each thread a contiguous chunk, vectorized by LLVM) |
-//! | `matmul` | `B` packed into 32-column panels; `i` tiled 64 x 8, `j` by 32; the 8 x 32 block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; row blocks in parallel |
+//! | `matmul` | `B` packed into `nr`-column panels; `i` tiled `mb` x `mr`, `j` by `nr`; the `mr` x `nr` block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; row blocks in parallel. 8 x 32 with AVX-512 (32 zmm), 4 x 16 with AVX2 (16 ymm) ([`MatmulTiles::for_target`]); `mb` rows of `A` fit in half the L2 ([`MatmulTiles::for_target_and_depth`]: 64 for `k` = 1024 with a 512 KiB L2 or more, 32 with 256 KiB) |
 //! | `rowsum` | reduction split by 64 and `rfactor`ed into 64 vector lanes; rows in parallel |
 //! | `softmax` | rows in parallel; max and sum reductions `rfactor`ed into 64 lanes; `exp` and the scaling vectorized by 16 |
 //!
@@ -92,6 +92,27 @@ impl MatmulTiles {
             MatmulTiles::AVX2
         }
     }
+
+    /// The tiles for a target and a depth `k`: the register tiles of [`MatmulTiles::for_target`],
+    /// and as many rows per task block (`mb`, a multiple of `mr`, at most 64) as keep the
+    /// block of `A` (`mb x k` floats, reused by every panel of `B`) in half the L2 cache the
+    /// target's CPU has ([`crate::target::l2_bytes`]: the host's for `native`, 256 KiB for an
+    /// unknown CPU); at least `mr` rows.
+    pub fn for_target_and_depth(t: &crate::target::Target, k: i64) -> MatmulTiles {
+        let tiles = MatmulTiles::for_target(t);
+        MatmulTiles {
+            mb: block_rows(crate::target::l2_bytes(t), k, tiles.mr),
+            ..tiles
+        }
+    }
+}
+
+/// The rows of a block of `A` (`rows x k` floats) that fit in half of `l2` bytes, a multiple of
+/// `mr` between `mr` and [`MATMUL_MB`].
+pub fn block_rows(l2: u64, k: i64, mr: i64) -> i64 {
+    let row = (k.max(1) as u64).saturating_mul(4);
+    let rows = (l2 / 2 / row).min(MATMUL_MB as u64) as i64;
+    (rows / mr * mr).max(mr)
 }
 
 /// Scheduled `matmul(A[m,k], B[k,n], C[m,n])` with the AVX-512 tiles

@@ -388,6 +388,76 @@ pub fn host_cpu() -> Option<&'static (String, Vec<String>)> {
     .as_ref()
 }
 
+/// The data caches of the machine kiln runs on, in bytes per cache instance (what one core
+/// sees), as Linux reports them in `/sys/devices/system/cpu/cpu0/cache`. `None` where the
+/// system does not say (another OS, a container hiding sysfs).
+///
+/// Hypervisors report what they like: a 2-vCPU VM on a Xeon here reports a 480 MiB L3 "shared
+/// by 2 CPUs". Users of these sizes bound them (e.g. the streaming-store threshold of
+/// [`crate::codegen::llvm::CodegenOptions`] takes at most 32 MiB of the last level).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CacheSizes {
+    /// Level 1 data cache.
+    pub l1d: Option<u64>,
+    /// Level 2 (data or unified) cache.
+    pub l2: Option<u64>,
+    /// The last level (the highest level of data or unified cache listed; may be `l2`).
+    pub last_level: Option<u64>,
+}
+
+/// The host's data cache sizes ([`CacheSizes`]), read once per process.
+pub fn host_caches() -> CacheSizes {
+    static CACHES: OnceLock<CacheSizes> = OnceLock::new();
+    *CACHES.get_or_init(|| read_caches(std::path::Path::new("/sys/devices/system/cpu/cpu0/cache")))
+}
+
+/// Parses sysfs cache directories (`index0`, `index1`, ...: files `level`, `type`, `size` such
+/// as `48K` or `32M`) under `dir`.
+fn read_caches(dir: &std::path::Path) -> CacheSizes {
+    let mut out = CacheSizes::default();
+    let mut last: Option<(u32, u64)> = None;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+        let (Some(level), Some(ty), Some(size)) = (read("level"), read("type"), read("size"))
+        else {
+            continue;
+        };
+        let Ok(level) = level.trim().parse::<u32>() else {
+            continue;
+        };
+        if ty.trim() == "Instruction" {
+            continue;
+        }
+        let Some(bytes) = parse_cache_size(size.trim()) else {
+            continue;
+        };
+        match level {
+            1 => out.l1d = Some(bytes),
+            2 => out.l2 = Some(bytes),
+            _ => {}
+        }
+        if last.is_none_or(|(l, _)| level > l) {
+            last = Some((level, bytes));
+        }
+    }
+    out.last_level = last.map(|(_, b)| b);
+    out
+}
+
+/// `48K`, `2048K`, `32M`, `1G` or a plain byte count.
+fn parse_cache_size(s: &str) -> Option<u64> {
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1u64 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
 /// Whether LLVM's x86 CPU `name` has AVX-512 (`avx512f`): the CPUs of LLVM 14's x86 table
 /// that do, and the `x86-64-v4` level. Unknown names are taken not to.
 pub fn cpu_has_avx512(name: &str) -> bool {
@@ -430,6 +500,43 @@ pub fn has_avx512(t: &super::Target) -> bool {
         Some(_) => false,
         None => cpu_has_avx512(resolved.get_str("mcpu").unwrap_or("")),
     }
+}
+
+/// The per-core L2 cache size of LLVM's x86 CPU `name`, in bytes, for the CPUs whose size is
+/// one figure across their parts (`None`: not known here).
+pub fn cpu_l2_bytes(name: &str) -> Option<u64> {
+    const K: u64 = 1 << 10;
+    Some(match name {
+        "haswell" | "broadwell" | "skylake" | "kabylake" | "coffeelake" | "sandybridge"
+        | "ivybridge" | "x86-64-v3" => 256 * K,
+        "znver1" | "znver2" | "znver3" | "cannonlake" | "icelake-client" => 512 * K,
+        "skylake-avx512" | "skx" | "cascadelake" | "cooperlake" | "znver4" | "znver5"
+        | "alderlake" | "x86-64-v4" => 1024 * K,
+        "icelake-server" | "tigerlake" => 1280 * K,
+        "sapphirerapids" | "emeraldrapids" | "graniterapids" | "raptorlake" => 2048 * K,
+        "rocketlake" => 512 * K,
+        _ => return None,
+    })
+}
+
+/// Whether the LLVM CPU name `cpu` is the host's: `native`, or the name LLVM gives the host
+/// CPU (what `native` resolves to), so that a `native` target and its resolved form are
+/// treated alike.
+pub fn is_host_cpu(cpu: &str) -> bool {
+    cpu == "native" || host_cpu().is_some_and(|(name, _)| name == cpu)
+}
+
+/// The L2 size kernels for the `llvm` target `t` may count on: the host's for the host's CPU
+/// ([`is_host_cpu`], [`host_caches`]), a named CPU's ([`cpu_l2_bytes`]), else 256 KiB (the
+/// smallest L2 of the x86 CPUs with AVX2).
+pub fn l2_bytes(t: &super::Target) -> u64 {
+    const SMALLEST: u64 = 256 << 10;
+    match t.get_str("mcpu") {
+        Some(c) if is_host_cpu(c) => host_caches().l2.or_else(|| cpu_l2_bytes(c)),
+        Some(c) => cpu_l2_bytes(c),
+        None => None,
+    }
+    .unwrap_or(SMALLEST)
 }
 
 /// The llvm/c canonicalizer: the default triple, Arm features.
@@ -710,4 +817,44 @@ pub fn arm_features(triple: &str, mcpu: Option<&str>, mattr: &[String]) -> ArmFe
         }
     }
     f
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("48K"), Some(48 << 10));
+        assert_eq!(parse_cache_size("32M"), Some(32 << 20));
+        assert_eq!(parse_cache_size("1G"), Some(1 << 30));
+        assert_eq!(parse_cache_size("512"), Some(512));
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size(""), None);
+        assert_eq!(parse_cache_size("12Q"), None);
+    }
+
+    #[test]
+    fn cache_directories_give_l1d_l2_and_the_last_level() {
+        let dir = std::env::temp_dir().join(format!("kiln-caches-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (i, level, ty, size) in [
+            (0, "1", "Data", "48K"),
+            (1, "1", "Instruction", "64K"),
+            (2, "2", "Unified", "2048K"),
+            (3, "3", "Unified", "32M"),
+        ] {
+            let d = dir.join(format!("index{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("level"), format!("{level}\n")).unwrap();
+            std::fs::write(d.join("type"), format!("{ty}\n")).unwrap();
+            std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+        }
+        let c = read_caches(&dir);
+        assert_eq!(c.l1d, Some(48 << 10));
+        assert_eq!(c.l2, Some(2 << 20));
+        assert_eq!(c.last_level, Some(32 << 20));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(read_caches(&dir), CacheSizes::default());
+    }
 }

@@ -83,10 +83,11 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
         }
     }
     eprintln!(
-        "wrote {} ({} function(s), {:.1} ms)",
+        "wrote {} ({} function(s), {:.1} ms) for {}",
         a.output.display(),
         module.functions.len(),
-        t.elapsed().as_secs_f64() * 1e3
+        t.elapsed().as_secs_f64() * 1e3,
+        target_line(&target, &a.target)?
     );
     Ok(())
 }
@@ -196,6 +197,22 @@ fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
         .collect()
 }
 
+/// The target as `kiln build` and `kiln run` report it: its canonical JSON, `(the default
+/// target)` when it came from the default, and for `llvm` what the code gets
+/// ([`kiln::codegen::llvm::CodegenOptions::describe`]).
+fn target_line(target: &Target, given: &str) -> Result<String, kiln::Error> {
+    let mut s = target.to_string();
+    if given == DEFAULT_TARGET {
+        s.push_str(" (the default target)");
+    }
+    if target.kind_name() == "llvm" {
+        let o = kiln::codegen::llvm::CodegenOptions::from_target(target)?;
+        s.push_str(": ");
+        s.push_str(&o.describe());
+    }
+    Ok(s)
+}
+
 /// `kiln run`.
 pub fn run_run(a: &RunArgs) -> CmdResult {
     let is_lib = a.module.extension().is_some_and(|e| e == "so");
@@ -213,10 +230,10 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
         let t = Instant::now();
         let rt = kiln::codegen::build(&module, &target)?;
         eprintln!(
-            "compiled {} for `{}` in {:.1} ms",
+            "compiled {} in {:.1} ms for {}",
             a.module.display(),
-            target.kind_name(),
-            t.elapsed().as_secs_f64() * 1e3
+            t.elapsed().as_secs_f64() * 1e3,
+            target_line(&target, &a.target)?
         );
         (rt, Some(module))
     };

@@ -18,7 +18,7 @@
 //! Every function returns `i32`: 0, or -1 after raising an error (integer division by zero,
 //! failed assertions, workspace exhaustion) and freeing the workspaces live at that point.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use crate::ir::{
@@ -112,6 +112,9 @@ pub struct EmitOptions {
     pub kernels: Vec<crate::codegen::device::KernelPlan>,
     /// Whether this module is a device target's host code (even with no kernel).
     pub device_host: bool,
+    /// Outputs of at least this many bytes are written with streaming stores (x86; `None`:
+    /// never); see `stream.rs`.
+    pub stream_store_bytes: Option<u64>,
 }
 
 /// Local allocations up to this size live on the stack; larger ones use the workspace.
@@ -224,6 +227,9 @@ pub(crate) struct ModuleText {
     pub uses_parallel: bool,
     /// Whether a function launches device kernels (`__kiln_device_launch`).
     pub uses_device: bool,
+    /// The data variables of the outputs that may be written with streaming stores (of every
+    /// function of the module: ids are unique), from `stream::stream_outputs`.
+    pub stream_bufs: HashSet<VarId>,
 }
 
 impl ModuleText {
@@ -271,6 +277,12 @@ pub(crate) struct Emitter<'m> {
     lambdas: usize,
     metadata: &'m mut Vec<String>,
     md_next: &'m mut usize,
+    /// In the vector part of a streaming loop: the output whose contiguous stores are
+    /// non-temporal and 64-byte aligned.
+    stream_buf: Option<VarId>,
+    /// The constant extent of the serial loop `counted_loop` is about to emit, if known (set
+    /// by `serial_for`, taken by `counted_loop`).
+    next_extent: Option<i64>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -305,6 +317,8 @@ impl<'m> Emitter<'m> {
             lambdas: 0,
             metadata,
             md_next,
+            stream_buf: None,
+            next_extent: None,
         }
     }
 
@@ -1449,6 +1463,15 @@ impl<'m> Emitter<'m> {
         }
     }
 
+    /// `!llvm.loop` metadata that keeps a loop as it is: not vectorized, interleaved or unrolled.
+    fn no_unroll_metadata(&mut self) -> String {
+        let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
+        let il = self.md(|n| format!("!{n} = !{{!\"llvm.loop.interleave.count\", i32 1}}"));
+        let un = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.disable\"}}"));
+        let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}, !{il}, !{un}}}"));
+        format!(", !llvm.loop !{id}")
+    }
+
     fn serial_for(
         &mut self,
         var: &Var,
@@ -1461,11 +1484,24 @@ impl<'m> Emitter<'m> {
         let lo = self.expr(min)?;
         let n = self.expr(extent)?;
         let end = self.assign(&ty, format!("add {}, {}", lo.typed(), n.v));
+        self.next_extent = extent.as_int();
         self.counted_loop(var, lo, end, kind, body)
     }
 
-    /// `for var in [lo, end)` (values of the loop variable's type).
+    /// `for var in [lo, end)` (values of the loop variable's type); in streaming form when its
+    /// body writes a streamed output (`stream.rs`).
     fn counted_loop(&mut self, var: &Var, lo: Val, end: Val, kind: ForKind, body: &Stmt) -> R<()> {
+        let extent = self.next_extent.take();
+        if matches!(kind, ForKind::Serial | ForKind::Parallel) {
+            if let Some((buffer, indices)) = self.stream_store(var, body, extent) {
+                return self.stream_loop(var, lo, end, body, &buffer, &indices);
+            }
+        }
+        self.plain_loop(var, lo, end, kind, body)
+    }
+
+    /// `for var in [lo, end)`, as written.
+    fn plain_loop(&mut self, var: &Var, lo: Val, end: Val, kind: ForKind, body: &Stmt) -> R<()> {
         let ty = reg_ty(var.dtype);
         let head = self.new_label("for_head");
         let bodyl = self.new_label("for_body");
@@ -2560,7 +2596,17 @@ impl Emitter<'_> {
                     let vt = Self::vty(n, &mt);
                     let p =
                         self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
-                    self.line(format!("store {}, {vt}* {}, align {align}", v.typed(), p.v));
+                    if self.stream_buf == Some(buffer.data.id) {
+                        // The streaming loop's vector part: 64 bytes at a 64-byte boundary.
+                        let nt = self.md(|k| format!("!{k} = !{{i32 1}}"));
+                        self.line(format!(
+                            "store {}, {vt}* {}, align {STREAM_ALIGN}, !nontemporal !{nt}",
+                            v.typed(),
+                            p.v
+                        ));
+                    } else {
+                        self.line(format!("store {}, {vt}* {}, align {align}", v.typed(), p.v));
+                    }
                 } else {
                     for l in 0..n {
                         let x = self.assign(&mt, format!("extractelement {}, i32 {l}", v.typed()));
@@ -2575,6 +2621,347 @@ impl Emitter<'_> {
             }
             _ => unreachable!("vec_body_ok admits only stores, lets, ifs and sequences"),
         }
+        Ok(())
+    }
+}
+
+// ----- streaming stores (`stream.rs` has the rule) ------------------------------------------------
+
+/// Bytes per vector store of a streaming loop, and their alignment: one cache line.
+const STREAM_ALIGN: i64 = 64;
+/// Loops of a constant extent that write fewer bytes than this (or than the threshold, if it is
+/// smaller) are not streamed: at most 64 bytes of scalar head and tail against at least 448
+/// bytes of vector steps.
+const STREAM_MIN_LOOP_BYTES: i64 = 8 * STREAM_ALIGN;
+
+/// The number of stores in `s`.
+fn count_stores(s: &Stmt) -> usize {
+    match s {
+        Stmt::Seq(v) => v.iter().map(count_stores).sum(),
+        Stmt::Let { body, .. } | Stmt::Allocate { body, .. } | Stmt::For { body, .. } => {
+            count_stores(body)
+        }
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => count_stores(then_case) + else_case.as_deref().map_or(0, count_stores),
+        Stmt::Store { .. } => 1,
+        _ => 0,
+    }
+}
+
+/// The stores in `s` (through sequences, lets and conditions) to buffers in `bufs` whose
+/// address moves by one element per step of `id` (last index coefficient 1, others 0).
+fn stream_stores<'s>(s: &'s Stmt, id: VarId, bufs: &HashSet<VarId>, out: &mut Vec<&'s Stmt>) {
+    match s {
+        Stmt::Seq(v) => v.iter().for_each(|s| stream_stores(s, id, bufs, out)),
+        Stmt::Let { body, .. } => stream_stores(body, id, bufs, out),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => {
+            stream_stores(then_case, id, bufs, out);
+            if let Some(e) = else_case {
+                stream_stores(e, id, bufs, out);
+            }
+        }
+        Stmt::Store {
+            buffer, indices, ..
+        } if bufs.contains(&buffer.data.id) && buffer.strides.is_none() => {
+            let last = indices.len().wrapping_sub(1);
+            let unit = !indices.is_empty()
+                && indices
+                    .iter()
+                    .enumerate()
+                    .all(|(d, i)| lane_coef(i, id) == Some(i64::from(d == last)));
+            if unit {
+                out.push(s);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Emitter<'_> {
+    /// The streamed store of a loop over `var` with `body`, if the loop gets the streaming form.
+    fn stream_store(
+        &self,
+        var: &Var,
+        body: &Stmt,
+        extent: Option<i64>,
+    ) -> Option<(Buffer, Vec<Expr>)> {
+        let threshold = self.opts.stream_store_bytes?;
+        if self.opts.device_host
+            || self.m.stream_bufs.is_empty()
+            || var.dtype.code != TypeCode::Int
+            || !vec_body_ok(body, var.id)
+        {
+            return None;
+        }
+        let mut found = Vec::new();
+        stream_stores(body, var.id, &self.m.stream_bufs, &mut found);
+        // The streamed store must be the body's only store: then no iteration reads what
+        // another wrote (the output is never read), and computing the iterations out of order
+        // and 16 at a time gives what the serial loop gives.
+        let Some(Stmt::Store {
+            buffer, indices, ..
+        }) = found.first()
+        else {
+            return None;
+        };
+        if count_stores(body) != 1 {
+            return None;
+        }
+        // A short loop of known length (rows of a narrow output) would run mostly in the scalar
+        // head and tail: left to LLVM's vectorizer.
+        let min_bytes = STREAM_MIN_LOOP_BYTES.min(threshold.min(i64::MAX as u64) as i64);
+        if extent.is_some_and(|e| e.saturating_mul(buffer.dtype.bytes() as i64) < min_bytes) {
+            return None;
+        }
+        // Its address is computed before the loop (to align it): only variables bound outside
+        // the body, and the loop variable, may appear in it.
+        let mut used = BTreeSet::new();
+        for i in indices {
+            collect_vars(&Stmt::Evaluate(i.clone()), &mut used);
+        }
+        if !used
+            .iter()
+            .all(|id| *id == var.id || self.vars.contains_key(id))
+        {
+            return None;
+        }
+        // A constant size below the threshold never streams.
+        let mut bytes = Some(buffer.dtype.bytes() as i64);
+        for d in &buffer.shape {
+            bytes = bytes.and_then(|b| d.as_int().and_then(|x| b.checked_mul(x)));
+        }
+        if bytes.is_some_and(|b| (b.max(0) as u64) < threshold) {
+            return None;
+        }
+        Some(((*buffer).clone(), indices.clone()))
+    }
+
+    /// The loop in streaming form; when the output's shape is symbolic, its vector part has two
+    /// forms, with and without non-temporal stores, chosen by the output's size at run time
+    /// (two simple vector loops compile in less time than the loop LLVM would vectorize).
+    fn stream_loop(
+        &mut self,
+        var: &Var,
+        lo: Val,
+        end: Val,
+        body: &Stmt,
+        buffer: &Buffer,
+        indices: &[Expr],
+    ) -> R<()> {
+        let threshold = self
+            .opts
+            .stream_store_bytes
+            .unwrap_or(0)
+            .min(i64::MAX as u64);
+        if buffer.shape.iter().all(|d| d.as_int().is_some()) {
+            return self.stream_body(var, lo, end, body, buffer, indices, None);
+        }
+        let mut bytes = Val::new("i64", buffer.dtype.bytes().to_string());
+        for d in &buffer.shape {
+            let x = self.index64(d)?;
+            bytes = self.assign("i64", format!("mul i64 {}, {}", bytes.v, x.v));
+        }
+        let big = self.assign("i1", format!("icmp sge i64 {}, {threshold}", bytes.v));
+        self.stream_body(var, lo, end, body, buffer, indices, Some(big))
+    }
+
+    /// From the output's first 64-byte boundary, vector steps of 64 bytes with non-temporal
+    /// aligned stores (with `big`: where it is true; ordinary stores otherwise); then the
+    /// iterations before that boundary and after the last whole step in one scalar loop; then
+    /// an `sfence`.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_body(
+        &mut self,
+        var: &Var,
+        lo: Val,
+        end: Val,
+        body: &Stmt,
+        buffer: &Buffer,
+        indices: &[Expr],
+        big: Option<Val>,
+    ) -> R<()> {
+        let elem = buffer.dtype.bytes().max(1) as i64;
+        let lanes = STREAM_ALIGN / elem;
+        let lo64 = self.widen64(var.dtype, lo.clone());
+        let end64 = self.widen64(var.dtype, end.clone());
+        let ext0 = self.assign("i64", format!("sub i64 {}, {}", end64.v, lo64.v));
+        let neg = self.assign("i1", format!("icmp slt i64 {}, 0", ext0.v));
+        let ext = self.assign("i64", format!("select i1 {}, i64 0, i64 {}", neg.v, ext0.v));
+        // The address of the first iteration's store.
+        let old = self.vars.insert(var.id, lo.clone());
+        let addr = self.address(buffer, indices);
+        self.restore(var.id, old);
+        let addr = addr?;
+        let mt = mem_ty(buffer.dtype);
+        let a = self.assign("i64", format!("ptrtoint {mt}* {addr} to i64"));
+        let mis = self.assign("i64", format!("and i64 {}, {}", a.v, STREAM_ALIGN - 1));
+        let to_line = self.assign("i64", format!("sub i64 {STREAM_ALIGN}, {}", mis.v));
+        let to_line = self.assign(
+            "i64",
+            format!("and i64 {}, {}", to_line.v, STREAM_ALIGN - 1),
+        );
+        let head0 = self.assign("i64", format!("udiv i64 {}, {elem}", to_line.v));
+        // An output not aligned to its element never reaches a 64-byte boundary: all scalar.
+        let lowbits = self.assign("i64", format!("and i64 {}, {}", a.v, elem - 1));
+        let aligned = self.assign("i1", format!("icmp eq i64 {}, 0", lowbits.v));
+        let head1 = self.assign(
+            "i64",
+            format!("select i1 {}, i64 {}, i64 {}", aligned.v, head0.v, ext.v),
+        );
+        let short = self.assign("i1", format!("icmp ult i64 {}, {}", head1.v, ext.v));
+        let head = self.assign(
+            "i64",
+            format!("select i1 {}, i64 {}, i64 {}", short.v, head1.v, ext.v),
+        );
+        let rest = self.assign("i64", format!("sub i64 {}, {}", ext.v, head.v));
+        let nvec = self.assign("i64", format!("udiv i64 {}, {lanes}", rest.v));
+        let vbytes = self.assign("i64", format!("mul i64 {}, {lanes}", nvec.v));
+        let mstart = self.assign("i64", format!("add i64 {}, {}", lo64.v, head.v));
+        let mend = self.assign("i64", format!("add i64 {}, {}", mstart.v, vbytes.v));
+        // Vector part.
+        match big {
+            None => self.vector_steps(var, &mstart, &mend, lanes, body, Some(buffer))?,
+            Some(big) => {
+                let (nt, plain, join) = (
+                    self.new_label("nt"),
+                    self.new_label("no_nt"),
+                    self.new_label("nt_join"),
+                );
+                self.line(format!("br i1 {}, label %{nt}, label %{plain}", big.v));
+                self.start_block(&nt);
+                self.vector_steps(var, &mstart, &mend, lanes, body, Some(buffer))?;
+                self.line(format!("br label %{join}"));
+                self.start_block(&plain);
+                self.vector_steps(var, &mstart, &mend, lanes, body, None)?;
+                self.line(format!("br label %{join}"));
+                self.start_block(&join);
+            }
+        }
+        // Head and tail (each fewer than 64 bytes of the output) in one scalar loop: one copy of
+        // the body less to compile.
+        let tail = self.assign("i64", format!("sub i64 {}, {}", end64.v, mend.v));
+        let count = self.assign("i64", format!("add i64 {}, {}", head.v, tail.v));
+        self.edge_steps(var, &lo64, &head, &mend, &count, body)?;
+        // Non-temporal stores are weakly ordered: fence them before this thread says it is done.
+        self.m
+            .declares
+            .insert("declare void @llvm.x86.sse.sfence()".into());
+        self.line("call void @llvm.x86.sse.sfence()");
+        Ok(())
+    }
+}
+
+impl Emitter<'_> {
+    /// `body` for `var` in `[start, end)` (i64 values, `end - start` a multiple of `lanes`),
+    /// `lanes` at a time as vector code; contiguous stores to `nontemporal` are non-temporal
+    /// and 64-byte aligned (the caller has aligned `start` for it).
+    fn vector_steps(
+        &mut self,
+        var: &Var,
+        start: &Val,
+        end: &Val,
+        lanes: i64,
+        body: &Stmt,
+        nontemporal: Option<&Buffer>,
+    ) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let (vh, vb, vl, vx) = (
+            self.new_label("vs_head"),
+            self.new_label("vs_body"),
+            self.new_label("vs_latch"),
+            self.new_label("vs_end"),
+        );
+        let pre = self.cur_block.clone();
+        self.line(format!("br label %{vh}"));
+        self.start_block(&vh);
+        let j = self.tmp();
+        let jn = self.tmp();
+        self.line(format!(
+            "{j} = phi i64 [ {}, %{pre} ], [ {jn}, %{vl} ]",
+            start.v
+        ));
+        let c = self.assign("i1", format!("icmp slt i64 {j}, {}", end.v));
+        self.line(format!("br i1 {}, label %{vb}, label %{vx}", c.v));
+        self.start_block(&vb);
+        let jv = if ty == "i64" {
+            Val::new("i64", &j)
+        } else {
+            self.assign(&ty, format!("trunc i64 {j} to {ty}"))
+        };
+        let saved = std::mem::replace(&mut self.stream_buf, nontemporal.map(|b| b.data.id));
+        let r = self.vstmt(var, &jv, lanes, body);
+        self.stream_buf = saved;
+        r?;
+        self.line(format!("br label %{vl}"));
+        self.start_block(&vl);
+        self.line(format!("{jn} = add nsw i64 {j}, {lanes}"));
+        // Vector code already; as a streaming loop bound by memory bandwidth, unrolling would
+        // only cost compile time.
+        let md = self.no_unroll_metadata();
+        self.line(format!("br label %{vh}{md}"));
+        self.start_block(&vx);
+        Ok(())
+    }
+}
+
+impl Emitter<'_> {
+    /// `body` for `var` = `lo + k` for `k < head`, then `mend + k - head`, for `k` in
+    /// `[0, count)` (i64 values), one iteration at a time, as a loop LLVM keeps as it is.
+    fn edge_steps(
+        &mut self,
+        var: &Var,
+        lo: &Val,
+        head: &Val,
+        mend: &Val,
+        count: &Val,
+        body: &Stmt,
+    ) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let (eh, eb, el, ex) = (
+            self.new_label("edge_head"),
+            self.new_label("edge_body"),
+            self.new_label("edge_latch"),
+            self.new_label("edge_end"),
+        );
+        let pre = self.cur_block.clone();
+        self.line(format!("br label %{eh}"));
+        self.start_block(&eh);
+        let k = self.tmp();
+        let kn = self.tmp();
+        self.line(format!("{k} = phi i64 [ 0, %{pre} ], [ {kn}, %{el} ]"));
+        let c = self.assign("i1", format!("icmp slt i64 {k}, {}", count.v));
+        self.line(format!("br i1 {}, label %{eb}, label %{ex}", c.v));
+        self.start_block(&eb);
+        let in_head = self.assign("i1", format!("icmp slt i64 {k}, {}", head.v));
+        let a = self.assign("i64", format!("add i64 {}, {k}", lo.v));
+        let t0 = self.assign("i64", format!("sub i64 {k}, {}", head.v));
+        let b = self.assign("i64", format!("add i64 {}, {}", mend.v, t0.v));
+        let i64v = self.assign(
+            "i64",
+            format!("select i1 {}, i64 {}, i64 {}", in_head.v, a.v, b.v),
+        );
+        let iv = if ty == "i64" {
+            i64v
+        } else {
+            self.assign(&ty, format!("trunc i64 {} to {ty}", i64v.v))
+        };
+        let old = self.vars.insert(var.id, iv);
+        let r = self.stmt(body);
+        self.restore(var.id, old);
+        r?;
+        self.line(format!("br label %{el}"));
+        self.start_block(&el);
+        self.line(format!("{kn} = add nsw i64 {k}, 1"));
+        let md = self.no_unroll_metadata();
+        self.line(format!("br label %{eh}{md}"));
+        self.start_block(&ex);
         Ok(())
     }
 }

@@ -14,6 +14,7 @@ mod fault;
 mod helper;
 mod jit;
 mod packed;
+pub mod stream;
 mod tiering;
 
 use std::collections::BTreeMap;
@@ -66,6 +67,10 @@ pub struct CodegenOptions {
     /// With `device_host`: the `kiln-device/1` metadata (device source and kernel table) an
     /// exported library embeds as `__kiln_device_meta`.
     pub device_meta: Option<String>,
+    /// Outputs written once of at least this many bytes are written with non-temporal
+    /// (streaming) stores; `None`: never. x86 only ([`stream`] has the rule and the default,
+    /// [`stream::stream_store_threshold`]).
+    pub stream_store_bytes: Option<u64>,
 }
 
 impl CodegenOptions {
@@ -85,6 +90,13 @@ impl CodegenOptions {
             device_name: "cpu".into(),
             device_host: false,
             device_meta: None,
+            stream_store_bytes: stream::stream_store_threshold(
+                TargetMachine::get_default_triple()
+                    .as_str()
+                    .to_str()
+                    .unwrap_or(""),
+                "native",
+            ),
         }
     }
 
@@ -147,6 +159,7 @@ impl CodegenOptions {
         } else {
             t.kind_name().to_owned()
         };
+        let stream_store_bytes = stream::stream_store_threshold(&triple, &cpu);
         Ok(CodegenOptions {
             triple,
             cpu,
@@ -157,6 +170,7 @@ impl CodegenOptions {
             device_name,
             device_host: false,
             device_meta: None,
+            stream_store_bytes,
         })
     }
 
@@ -181,6 +195,58 @@ impl CodegenOptions {
             self.cpu = "generic".into();
         }
         self
+    }
+
+    /// What code built with these options gets, in one line for people: the CPU (`native`
+    /// resolved), its vector ISA, the floating-point rule and the streaming-store threshold,
+    /// e.g. `cpu rocketlake (native), AVX-512; float: a*b+c fused to FMA (contraction on),
+    /// otherwise IEEE; streaming stores for outputs of 32 MiB or more`.
+    pub fn describe(&self) -> String {
+        let r = self.clone().resolved();
+        let native = if self.cpu == "native" {
+            " (native)"
+        } else {
+            ""
+        };
+        // The last word on a feature wins, as in LLVM's feature strings.
+        let feature = |name: &str| -> Option<bool> {
+            r.features
+                .split(',')
+                .rev()
+                .find(|f| f.get(1..) == Some(name))
+                .map(|f| f.starts_with('+'))
+        };
+        let x86 = stream::stream_store_threshold(&r.triple, "generic").is_some();
+        let isa = if !x86 {
+            String::new()
+        } else if feature("avx512f").unwrap_or_else(|| crate::target::cpu_has_avx512(&r.cpu)) {
+            ", AVX-512".to_owned()
+        } else if feature("avx2") == Some(true) || r.cpu == "haswell" || r.cpu.starts_with("znver")
+        {
+            ", AVX2".to_owned()
+        } else if feature("avx2") == Some(false) {
+            ", no AVX2".to_owned()
+        } else {
+            String::new()
+        };
+        let flags: Vec<&str> = r.fast_math.split_whitespace().collect();
+        let float = if flags.contains(&"fast") {
+            "fast math (every LLVM fast-math flag)".to_owned()
+        } else if flags.is_empty() {
+            "IEEE, no contraction".to_owned()
+        } else if flags == ["contract"] {
+            "a*b+c fused to FMA (contraction on), otherwise IEEE".to_owned()
+        } else {
+            format!("fast-math flags `{}`", flags.join(" "))
+        };
+        let streaming = match r.stream_store_bytes {
+            None => "no streaming stores".to_owned(),
+            Some(b) if b >= 1 << 20 && b % (1 << 20) == 0 => {
+                format!("streaming stores for outputs of {} MiB or more", b >> 20)
+            }
+            Some(b) => format!("streaming stores for outputs of {b} bytes or more"),
+        };
+        format!("cpu {}{native}{isa}; float: {float}; {streaming}", r.cpu)
     }
 
     fn llvm_opt(&self) -> OptimizationLevel {
@@ -288,6 +354,7 @@ fn generate<const N: usize>(
             Vec::new()
         },
         device_host: o.device_host,
+        stream_store_bytes: o.stream_store_bytes,
     };
     let mut mt = ModuleText::default();
     let mut metadata = vec![
@@ -400,6 +467,7 @@ fn generate<const N: usize>(
             mt.functions.push(wrapper);
         }
         // The compute function.
+        mt.stream_bufs.extend(stream::stream_outputs(f));
         let body = {
             let mut e = Emitter::new(&mut mt, &eo, &f.name, &mut metadata, &mut md_next);
             for (id, ty) in &sig.buffers {
