@@ -11,7 +11,8 @@
 //! with 64-byte-aligned inputs. TVM builds its kernels for the same target (the CPU name LLVM
 //! resolves `native` to, passed as `KILN_TVM_MCPU`). numpy and TVM (with
 //! its best hand schedules) are timed by `python/bench_tvm.py`, run with `$KILN_PYTHON` (default
-//! `python3`) when it can import numpy (TVM when `tvm` imports too); the same script checks kiln's
+//! `python3`) when it can import numpy (TVM when `tvm` imports too; for an AVX2-only target, with
+//! `OPENBLAS_CORETYPE=Haswell`, so that numpy's matmul is OpenBLAS's AVX2 code); the same script checks kiln's
 //! outputs, written to a temporary directory, against numpy. Times are medians of repeated calls
 //! with the spread (min - max) beside them; ratios are other / kiln (> 1: kiln is faster).
 //!
@@ -380,7 +381,13 @@ fn run() {
         .unwrap()
         .resolved()
         .cpu;
-    let other: serde_json::Value = match Command::new(&py)
+    let mut cmd = Command::new(&py);
+    // For an AVX2-only target, numpy's OpenBLAS uses its Haswell kernels as it would on an
+    // AVX2-only CPU (numpy's wheels pick OpenBLAS kernels at run time, AVX-512 ones here).
+    if !kiln::target::has_avx512(&target()) && std::env::var_os("OPENBLAS_CORETYPE").is_none() {
+        cmd.env("OPENBLAS_CORETYPE", "Haswell");
+    }
+    let other: serde_json::Value = match cmd
         .args(&args)
         .env("KILN_TVM_MCPU", &tvm_cpu)
         .env("KILN_TVM_NUM_CORES", num_cpus().to_string())
@@ -409,12 +416,11 @@ fn run() {
         eprintln!("bench_tvm.py: {n}");
     }
 
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("CPU: {}", cpu_model());
     println!(
         "kiln and TVM kernels for {} (mcpu {tvm_cpu}); load average {}",
         target().export(),
-        load.trim()
+        util::load_average()
     );
     println!("median [min-max] of repeated calls; x = other time / kiln time (> 1: kiln faster): Rust loop vs");
     println!("kiln JIT; numpy and TVM vs kiln .so through tvm_ffi, timed in interleaved blocks with them\n");

@@ -308,8 +308,7 @@ fn main() {
         attr(AttrKind::DRIVER_VERSION),
         attr(AttrKind::MULTI_PROCESSOR_COUNT),
     );
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("load average {}", load.trim());
+    println!("load average {}", util::load_average());
 
     const N: usize = 4096;
     const MM: usize = 1024;

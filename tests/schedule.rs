@@ -376,16 +376,18 @@ fn matmul_tiles_follow_the_targets_vector_registers() {
 }
 
 /// matmul's row blocks follow the L2 cache: `mb` rows of `A` in half of it, a multiple of
-/// `mr`, between `mr` and 64; a named CPU's L2 from its model, `native` the host's.
+/// `mr`, between `mr` and `MATMUL_MB_MAX`; a named CPU's L2 from its model, `native` the host's.
 #[test]
 fn matmul_row_blocks_follow_the_l2_cache() {
     assert_eq!(sk::block_rows(256 << 10, 1024, 4), 32);
-    assert_eq!(sk::block_rows(2 << 20, 1024, 8), 64);
+    assert_eq!(sk::block_rows(2 << 20, 1024, 8), 256);
+    assert_eq!(sk::block_rows(1 << 20, 1024, 8), 128);
+    assert_eq!(sk::block_rows(64 << 20, 1024, 8), sk::MATMUL_MB_MAX);
     assert_eq!(sk::block_rows(512 << 10, 1024, 8), 64);
     assert_eq!(sk::block_rows(256 << 10, 1024, 8), 32);
     assert_eq!(sk::block_rows(256 << 10, 3000, 8), 8);
     assert_eq!(sk::block_rows(256 << 10, 100_000, 4), 4);
-    assert_eq!(sk::block_rows(1 << 20, 1500, 6), 60);
+    assert_eq!(sk::block_rows(1 << 20, 1500, 6), 84);
     assert_eq!(sk::block_rows(256 << 10, 1500, 6), 18);
     let tiles = |t: &str, k| {
         sk::MatmulTiles::for_target_and_depth(&kiln::target::Target::parse(t).unwrap(), k)
@@ -393,14 +395,14 @@ fn matmul_row_blocks_follow_the_l2_cache() {
     let haswell = tiles(r#"{"kind": "llvm", "mcpu": "haswell"}"#, 1024);
     assert_eq!((haswell.mr, haswell.nr, haswell.mb), (4, 16, 32));
     let spr = tiles(r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#, 1024);
-    assert_eq!((spr.mr, spr.nr, spr.mb), (8, 32, 64));
+    assert_eq!((spr.mr, spr.nr, spr.mb), (8, 32, 256));
     // An unknown CPU: the smallest L2 (256 KiB).
     let generic = tiles(r#"{"kind": "llvm", "mcpu": "x86-64"}"#, 1024);
     assert_eq!(generic.mb, 32);
     let native = tiles(r#"{"kind": "llvm", "mcpu": "native"}"#, 1024);
     let l2 = kiln::target::host_caches().l2.unwrap_or(256 << 10);
     assert_eq!(native.mb, sk::block_rows(l2, 1024, native.mr));
-    assert!(native.mb % native.mr == 0 && native.mb <= 64);
+    assert!(native.mb % native.mr == 0 && native.mb <= sk::MATMUL_MB_MAX);
 }
 
 /// Built for an AVX2-only CPU, matmul's inner loop is ymm FMAs with no spill to the stack.

@@ -87,3 +87,11 @@ pub fn cpu_model() -> String {
 pub fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
+
+/// The load averages (`/proc/loadavg`), printed beside figures taken on a shared machine.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}

@@ -2,6 +2,11 @@
 run through tvm_ffi on random inputs, and compared with TVM's own build of the same PrimFunc.
 
 Usage: tvm_corpus.py KILN_BINARY WORKDIR [--only NAME,...] [--kiln-target JSON]
+       tvm_corpus.py --emit WORKDIR [--tvm-mcpu CPU] [--only NAME,...]
+
+With `--emit` (for `cargo bench --bench tvm_build`), it only converts each operator into
+WORKDIR/<name>.json and times `tvm.compile` of it (median of 5 builds in this process), and
+writes WORKDIR/index.json: [{"op", "file", "tvm_build_s": [times]}].
 
 Prints one line per operator and a final coverage line; exits 1 unless every operator agrees.
 Times: `kiln build` of the converted module (the whole command, process start included; also
@@ -27,7 +32,8 @@ from tvm import te, topi
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 import kiln_tvm  # noqa: E402
 
-KILN = sys.argv[1]
+EMIT = len(sys.argv) > 1 and sys.argv[1] == "--emit"
+KILN = None if EMIT else sys.argv[1]
 WORK = sys.argv[2]
 ONLY = None
 if "--only" in sys.argv:
@@ -201,7 +207,34 @@ def host_cpu():
     return json.loads(out)["mcpu"]
 
 
+def emit():
+    """Converted modules and tvm.compile times, for the in-process build benchmark."""
+    os.makedirs(WORK, exist_ok=True)
+    cpu = sys.argv[sys.argv.index("--tvm-mcpu") + 1] if "--tvm-mcpu" in sys.argv else None
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu} if cpu else {"kind": "llvm"})
+    index = []
+    for name, ins, outs in corpus():
+        if ONLY and name not in ONLY:
+            continue
+        func = te.create_prim_func(list(ins) + list(outs)).with_attr("global_symbol", name)
+        mod = kiln_tvm.to_kiln(func)
+        path = os.path.join(WORK, f"{name}.json")
+        with open(path, "w") as fh:
+            json.dump(mod, fh)
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            tvm.compile(tvm.IRModule({name: func}), target=target)
+            times.append(time.perf_counter() - t)
+        index.append({"op": name, "file": path, "tvm_build_s": times})
+    with open(os.path.join(WORK, "index.json"), "w") as fh:
+        json.dump(index, fh)
+
+
 def main():
+    if EMIT:
+        emit()
+        return
     os.makedirs(WORK, exist_ok=True)
     target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
     rows = []
