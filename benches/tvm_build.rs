@@ -13,7 +13,8 @@
 //!   the target's level (O3), the code the run-time figures of `docs/tvm.md` measure;
 //! - **O3 JIT**: one tier, O3 code before the build returns (`Tiering::Off`);
 //! - **.so**: `kiln::codegen::llvm::export` to a shared library (O3, then the system C compiler
-//!   links it), the in-process part of `kiln build`.
+//!   links it), the in-process part of `kiln build`, against `tvm.compile` followed by
+//!   `export_library` (TVM links with the system C compiler too).
 //!
 //! Each kiln figure is the median of several builds without the compile cache. Printed: each
 //! operator's times, then per column the median over the corpus, and the median [min-max] of the
@@ -80,23 +81,26 @@ fn main() {
         util::load_average()
     );
     println!(
-        "{:28} {:>12} {:>10} {:>10} {:>10} {:>10}  (ms, medians)",
-        "operator", "tvm.compile", "callable", "optimized", "O3 JIT", ".so"
+        "{:28} {:>12} {:>10} | {:>10} {:>10} {:>10} {:>10}  (ms, medians)",
+        "operator", "tvm.compile", "TVM .so", "callable", "optimized", "O3 JIT", ".so"
     );
-    let mut cols: [Vec<f64>; 5] = Default::default();
-    let mut ratios: [Vec<f64>; 4] = Default::default();
+    let mut cols: [Vec<f64>; 6] = Default::default();
+    let mut ratios: [Vec<f64>; 5] = Default::default();
     for row in index.as_array().unwrap() {
         let op = row["op"].as_str().unwrap();
         let text = std::fs::read_to_string(row["file"].as_str().unwrap()).unwrap();
         let module = IRModule::from_json_str(&text).unwrap();
-        let tvm = median(
-            row["tvm_build_s"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_f64().unwrap())
-                .collect(),
-        );
+        let times = |key: &str| -> f64 {
+            median(
+                row[key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_f64().unwrap())
+                    .collect(),
+            )
+        };
+        let (tvm, tvm_so) = (times("tvm_build_s"), times("tvm_so_s"));
         let (mut callable, mut optimized, mut o3, mut so) = (vec![], vec![], vec![], vec![]);
         for _ in 0..reps {
             kiln::codegen::llvm::wait_all_optimized();
@@ -117,24 +121,28 @@ fn main() {
         }
         let k = [median(callable), median(optimized), median(o3), median(so)];
         println!(
-            "{op:28} {:>12} {:>10} {:>10} {:>10} {:>10}",
+            "{op:28} {:>12} {:>10} | {:>10} {:>10} {:>10} {:>10}",
             ms(tvm),
+            ms(tvm_so),
             ms(k[0]),
             ms(k[1]),
             ms(k[2]),
             ms(k[3])
         );
         cols[0].push(tvm);
+        cols[5].push(tvm_so);
         for i in 0..4 {
             cols[i + 1].push(k[i]);
             ratios[i].push(tvm / k[i]);
         }
+        ratios[4].push(tvm_so / k[3]);
     }
     let n = cols[0].len();
     println!();
     println!(
-        "{n} operators; median build time: tvm.compile {} ms",
-        ms(median(cols[0].clone()))
+        "{n} operators; median build time: tvm.compile {} ms, tvm.compile + export_library {} ms",
+        ms(median(cols[0].clone())),
+        ms(median(cols[5].clone()))
     );
     let names = [
         "callable (JIT, first tier)",
@@ -155,4 +163,11 @@ fn main() {
             hi
         );
     }
+    let r = &ratios[4];
+    println!(
+        "  kiln .so against TVM's .so (tvm.compile + export_library): median {:.1}x [{:.1}-{:.1}]",
+        median(r.clone()),
+        r.iter().copied().fold(f64::INFINITY, f64::min),
+        r.iter().copied().fold(0.0, f64::max)
+    );
 }

@@ -5,8 +5,9 @@ Usage: tvm_corpus.py KILN_BINARY WORKDIR [--only NAME,...] [--kiln-target JSON]
        tvm_corpus.py --emit WORKDIR [--tvm-mcpu CPU] [--only NAME,...]
 
 With `--emit` (for `cargo bench --bench tvm_build`), it only converts each operator into
-WORKDIR/<name>.json and times `tvm.compile` of it (median of 5 builds in this process), and
-writes WORKDIR/index.json: [{"op", "file", "tvm_build_s": [times]}].
+WORKDIR/<name>.json and times `tvm.compile` of it, and `tvm.compile` followed by
+`export_library` to a `.so` (5 builds each in this process), and writes WORKDIR/index.json:
+[{"op", "file", "tvm_build_s": [times], "tvm_so_s": [times]}].
 
 Prints one line per operator and a final coverage line; exits 1 unless every operator agrees.
 Times: `kiln build` of the converted module (the whole command, process start included; also
@@ -221,12 +222,16 @@ def emit():
         path = os.path.join(WORK, f"{name}.json")
         with open(path, "w") as fh:
             json.dump(mod, fh)
-        times = []
+        times, so_times = [], []
         for _ in range(5):
             t = time.perf_counter()
-            tvm.compile(tvm.IRModule({name: func}), target=target)
+            lib = tvm.compile(tvm.IRModule({name: func}), target=target)
             times.append(time.perf_counter() - t)
-        index.append({"op": name, "file": path, "tvm_build_s": times})
+            # The same build to a shared library, as `kiln build` writes one.
+            lib_path = os.path.join(WORK, f"{name}.tvm.so")
+            lib.export_library(lib_path)
+            so_times.append(time.perf_counter() - t)
+        index.append({"op": name, "file": path, "tvm_build_s": times, "tvm_so_s": so_times})
     with open(os.path.join(WORK, "index.json"), "w") as fh:
         json.dump(index, fh)
 
