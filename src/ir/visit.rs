@@ -47,6 +47,119 @@ impl Expr {
     }
 }
 
+/// A read-only walk over an IR tree. Implement the hooks a query needs; [`walk_stmt`] and
+/// [`walk_expr`] visit every child in evaluation order and call the hooks on the way:
+///
+/// - [`Visitor::stmt`] / [`Visitor::expr`] for every node (the defaults walk the children:
+///   an override that handles some nodes itself calls `walk_*` for the others);
+/// - [`Visitor::bind`] when a loop or `let` binds its variable: after the loop bounds or the
+///   value, before the body;
+/// - [`Visitor::allocate`] before an allocation's body; [`Visitor::store`] and
+///   [`Visitor::load`] at each buffer access, before its indices; [`Visitor::var`] at each use
+///   of a variable.
+pub trait Visitor {
+    /// A statement; the default walks its children.
+    fn stmt(&mut self, s: &Stmt) {
+        walk_stmt(self, s);
+    }
+    /// An expression; the default walks its children.
+    fn expr(&mut self, e: &Expr) {
+        walk_expr(self, e);
+    }
+    /// A loop or `let` binds `var` for its body.
+    fn bind(&mut self, _var: &Var) {}
+    /// `Stmt::Allocate` allocates `buffer` for its body.
+    fn allocate(&mut self, _buffer: &Buffer) {}
+    /// A store into `buffer`.
+    fn store(&mut self, _buffer: &Buffer) {}
+    /// A load from `buffer`.
+    fn load(&mut self, _buffer: &Buffer) {}
+    /// A use of the variable `var`.
+    fn var(&mut self, _var: &Var) {}
+}
+
+/// Visits the children of `s` (see [`Visitor`]).
+pub fn walk_stmt<V: Visitor + ?Sized>(v: &mut V, s: &Stmt) {
+    match s {
+        Stmt::For {
+            var,
+            min,
+            extent,
+            body,
+            ..
+        } => {
+            v.expr(min);
+            v.expr(extent);
+            v.bind(var);
+            v.stmt(body);
+        }
+        Stmt::Store {
+            buffer,
+            indices,
+            value,
+        } => {
+            v.store(buffer);
+            indices.iter().for_each(|i| v.expr(i));
+            v.expr(value);
+        }
+        Stmt::Allocate { buffer, body } => {
+            v.allocate(buffer);
+            v.stmt(body);
+        }
+        Stmt::Let { var, value, body } => {
+            v.expr(value);
+            v.bind(var);
+            v.stmt(body);
+        }
+        Stmt::IfThenElse {
+            cond,
+            then_case,
+            else_case,
+        } => {
+            v.expr(cond);
+            v.stmt(then_case);
+            if let Some(e) = else_case {
+                v.stmt(e);
+            }
+        }
+        Stmt::Seq(ss) => ss.iter().for_each(|s| v.stmt(s)),
+        Stmt::Evaluate(e) | Stmt::Return(e) | Stmt::Assert { cond: e, .. } => v.expr(e),
+        Stmt::Barrier => {}
+    }
+}
+
+/// Visits the children of `e` (see [`Visitor`]).
+pub fn walk_expr<V: Visitor + ?Sized>(v: &mut V, e: &Expr) {
+    match e {
+        Expr::IntImm { .. } | Expr::FloatImm { .. } => {}
+        Expr::Var(x) => v.var(x),
+        Expr::Binary { a, b, .. } => {
+            v.expr(a);
+            v.expr(b);
+        }
+        Expr::Not(a) | Expr::Cast { value: a, .. } | Expr::Reinterpret { value: a, .. } => {
+            v.expr(a)
+        }
+        Expr::Select { cond, t, f } | Expr::IfThenElse { cond, t, f } => {
+            v.expr(cond);
+            v.expr(t);
+            v.expr(f);
+        }
+        Expr::Load { buffer, indices } => {
+            v.load(buffer);
+            indices.iter().for_each(|i| v.expr(i));
+        }
+        Expr::Let { var, value, body } => {
+            v.expr(value);
+            v.bind(var);
+            v.expr(body);
+        }
+        Expr::Call { args, .. } | Expr::CallExtern { args, .. } => {
+            args.iter().for_each(|a| v.expr(a))
+        }
+    }
+}
+
 #[derive(Default)]
 struct Collector {
     bound: HashSet<VarId>,
@@ -57,12 +170,6 @@ struct Collector {
 }
 
 impl Collector {
-    fn var(&mut self, v: &Var) {
-        if !self.bound.contains(&v.id) && self.seen_vars.insert(v.id) {
-            self.out.vars.push(v.clone());
-        }
-    }
-
     fn dims(&mut self, b: &Buffer) {
         for d in b.shape.iter().chain(b.strides.iter().flatten()) {
             self.expr(d);
@@ -75,85 +182,29 @@ impl Collector {
             self.dims(b);
         }
     }
+}
 
-    fn stmt(&mut self, s: &Stmt) {
-        match s {
-            Stmt::For {
-                var,
-                min,
-                extent,
-                body,
-                ..
-            } => {
-                self.expr(min);
-                self.expr(extent);
-                self.bound.insert(var.id);
-                self.stmt(body);
-            }
-            Stmt::Store {
-                buffer,
-                indices,
-                value,
-            } => {
-                self.buffer(buffer);
-                indices.iter().for_each(|i| self.expr(i));
-                self.expr(value);
-            }
-            Stmt::Allocate { buffer, body } => {
-                self.dims(buffer);
-                self.local_buffers.insert(buffer.data.id);
-                self.stmt(body);
-            }
-            Stmt::Let { var, value, body } => {
-                self.expr(value);
-                self.bound.insert(var.id);
-                self.stmt(body);
-            }
-            Stmt::IfThenElse {
-                cond,
-                then_case,
-                else_case,
-            } => {
-                self.expr(cond);
-                self.stmt(then_case);
-                if let Some(e) = else_case {
-                    self.stmt(e);
-                }
-            }
-            Stmt::Seq(v) => v.iter().for_each(|s| self.stmt(s)),
-            Stmt::Evaluate(e) | Stmt::Return(e) | Stmt::Assert { cond: e, .. } => self.expr(e),
-            Stmt::Barrier => {}
-        }
+impl Visitor for Collector {
+    fn bind(&mut self, var: &Var) {
+        self.bound.insert(var.id);
     }
 
-    fn expr(&mut self, e: &Expr) {
-        match e {
-            Expr::IntImm { .. } | Expr::FloatImm { .. } => {}
-            Expr::Var(v) => self.var(v),
-            Expr::Binary { a, b, .. } => {
-                self.expr(a);
-                self.expr(b);
-            }
-            Expr::Not(a) | Expr::Cast { value: a, .. } | Expr::Reinterpret { value: a, .. } => {
-                self.expr(a)
-            }
-            Expr::Select { cond, t, f } | Expr::IfThenElse { cond, t, f } => {
-                self.expr(cond);
-                self.expr(t);
-                self.expr(f);
-            }
-            Expr::Load { buffer, indices } => {
-                self.buffer(buffer);
-                indices.iter().for_each(|i| self.expr(i));
-            }
-            Expr::Let { var, value, body } => {
-                self.expr(value);
-                self.bound.insert(var.id);
-                self.expr(body);
-            }
-            Expr::Call { args, .. } | Expr::CallExtern { args, .. } => {
-                args.iter().for_each(|a| self.expr(a))
-            }
+    fn allocate(&mut self, buffer: &Buffer) {
+        self.dims(buffer);
+        self.local_buffers.insert(buffer.data.id);
+    }
+
+    fn store(&mut self, buffer: &Buffer) {
+        self.buffer(buffer);
+    }
+
+    fn load(&mut self, buffer: &Buffer) {
+        self.buffer(buffer);
+    }
+
+    fn var(&mut self, v: &Var) {
+        if !self.bound.contains(&v.id) && self.seen_vars.insert(v.id) {
+            self.out.vars.push(v.clone());
         }
     }
 }

@@ -2875,41 +2875,55 @@ impl Emitter<'_> {
         nontemporal: Option<&Buffer>,
     ) -> R<()> {
         let ty = reg_ty(var.dtype);
-        let (vh, vb, vl, vx) = (
-            self.new_label("vs_head"),
-            self.new_label("vs_body"),
-            self.new_label("vs_latch"),
-            self.new_label("vs_end"),
-        );
-        let pre = self.cur_block.clone();
-        self.line(format!("br label %{vh}"));
-        self.start_block(&vh);
-        let j = self.tmp();
-        let jn = self.tmp();
-        self.line(format!(
-            "{j} = phi i64 [ {}, %{pre} ], [ {jn}, %{vl} ]",
-            start.v
-        ));
-        let c = self.assign("i1", format!("icmp slt i64 {j}, {}", end.v));
-        self.line(format!("br i1 {}, label %{vb}, label %{vx}", c.v));
-        self.start_block(&vb);
-        let jv = if ty == "i64" {
-            Val::new("i64", &j)
-        } else {
-            self.assign(&ty, format!("trunc i64 {j} to {ty}"))
-        };
-        let saved = std::mem::replace(&mut self.stream_buf, nontemporal.map(|b| b.data.id));
-        let r = self.vstmt(var, &jv, lanes, body);
-        self.stream_buf = saved;
-        r?;
-        self.line(format!("br label %{vl}"));
-        self.start_block(&vl);
-        self.line(format!("{jn} = add nsw i64 {j}, {lanes}"));
         // Vector code already; as a streaming loop bound by memory bandwidth, unrolling would
         // only cost compile time.
+        self.kept_loop("vs", &start.v, &end.v, lanes, |e, j| {
+            let jv = if ty == "i64" {
+                Val::new("i64", j)
+            } else {
+                e.assign(&ty, format!("trunc i64 {j} to {ty}"))
+            };
+            let saved = std::mem::replace(&mut e.stream_buf, nontemporal.map(|b| b.data.id));
+            let r = e.vstmt(var, &jv, lanes, body);
+            e.stream_buf = saved;
+            r
+        })
+    }
+
+    /// `for (k = start; k < end; k += step) body(k)` over i64 values, as a loop that LLVM
+    /// neither vectorizes nor unrolls (labels `<prefix>_head`, `_body`, `_latch`, `_end`).
+    fn kept_loop(
+        &mut self,
+        prefix: &str,
+        start: &str,
+        end: &str,
+        step: i64,
+        body: impl FnOnce(&mut Self, &str) -> R<()>,
+    ) -> R<()> {
+        let (lh, lb, ll, lx) = (
+            self.new_label(&format!("{prefix}_head")),
+            self.new_label(&format!("{prefix}_body")),
+            self.new_label(&format!("{prefix}_latch")),
+            self.new_label(&format!("{prefix}_end")),
+        );
+        let pre = self.cur_block.clone();
+        self.line(format!("br label %{lh}"));
+        self.start_block(&lh);
+        let k = self.tmp();
+        let kn = self.tmp();
+        self.line(format!(
+            "{k} = phi i64 [ {start}, %{pre} ], [ {kn}, %{ll} ]"
+        ));
+        let c = self.assign("i1", format!("icmp slt i64 {k}, {end}"));
+        self.line(format!("br i1 {}, label %{lb}, label %{lx}", c.v));
+        self.start_block(&lb);
+        body(self, &k)?;
+        self.line(format!("br label %{ll}"));
+        self.start_block(&ll);
+        self.line(format!("{kn} = add nsw i64 {k}, {step}"));
         let md = self.no_unroll_metadata();
-        self.line(format!("br label %{vh}{md}"));
-        self.start_block(&vx);
+        self.line(format!("br label %{lh}{md}"));
+        self.start_block(&lx);
         Ok(())
     }
 }
@@ -2927,44 +2941,24 @@ impl Emitter<'_> {
         body: &Stmt,
     ) -> R<()> {
         let ty = reg_ty(var.dtype);
-        let (eh, eb, el, ex) = (
-            self.new_label("edge_head"),
-            self.new_label("edge_body"),
-            self.new_label("edge_latch"),
-            self.new_label("edge_end"),
-        );
-        let pre = self.cur_block.clone();
-        self.line(format!("br label %{eh}"));
-        self.start_block(&eh);
-        let k = self.tmp();
-        let kn = self.tmp();
-        self.line(format!("{k} = phi i64 [ 0, %{pre} ], [ {kn}, %{el} ]"));
-        let c = self.assign("i1", format!("icmp slt i64 {k}, {}", count.v));
-        self.line(format!("br i1 {}, label %{eb}, label %{ex}", c.v));
-        self.start_block(&eb);
-        let in_head = self.assign("i1", format!("icmp slt i64 {k}, {}", head.v));
-        let a = self.assign("i64", format!("add i64 {}, {k}", lo.v));
-        let t0 = self.assign("i64", format!("sub i64 {k}, {}", head.v));
-        let b = self.assign("i64", format!("add i64 {}, {}", mend.v, t0.v));
-        let i64v = self.assign(
-            "i64",
-            format!("select i1 {}, i64 {}, i64 {}", in_head.v, a.v, b.v),
-        );
-        let iv = if ty == "i64" {
-            i64v
-        } else {
-            self.assign(&ty, format!("trunc i64 {} to {ty}", i64v.v))
-        };
-        let old = self.vars.insert(var.id, iv);
-        let r = self.stmt(body);
-        self.restore(var.id, old);
-        r?;
-        self.line(format!("br label %{el}"));
-        self.start_block(&el);
-        self.line(format!("{kn} = add nsw i64 {k}, 1"));
-        let md = self.no_unroll_metadata();
-        self.line(format!("br label %{eh}{md}"));
-        self.start_block(&ex);
-        Ok(())
+        self.kept_loop("edge", "0", &count.v, 1, |e, k| {
+            let in_head = e.assign("i1", format!("icmp slt i64 {k}, {}", head.v));
+            let a = e.assign("i64", format!("add i64 {}, {k}", lo.v));
+            let t0 = e.assign("i64", format!("sub i64 {k}, {}", head.v));
+            let b = e.assign("i64", format!("add i64 {}, {}", mend.v, t0.v));
+            let i64v = e.assign(
+                "i64",
+                format!("select i1 {}, i64 {}, i64 {}", in_head.v, a.v, b.v),
+            );
+            let iv = if ty == "i64" {
+                i64v
+            } else {
+                e.assign(&ty, format!("trunc i64 {} to {ty}", i64v.v))
+            };
+            let old = e.vars.insert(var.id, iv);
+            let r = e.stmt(body);
+            e.restore(var.id, old);
+            r
+        })
     }
 }

@@ -51,7 +51,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::ir::{Expr, Param, PrimFunc, Stmt, StorageScope, TypeCode, VarId};
+use crate::ir::visit::Visitor;
+use crate::ir::{Buffer, Param, PrimFunc, StorageScope, TypeCode, VarId};
 
 /// The largest streaming-store threshold: outputs of at least this many bytes are streamed on
 /// every x86 target, whatever cache the host reports.
@@ -111,74 +112,13 @@ struct Counts {
     loads: HashSet<VarId>,
 }
 
-impl Counts {
-    fn stmt(&mut self, s: &Stmt) {
-        match s {
-            Stmt::For {
-                min, extent, body, ..
-            } => {
-                self.expr(min);
-                self.expr(extent);
-                self.stmt(body);
-            }
-            Stmt::Store {
-                buffer,
-                indices,
-                value,
-            } => {
-                *self.stores.entry(buffer.data.id).or_default() += 1;
-                indices.iter().for_each(|i| self.expr(i));
-                self.expr(value);
-            }
-            Stmt::Allocate { body, .. } => self.stmt(body),
-            Stmt::Let { value, body, .. } => {
-                self.expr(value);
-                self.stmt(body);
-            }
-            Stmt::IfThenElse {
-                cond,
-                then_case,
-                else_case,
-            } => {
-                self.expr(cond);
-                self.stmt(then_case);
-                if let Some(e) = else_case {
-                    self.stmt(e);
-                }
-            }
-            Stmt::Seq(v) => v.iter().for_each(|s| self.stmt(s)),
-            Stmt::Evaluate(e) | Stmt::Return(e) | Stmt::Assert { cond: e, .. } => self.expr(e),
-            Stmt::Barrier => {}
-        }
+impl Visitor for Counts {
+    fn store(&mut self, buffer: &Buffer) {
+        *self.stores.entry(buffer.data.id).or_default() += 1;
     }
 
-    fn expr(&mut self, e: &Expr) {
-        match e {
-            Expr::IntImm { .. } | Expr::FloatImm { .. } | Expr::Var(_) => {}
-            Expr::Binary { a, b, .. } => {
-                self.expr(a);
-                self.expr(b);
-            }
-            Expr::Not(a) | Expr::Cast { value: a, .. } | Expr::Reinterpret { value: a, .. } => {
-                self.expr(a)
-            }
-            Expr::Select { cond, t, f } | Expr::IfThenElse { cond, t, f } => {
-                self.expr(cond);
-                self.expr(t);
-                self.expr(f);
-            }
-            Expr::Load { buffer, indices } => {
-                self.loads.insert(buffer.data.id);
-                indices.iter().for_each(|i| self.expr(i));
-            }
-            Expr::Let { value, body, .. } => {
-                self.expr(value);
-                self.expr(body);
-            }
-            Expr::Call { args, .. } | Expr::CallExtern { args, .. } => {
-                args.iter().for_each(|a| self.expr(a))
-            }
-        }
+    fn load(&mut self, buffer: &Buffer) {
+        self.loads.insert(buffer.data.id);
     }
 }
 
