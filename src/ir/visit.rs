@@ -160,6 +160,38 @@ pub fn walk_expr<V: Visitor + ?Sized>(v: &mut V, e: &Expr) {
     }
 }
 
+/// Calls `f` with the variable, `min` and `extent` of every loop in `s`, outer loops first.
+pub fn for_each_loop(s: &Stmt, f: impl FnMut(&Var, &Expr, &Expr)) {
+    struct Loops<F>(F);
+    impl<F: FnMut(&Var, &Expr, &Expr)> Visitor for Loops<F> {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::For {
+                var, min, extent, ..
+            } = s
+            {
+                (self.0)(var, min, extent);
+            }
+            walk_stmt(self, s);
+        }
+        // Expressions hold no loops.
+        fn expr(&mut self, _: &Expr) {}
+    }
+    Loops(f).stmt(s);
+}
+
+/// Calls `f` with every variable a loop or a `let` statement in `s` binds (not `let`
+/// expressions), outer ones first.
+pub fn for_each_bound_var(s: &Stmt, f: impl FnMut(&Var)) {
+    struct Bound<F>(F);
+    impl<F: FnMut(&Var)> Visitor for Bound<F> {
+        fn bind(&mut self, var: &Var) {
+            (self.0)(var);
+        }
+        fn expr(&mut self, _: &Expr) {}
+    }
+    Bound(f).stmt(s);
+}
+
 #[derive(Default)]
 struct Collector {
     bound: HashSet<VarId>,

@@ -58,54 +58,16 @@ fn loop_path(s: &Stmt, name: &str, path: &mut Vec<Loop>) -> Option<Loop> {
 
 /// Every loop inside `s`: variable id → constant `(min, extent)`, or `None` if not constant.
 fn inner_loops(s: &Stmt, out: &mut HashMap<VarId, Option<(i64, i64)>>) {
-    match s {
-        Stmt::For {
-            var,
-            min,
-            extent,
-            body,
-            ..
-        } => {
-            out.insert(var.id, min.as_int().zip(extent.as_int()));
-            inner_loops(body, out);
-        }
-        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => inner_loops(body, out),
-        Stmt::IfThenElse {
-            then_case,
-            else_case,
-            ..
-        } => {
-            inner_loops(then_case, out);
-            if let Some(e) = else_case {
-                inner_loops(e, out);
-            }
-        }
-        Stmt::Seq(v) => v.iter().for_each(|c| inner_loops(c, out)),
-        _ => {}
-    }
+    crate::ir::visit::for_each_loop(s, |var, min, extent| {
+        out.insert(var.id, min.as_int().zip(extent.as_int()));
+    });
 }
 
 /// Every variable bound by a loop or a `let` in `s`.
 fn bound_vars(s: &Stmt, out: &mut HashMap<VarId, ()>) {
-    match s {
-        Stmt::For { var, body, .. } | Stmt::Let { var, body, .. } => {
-            out.insert(var.id, ());
-            bound_vars(body, out);
-        }
-        Stmt::Allocate { body, .. } => bound_vars(body, out),
-        Stmt::IfThenElse {
-            then_case,
-            else_case,
-            ..
-        } => {
-            bound_vars(then_case, out);
-            if let Some(e) = else_case {
-                bound_vars(e, out);
-            }
-        }
-        Stmt::Seq(v) => v.iter().for_each(|c| bound_vars(c, out)),
-        _ => {}
-    }
+    crate::ir::visit::for_each_bound_var(s, |var| {
+        out.insert(var.id, ());
+    });
 }
 
 fn as_i64(e: Expr) -> Expr {

@@ -1268,31 +1268,9 @@ fn guard(cond: Expr, body: Stmt) -> Stmt {
 }
 
 fn collect_loops(s: &Stmt, out: &mut HashMap<crate::ir::VarId, (i64, i64)>) {
-    match s {
-        Stmt::For {
-            var,
-            min,
-            extent,
-            body,
-            ..
-        } => {
-            if let (Some(a), Some(b)) = (min.as_int(), extent.as_int()) {
-                out.insert(var.id, (a, b));
-            }
-            collect_loops(body, out);
+    crate::ir::visit::for_each_loop(s, |var, min, extent| {
+        if let (Some(a), Some(b)) = (min.as_int(), extent.as_int()) {
+            out.insert(var.id, (a, b));
         }
-        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => collect_loops(body, out),
-        Stmt::IfThenElse {
-            then_case,
-            else_case,
-            ..
-        } => {
-            collect_loops(then_case, out);
-            if let Some(e) = else_case {
-                collect_loops(e, out);
-            }
-        }
-        Stmt::Seq(v) => v.iter().for_each(|s| collect_loops(s, out)),
-        _ => {}
-    }
+    });
 }
