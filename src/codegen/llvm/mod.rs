@@ -501,7 +501,13 @@ fn generate<const N: usize>(
                     });
                 }
             }
-            e.stmt(&f.body)?;
+            // Float max/min reductions in integer-key form (`codegen::reduce`); device host
+            // code keeps its kernels as written.
+            if o.device_host {
+                e.stmt(&f.body)?;
+            } else {
+                e.stmt(&crate::codegen::reduce::lower_minmax_reductions(f))?;
+            }
             e.line("ret i32 0");
             e.finish()
         };

@@ -1,0 +1,388 @@
+//! Float `max`/`min` reductions in integer-key form (`kiln::codegen::reduce`): compiled code
+//! gives what the reference interpreter gives on the loop as written — bit for bit, NaN for
+//! NaN — on NaN, ±0, ±inf, subnormals and random values, with and without TVM's in-loop
+//! initialization, for constant and symbolic extents (0 included); and the lowering applies
+//! exactly where its rule says.
+
+use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::codegen::reduce::lower_minmax_reductions;
+use kiln::ir::builder::constant;
+use kiln::ir::interp::{self, HostBuffer, InterpArg};
+use kiln::ir::{
+    Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, StorageScope, Var,
+};
+use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
+use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
+use proptest::prelude::*;
+
+/// How the reduction is written.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    is_max: bool,
+    dtype: DataType,
+    /// TVM's form: `if k == 0 { R[i] = init }` inside the loop.
+    init: bool,
+    /// `A`'s columns a shape variable rather than a constant.
+    symbolic: bool,
+    /// The element is `A[i, k]` on the left of `max(_, _)`.
+    swapped: bool,
+    noalias: bool,
+}
+
+/// `R[i] = max_k A[i, k]` (or `min`) over `cols` columns, for `rows` rows.
+fn rowreduce(s: Shape, rows: i64, cols: i64) -> PrimFunc {
+    let n = Var::new("n", DataType::i64());
+    let cols_e = if s.symbolic {
+        Expr::Var(n)
+    } else {
+        Expr::from(cols)
+    };
+    let a = Buffer::new("A", s.dtype, vec![Expr::from(rows), cols_e.clone()]);
+    let r = Buffer::new("R", s.dtype, vec![Expr::from(rows)]);
+    let i = Var::new("i", DataType::i64());
+    let k = Var::new("k", DataType::i64());
+    let (iv, kv) = (Expr::Var(i.clone()), Expr::Var(k.clone()));
+    let acc = r.load(vec![iv.clone()]);
+    let elem = a.load(vec![iv.clone(), kv.clone()]);
+    let (x, y) = if s.swapped { (elem, acc) } else { (acc, elem) };
+    let value = if s.is_max { x.max(y) } else { x.min(y) };
+    let update = r.store(vec![iv.clone()], value);
+    let body = if s.init {
+        let lowest = constant(s.dtype, if s.is_max { -3.0e38 } else { 3.0e38 });
+        Stmt::Seq(vec![
+            Stmt::IfThenElse {
+                cond: kv.eq_(Expr::from(0i64)),
+                then_case: Box::new(r.store(vec![iv.clone()], lowest)),
+                else_case: None,
+            },
+            update,
+        ])
+    } else {
+        update
+    };
+    let inner = Stmt::For {
+        var: k,
+        min: Expr::from(0i64),
+        extent: cols_e,
+        kind: ForKind::Serial,
+        body: Box::new(body),
+    };
+    let outer = Stmt::For {
+        var: i,
+        min: Expr::from(0i64),
+        extent: Expr::from(rows),
+        kind: ForKind::Serial,
+        body: Box::new(inner),
+    };
+    PrimFunc::new("rowreduce", vec![Param::Buffer(a), Param::Buffer(r)], outer)
+        .with_noalias(s.noalias)
+}
+
+fn lowered(f: &PrimFunc) -> bool {
+    lower_minmax_reductions(f) != f.body
+}
+
+/// Runs the compiled function on copies of `bufs` (8-byte-aligned storage).
+fn run_compiled(f: &PrimFunc, bufs: &[HostBuffer]) -> Vec<Vec<u8>> {
+    let m = LlvmModule::jit(
+        &IRModule::from_functions(vec![f.clone()]),
+        &CodegenOptions::host(),
+    )
+    .unwrap();
+    m.wait_optimized().unwrap();
+    let pf = m.require_function(&f.name).unwrap();
+    let mut stores: Vec<Vec<u64>> = bufs
+        .iter()
+        .map(|b| {
+            let mut v = vec![0u64; b.data.len().div_ceil(8).max(1)];
+            // SAFETY: `v` holds at least `b.data.len()` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    b.data.as_ptr(),
+                    v.as_mut_ptr().cast::<u8>(),
+                    b.data.len(),
+                )
+            };
+            v
+        })
+        .collect();
+    let mut shapes: Vec<Vec<i64>> = bufs.iter().map(|b| b.shape.clone()).collect();
+    let dls: Vec<DLTensor> = stores
+        .iter_mut()
+        .zip(shapes.iter_mut())
+        .zip(bufs)
+        .map(|((s, shape), b)| DLTensor {
+            data: s.as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: shape.len() as i32,
+            dtype: DLDataType {
+                code: DLDataTypeCode(b.dtype.code as u8),
+                bits: b.dtype.bits,
+                lanes: 1,
+            },
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        })
+        .collect();
+    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+    pf.call(&views).unwrap();
+    stores
+        .iter()
+        .zip(bufs)
+        .map(|(s, b)| {
+            // SAFETY: `s` holds at least `b.data.len()` bytes.
+            unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), b.data.len()) }.to_vec()
+        })
+        .collect()
+}
+
+/// Bit patterns worth reducing over, as f64 (converted to the element type).
+fn special(k: usize) -> f64 {
+    const V: [f64; 12] = [
+        f64::NAN,
+        -f64::NAN,
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1.0e-310,
+        -1.0e-310,
+        3.0e38,
+        -3.0e38,
+        1.5,
+        -2.5,
+    ];
+    V[k % V.len()]
+}
+
+fn host(dtype: DataType, shape: &[i64], vals: &[f64]) -> HostBuffer {
+    if dtype == DataType::f32() {
+        let v: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
+        HostBuffer::from_slice(shape, &v)
+    } else {
+        HostBuffer::from_slice(shape, vals)
+    }
+}
+
+/// Compiled against interpreted: each element of `R` bit for bit, or both NaN.
+fn check(s: Shape, rows: i64, cols: i64, a: &[f64], r0: &[f64]) -> Result<(), TestCaseError> {
+    let f = rowreduce(s, rows, cols);
+    f.verify().unwrap();
+    let bufs = vec![host(s.dtype, &[rows, cols], a), host(s.dtype, &[rows], r0)];
+    let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
+    interp::run(&f, &mut iargs).unwrap();
+    let want = iargs[1].buffer().unwrap();
+    let got = run_compiled(&f, &bufs);
+    let eb = s.dtype.bytes();
+    for row in 0..rows as usize {
+        let g = HostBuffer {
+            data: got[1][row * eb..(row + 1) * eb].to_vec(),
+            shape: vec![1],
+            ..want.clone()
+        };
+        let (gv, wv) = (g.get(0).unwrap(), want.get(row).unwrap());
+        let both_nan = gv.as_f64().is_nan() && wv.as_f64().is_nan();
+        prop_assert!(
+            both_nan || g.data == want.data[row * eb..(row + 1) * eb],
+            "row {row}: compiled {gv:?}, interpreted {wv:?} ({s:?}, {cols} columns)\n{f}"
+        );
+    }
+    Ok(())
+}
+
+fn shapes() -> impl Strategy<Value = Shape> {
+    (
+        any::<bool>(),
+        prop_oneof![Just(DataType::f32()), Just(DataType::f64())],
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(is_max, dtype, init, symbolic, swapped)| Shape {
+            is_max,
+            dtype,
+            init,
+            symbolic,
+            swapped,
+            noalias: true,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Random rows mixing special values and random ones, 0 to 70 columns (vector bodies,
+    /// their tails, and loops that do not run).
+    #[test]
+    fn compiled_reductions_match_the_interpreter(
+        s in shapes(),
+        cols in 0i64..70,
+        picks in proptest::collection::vec((0usize..24, -1.0e3f64..1.0e3), 4 * 70),
+        start in 0usize..12,
+    ) {
+        prop_assert!(lowered(&rowreduce(s, 4, cols)));
+        let a: Vec<f64> = picks
+            .iter()
+            .take((4 * cols) as usize)
+            .map(|&(k, x)| if k < 12 { special(k) } else { x })
+            .collect();
+        // R's values before the loop: what a reduction without init starts from.
+        let r0: Vec<f64> = (0..4).map(|k| special(start + 3 * k)).collect();
+        check(s, 4, cols, &a, &r0)?;
+    }
+}
+
+#[test]
+fn nan_anywhere_wins_and_signed_zeros_are_ordered() {
+    for dtype in [DataType::f32(), DataType::f64()] {
+        for is_max in [true, false] {
+            let s = Shape {
+                is_max,
+                dtype,
+                init: true,
+                symbolic: false,
+                swapped: false,
+                noalias: true,
+            };
+            // Row 0: a NaN last; row 1: a NaN first; row 2: -0 and +0 only; row 3: +0 then -0.
+            let a = [
+                1.0,
+                2.0,
+                3.0,
+                f64::NAN,
+                f64::NAN,
+                1.0,
+                2.0,
+                3.0,
+                -0.0,
+                0.0,
+                -0.0,
+                -0.0,
+                0.0,
+                -0.0,
+                0.0,
+                0.0,
+            ];
+            check(s, 4, 4, &a, &[0.0; 4]).unwrap();
+        }
+    }
+}
+
+/// Where the rule does not hold, the loop is compiled as written.
+#[test]
+fn the_lowering_applies_only_where_its_rule_holds() {
+    let base = Shape {
+        is_max: true,
+        dtype: DataType::f32(),
+        init: true,
+        symbolic: false,
+        swapped: false,
+        noalias: true,
+    };
+    assert!(lowered(&rowreduce(base, 4, 8)));
+    // An output parameter of a function whose buffers may overlap.
+    assert!(!lowered(&rowreduce(
+        Shape {
+            noalias: false,
+            ..base
+        },
+        4,
+        8
+    )));
+    // Integers: a plain max is already one instruction.
+    assert!(!lowered(&rowreduce(
+        Shape {
+            dtype: DataType::i32(),
+            init: false,
+            ..base
+        },
+        4,
+        8
+    )));
+    // The element reads the output.
+    let f = rowreduce(base, 4, 8);
+    let Stmt::For { body, .. } = &f.body else {
+        unreachable!()
+    };
+    let Stmt::For {
+        var: k,
+        min,
+        extent,
+        body: inner,
+        ..
+    } = &**body
+    else {
+        unreachable!()
+    };
+    let Stmt::Seq(parts) = &**inner else {
+        unreachable!()
+    };
+    let Stmt::Store {
+        buffer, indices, ..
+    } = &parts[1]
+    else {
+        unreachable!()
+    };
+    let reads_out = Stmt::Store {
+        buffer: buffer.clone(),
+        indices: indices.clone(),
+        value: buffer
+            .load(indices.clone())
+            .max(buffer.load(vec![Expr::from(0i64)])),
+    };
+    let mk = |kind: ForKind, body: Stmt| {
+        let inner = Stmt::For {
+            var: k.clone(),
+            min: min.clone(),
+            extent: extent.clone(),
+            kind,
+            body: Box::new(body),
+        };
+        PrimFunc::new(
+            "f",
+            f.params.clone(),
+            Stmt::For {
+                var: Var::new("i", DataType::i64()),
+                min: Expr::from(0i64),
+                extent: Expr::from(4i64),
+                kind: ForKind::Serial,
+                body: Box::new(inner),
+            },
+        )
+        .with_noalias(true)
+    };
+    assert!(!lowered(&mk(ForKind::Serial, reads_out)));
+    // Not a serial loop.
+    assert!(!lowered(&mk(ForKind::Unrolled, parts[1].clone())));
+    // A local accumulator needs no `noalias`: softmax's row max, as the TVM bridge writes it.
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(8i64)]);
+    let out = Buffer::new("O", DataType::f32(), vec![Expr::from(1i64)]);
+    let acc = Buffer::temp(
+        "acc",
+        DataType::f32(),
+        vec![Expr::from(1i64)],
+        StorageScope::Local,
+    );
+    let z = vec![Expr::from(0i64)];
+    let j = Var::new("j", DataType::i64());
+    let body = acc.allocate(Stmt::Seq(vec![
+        acc.store(z.clone(), constant(DataType::f32(), f64::NEG_INFINITY)),
+        Stmt::For {
+            var: j.clone(),
+            min: Expr::from(0i64),
+            extent: Expr::from(8i64),
+            kind: ForKind::Serial,
+            body: Box::new(acc.store(
+                z.clone(),
+                acc.load(z.clone()).max(a.load(vec![Expr::Var(j)])),
+            )),
+        },
+        out.store(z.clone(), acc.load(z.clone())),
+    ]));
+    let g = PrimFunc::new("g", vec![Param::Buffer(a), Param::Buffer(out)], body);
+    assert!(lowered(&g));
+}
