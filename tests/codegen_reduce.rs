@@ -386,3 +386,105 @@ fn the_lowering_applies_only_where_its_rule_holds() {
     let g = PrimFunc::new("g", vec![Param::Buffer(a), Param::Buffer(out)], body);
     assert!(lowered(&g));
 }
+
+/// `R[i] = max over (k1, k2)` of `A[i, k1, k2]` (or `min`), `A`'s last two extents shape
+/// variables, with TVM's initialization of a reduction over two loops
+/// (`if k1 == 0 && k2 == 0`), or with one naming only `k2`, which resets `R[i]` at every `k1`.
+fn window(is_max: bool, dtype: DataType, reset_per_row: bool) -> PrimFunc {
+    let (n1, n2) = (
+        Var::new("n1", DataType::i64()),
+        Var::new("n2", DataType::i64()),
+    );
+    let a = Buffer::new(
+        "A",
+        dtype,
+        vec![
+            Expr::from(3i64),
+            Expr::Var(n1.clone()),
+            Expr::Var(n2.clone()),
+        ],
+    );
+    let r = Buffer::new("R", dtype, vec![Expr::from(3i64)]);
+    let (i, k1, k2) = (
+        Var::new("i", DataType::i64()),
+        Var::new("k1", DataType::i64()),
+        Var::new("k2", DataType::i64()),
+    );
+    let (iv, k1v, k2v) = (
+        Expr::Var(i.clone()),
+        Expr::Var(k1.clone()),
+        Expr::Var(k2.clone()),
+    );
+    let acc = r.load(vec![iv.clone()]);
+    let elem = a.load(vec![iv.clone(), k1v.clone(), k2v.clone()]);
+    let value = if is_max { acc.max(elem) } else { acc.min(elem) };
+    let first = if reset_per_row {
+        k2v.clone().eq_(Expr::from(0i64))
+    } else {
+        k1v.clone()
+            .eq_(Expr::from(0i64))
+            .and(k2v.clone().eq_(Expr::from(0i64)))
+    };
+    let body = Stmt::Seq(vec![
+        Stmt::IfThenElse {
+            cond: first,
+            then_case: Box::new(r.store(vec![iv.clone()], constant(dtype, 7.0))),
+            else_case: None,
+        },
+        r.store(vec![iv], value),
+    ]);
+    let nest = |var: Var, extent: Var, body: Stmt| Stmt::For {
+        var,
+        min: Expr::from(0i64),
+        extent: Expr::Var(extent),
+        kind: ForKind::Serial,
+        body: Box::new(body),
+    };
+    let body = Stmt::For {
+        var: i,
+        min: Expr::from(0i64),
+        extent: Expr::from(3i64),
+        kind: ForKind::Serial,
+        body: Box::new(nest(k1, n1, nest(k2, n2, body))),
+    };
+    PrimFunc::new("window", vec![Param::Buffer(a), Param::Buffer(r)], body).with_noalias(true)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Reductions over two loops (pooling windows), 0 to 4 steps each.
+    #[test]
+    fn window_reductions_match_the_interpreter(
+        is_max in any::<bool>(),
+        f64t in any::<bool>(),
+        reset_per_row in any::<bool>(),
+        n1 in 0i64..5,
+        n2 in 0i64..5,
+        picks in proptest::collection::vec((0usize..24, -1.0e3f64..1.0e3), 3 * 16),
+    ) {
+        let dtype = if f64t { DataType::f64() } else { DataType::f32() };
+        let f = window(is_max, dtype, reset_per_row);
+        f.verify().unwrap();
+        prop_assert!(lowered(&f));
+        let a: Vec<f64> = picks
+            .iter()
+            .take((3 * n1 * n2) as usize)
+            .map(|&(k, x)| if k < 12 { special(k) } else { x })
+            .collect();
+        let bufs = vec![host(dtype, &[3, n1, n2], &a), host(dtype, &[3], &[-4.0, f64::NAN, -0.0])];
+        let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
+        interp::run(&f, &mut iargs).unwrap();
+        let want = iargs[1].buffer().unwrap();
+        let got = run_compiled(&f, &bufs);
+        let eb = dtype.bytes();
+        for row in 0..3 {
+            let g = HostBuffer { data: got[1][row * eb..(row + 1) * eb].to_vec(), shape: vec![1], ..want.clone() };
+            let (gv, wv) = (g.get(0).unwrap(), want.get(row).unwrap());
+            prop_assert!(
+                (gv.as_f64().is_nan() && wv.as_f64().is_nan()) || g.data == want.data[row * eb..(row + 1) * eb],
+                "row {row}: compiled {gv:?}, interpreted {wv:?} ({n1} x {n2})\n{f}"
+            );
+        }
+    }
+}

@@ -16,9 +16,12 @@
 //! result's payload to the implementation). LLVM vectorizes both recurrences.
 //!
 //! The rule (all of it must hold, else the loop is left alone):
-//! - a serial loop whose body is `X[ix] = max(X[ix], e)` (or `min`, either operand order),
-//!   optionally preceded by `if k == min { X[ix] = init }` (TVM's lowered reductions);
-//! - `X` is `float32` or `float64`, `ix` and `init` do not use the loop variable, and neither
+//! - a serial loop, or a perfect nest of serial loops whose bounds do not use the nest's
+//!   variables (a pooling window), whose innermost body is `X[ix] = max(X[ix], e)` (or `min`,
+//!   either operand order), optionally preceded by `if k1 == min1 && ... { X[ix] = init }`
+//!   naming every loop of the nest (TVM's lowered reductions; an initialization naming only the
+//!   inner loops resets `X` inside the nest, and only those loops are lowered);
+//! - `X` is `float32` or `float64`, `ix` and `init` use none of the nest's variables, and neither
 //!   `e` nor `init` reads `X`;
 //! - `X` is allocated in the function, or the function is `noalias` (so that `e` reads no
 //!   alias of `X`, which the serial loop would see change).
@@ -30,8 +33,8 @@ use crate::ir::{
     BinOp, Buffer, DataType, Expr, ForKind, PrimFunc, Stmt, StorageScope, TypeCode, Var, VarId,
 };
 
-/// `f`'s body with every serial float `max`/`min` reduction that follows the rule (module
-/// docs) in integer-key form.
+/// `f`'s body with every serial float `max`/`min` reduction (loop or loop nest) that follows
+/// the rule (module docs) in integer-key form.
 pub fn lower_minmax_reductions(f: &PrimFunc) -> Stmt {
     let mut allocated = HashSet::new();
     collect_allocations(&f.body, &mut allocated);
@@ -60,8 +63,14 @@ fn lower(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Stmt {
             body,
         } => {
             if *kind == ForKind::Serial {
-                if let Some(r) = reduction(var, min, body, unaliased) {
-                    return r.lowered(var, min, extent);
+                let nest = serial_nest(s);
+                let innermost = nest.last().map_or(&**body, |l| l.3);
+                let loops: Vec<Loop> = nest
+                    .iter()
+                    .map(|(v, m, e, _)| ((*v).clone(), (*m).clone(), (*e).clone()))
+                    .collect();
+                if let Some(r) = reduction(&loops, innermost, unaliased) {
+                    return r.lowered(&loops);
                 }
             }
             Stmt::For {
@@ -95,6 +104,38 @@ fn lower(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Stmt {
     }
 }
 
+/// A loop's variable, `min` and `extent`.
+type Loop = (Var, Expr, Expr);
+
+/// The perfect nest of serial loops that starts at `s` (a serial loop), outermost first, with
+/// each loop's body; it stops at a loop whose bounds use a variable of the nest (then not
+/// every iteration space is a box, and the first iteration is not the mins).
+fn serial_nest(s: &Stmt) -> Vec<(&Var, &Expr, &Expr, &Stmt)> {
+    let mut out: Vec<(&Var, &Expr, &Expr, &Stmt)> = Vec::new();
+    let mut cur = s;
+    while let Stmt::For {
+        var,
+        min,
+        extent,
+        kind: ForKind::Serial,
+        body,
+    } = cur
+    {
+        let uses_nest = |e: &Expr| {
+            e.free_uses()
+                .vars
+                .iter()
+                .any(|v| out.iter().any(|l| l.0.id == v.id))
+        };
+        if uses_nest(min) || uses_nest(extent) {
+            break;
+        }
+        out.push((var, min, extent, body));
+        cur = body;
+    }
+    out
+}
+
 /// A reduction loop's parts.
 struct Reduction {
     out: Buffer,
@@ -104,11 +145,10 @@ struct Reduction {
     init: Option<Expr>,
 }
 
-/// The reduction a serial loop over `var` from `min` with `body` performs, if it follows the
+/// The reduction a nest of serial `loops` with the innermost `body` performs, if it follows the
 /// rule.
 fn reduction(
-    var: &Var,
-    min: &Expr,
+    loops: &[Loop],
     body: &Stmt,
     unaliased: &dyn Fn(&Buffer) -> bool,
 ) -> Option<Reduction> {
@@ -140,7 +180,12 @@ fn reduction(
     } else {
         return None;
     };
-    let uses_var = |e: &Expr| e.free_uses().vars.iter().any(|v| v.id == var.id);
+    let uses_var = |e: &Expr| {
+        e.free_uses()
+            .vars
+            .iter()
+            .any(|v| loops.iter().any(|l| l.0.id == v.id))
+    };
     let reads_out = |e: &Expr| {
         e.free_uses()
             .buffers
@@ -157,17 +202,7 @@ fn reduction(
             then_case,
             else_case: None,
         }) => {
-            let first = match cond {
-                Expr::Binary {
-                    op: BinOp::Eq,
-                    a: x,
-                    b: y,
-                } => {
-                    let is_var = |e: &Expr| matches!(e, Expr::Var(v) if v.id == var.id);
-                    (is_var(x) && **y == *min) || (is_var(y) && **x == *min)
-                }
-                _ => false,
-            };
+            let first = is_first_iteration(cond, loops);
             let Stmt::Store {
                 buffer: ib,
                 indices: ii,
@@ -197,8 +232,40 @@ fn reduction(
     })
 }
 
+/// Whether `cond` is `k1 == min1 && k2 == min2 && ...` over exactly the variables of `loops`
+/// (in any order and grouping, either side of each `==`).
+fn is_first_iteration(cond: &Expr, loops: &[Loop]) -> bool {
+    fn terms<'e>(e: &'e Expr, out: &mut Vec<(&'e Expr, &'e Expr)>) -> bool {
+        match e {
+            Expr::Binary {
+                op: BinOp::And,
+                a,
+                b,
+            } => terms(a, out) && terms(b, out),
+            Expr::Binary {
+                op: BinOp::Eq,
+                a,
+                b,
+            } => {
+                out.push((a, b));
+                true
+            }
+            _ => false,
+        }
+    }
+    let mut eqs = Vec::new();
+    if !terms(cond, &mut eqs) || eqs.len() != loops.len() {
+        return false;
+    }
+    loops.iter().all(|(var, min, _)| {
+        let is_var = |e: &Expr| matches!(e, Expr::Var(v) if v.id == var.id);
+        eqs.iter()
+            .any(|(x, y)| (is_var(x) && *y == min) || (is_var(y) && *x == min))
+    })
+}
+
 impl Reduction {
-    fn lowered(self, var: &Var, min: &Expr, extent: &Expr) -> Stmt {
+    fn lowered(self, loops: &[Loop]) -> Stmt {
         let ft = self.out.dtype;
         let it = DataType::new(TypeCode::Int, ft.bits, 1);
         let i32t = DataType::new(TypeCode::Int, 32, 1);
@@ -277,21 +344,35 @@ impl Reduction {
             body: Box::new(Stmt::Seq(vec![
                 kacc.store(z.clone(), key(Expr::Var(first.clone()).reinterpret(it))),
                 nacc.store(z.clone(), nan_of(&Expr::Var(first))),
-                Stmt::For {
-                    var: var.clone(),
-                    min: min.clone(),
-                    extent: extent.clone(),
-                    kind: ForKind::Serial,
-                    body: Box::new(update),
-                },
+                loops
+                    .iter()
+                    .rev()
+                    .fold(update, |body, (var, min, extent)| Stmt::For {
+                        var: var.clone(),
+                        min: min.clone(),
+                        extent: extent.clone(),
+                        kind: ForKind::Serial,
+                        body: Box::new(body),
+                    }),
                 self.out.store(self.indices.clone(), result),
             ])),
         };
-        // The serial loop writes nothing when it does not run.
-        let body = match extent.as_int() {
-            Some(n) if n > 0 => body,
-            _ => Stmt::IfThenElse {
-                cond: extent.clone().gt(int(extent.dtype(), 0)),
+        // The serial loops write nothing when one of them does not run.
+        let mut runs: Option<Expr> = None;
+        for (_, _, extent) in loops {
+            if matches!(extent.as_int(), Some(n) if n > 0) {
+                continue;
+            }
+            let c = extent.clone().gt(int(extent.dtype(), 0));
+            runs = Some(match runs {
+                None => c,
+                Some(r) => r.and(c),
+            });
+        }
+        let body = match runs {
+            None => body,
+            Some(cond) => Stmt::IfThenElse {
+                cond,
                 then_case: Box::new(body),
                 else_case: None,
             },
