@@ -54,54 +54,22 @@ fn collect_allocations(s: &Stmt, out: &mut HashSet<VarId>) {
 }
 
 fn lower(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Stmt {
-    match s {
-        Stmt::For {
-            var,
-            min,
-            extent,
-            kind,
-            body,
-        } => {
-            if *kind == ForKind::Serial {
-                let nest = serial_nest(s);
-                let innermost = nest.last().map_or(&**body, |l| l.3);
-                let loops: Vec<Loop> = nest
-                    .iter()
-                    .map(|(v, m, e, _)| ((*v).clone(), (*m).clone(), (*e).clone()))
-                    .collect();
-                if let Some(r) = reduction(&loops, innermost, unaliased) {
-                    return r.lowered(&loops);
-                }
-            }
-            Stmt::For {
-                var: var.clone(),
-                min: min.clone(),
-                extent: extent.clone(),
-                kind: *kind,
-                body: Box::new(lower(body, unaliased)),
-            }
+    if let Stmt::For {
+        kind: ForKind::Serial,
+        ..
+    } = s
+    {
+        let nest = serial_nest(s);
+        let loops: Vec<Loop> = nest
+            .iter()
+            .map(|(v, m, e, _)| ((*v).clone(), (*m).clone(), (*e).clone()))
+            .collect();
+        let innermost = nest.last().map(|l| l.3);
+        if let Some(r) = innermost.and_then(|body| reduction(&loops, body, unaliased)) {
+            return r.lowered(&loops);
         }
-        Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| lower(s, unaliased)).collect()),
-        Stmt::Allocate { buffer, body } => Stmt::Allocate {
-            buffer: buffer.clone(),
-            body: Box::new(lower(body, unaliased)),
-        },
-        Stmt::Let { var, value, body } => Stmt::Let {
-            var: var.clone(),
-            value: value.clone(),
-            body: Box::new(lower(body, unaliased)),
-        },
-        Stmt::IfThenElse {
-            cond,
-            then_case,
-            else_case,
-        } => Stmt::IfThenElse {
-            cond: cond.clone(),
-            then_case: Box::new(lower(then_case, unaliased)),
-            else_case: else_case.as_ref().map(|e| Box::new(lower(e, unaliased))),
-        },
-        other => other.clone(),
     }
+    s.map_children(|c| lower(c, unaliased))
 }
 
 /// A loop's variable, `min` and `extent`.

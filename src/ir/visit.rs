@@ -160,6 +160,49 @@ pub fn walk_expr<V: Visitor + ?Sized>(v: &mut V, e: &Expr) {
     }
 }
 
+impl Stmt {
+    /// This statement with `f` applied to each of its statement children (loop, allocation and
+    /// `let` bodies, both arms of an `if`, the items of a sequence); everything else is kept.
+    /// The building block of statement rewrites that recurse by calling it from `f`.
+    pub fn map_children(&self, mut f: impl FnMut(&Stmt) -> Stmt) -> Stmt {
+        match self {
+            Stmt::For {
+                var,
+                min,
+                extent,
+                kind,
+                body,
+            } => Stmt::For {
+                var: var.clone(),
+                min: min.clone(),
+                extent: extent.clone(),
+                kind: *kind,
+                body: Box::new(f(body)),
+            },
+            Stmt::Seq(v) => Stmt::Seq(v.iter().map(f).collect()),
+            Stmt::Allocate { buffer, body } => Stmt::Allocate {
+                buffer: buffer.clone(),
+                body: Box::new(f(body)),
+            },
+            Stmt::Let { var, value, body } => Stmt::Let {
+                var: var.clone(),
+                value: value.clone(),
+                body: Box::new(f(body)),
+            },
+            Stmt::IfThenElse {
+                cond,
+                then_case,
+                else_case,
+            } => Stmt::IfThenElse {
+                cond: cond.clone(),
+                then_case: Box::new(f(then_case)),
+                else_case: else_case.as_ref().map(|e| Box::new(f(e))),
+            },
+            other => other.clone(),
+        }
+    }
+}
+
 /// Calls `f` with the variable, `min` and `extent` of every loop in `s`, outer loops first.
 pub fn for_each_loop(s: &Stmt, f: impl FnMut(&Var, &Expr, &Expr)) {
     struct Loops<F>(F);
