@@ -663,7 +663,6 @@ impl Schedule {
 /// In a sequence `[X[ix] = v, allocate <red> { .. }]`, drops the init and reads `v` for `X[ix]`
 /// in the reduction (`v` must not read `X`).
 fn fold_init(s: &Stmt, red: &str, x: &Buffer, ix: &[Expr]) -> Stmt {
-    let rec = |b: &Stmt| Box::new(fold_init(b, red, x, ix));
     match s {
         Stmt::Seq(v) => {
             let mut out: Vec<Stmt> = Vec::new();
@@ -705,37 +704,6 @@ fn fold_init(s: &Stmt, red: &str, x: &Buffer, ix: &[Expr]) -> Stmt {
             }
             Stmt::Seq(out)
         }
-        Stmt::For {
-            var,
-            min,
-            extent,
-            kind,
-            body,
-        } => Stmt::For {
-            var: var.clone(),
-            min: min.clone(),
-            extent: extent.clone(),
-            kind: *kind,
-            body: rec(body),
-        },
-        Stmt::Allocate { buffer, body } => Stmt::Allocate {
-            buffer: buffer.clone(),
-            body: rec(body),
-        },
-        Stmt::Let { var, value, body } => Stmt::Let {
-            var: var.clone(),
-            value: value.clone(),
-            body: rec(body),
-        },
-        Stmt::IfThenElse {
-            cond,
-            then_case,
-            else_case,
-        } => Stmt::IfThenElse {
-            cond: cond.clone(),
-            then_case: rec(then_case),
-            else_case: else_case.as_ref().map(|e| rec(e)),
-        },
-        other => other.clone(),
+        other => other.map_children(|c| fold_init(c, red, x, ix)),
     }
 }
