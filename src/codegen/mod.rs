@@ -22,6 +22,7 @@ pub mod llvm;
 #[cfg(feature = "llvm")]
 pub mod opencl;
 pub mod parallel;
+pub mod partition;
 pub mod reduce;
 
 use std::sync::Arc;

@@ -46,7 +46,7 @@
 //! ```
 
 mod device;
-mod rewrite;
+pub(crate) mod rewrite;
 
 pub mod kernels;
 

@@ -32,7 +32,7 @@ use inkwell::targets::{
 };
 use inkwell::OptimizationLevel;
 
-use crate::ir::{IRModule, Param};
+use crate::ir::{IRModule, Param, PrimFunc};
 use crate::packed_func::{ffi::TVMFFISafeCallType, Module, PackedFunc};
 
 use super::CodegenError;
@@ -501,12 +501,17 @@ fn generate<const N: usize>(
                     });
                 }
             }
-            // Float max/min reductions in integer-key form (`codegen::reduce`); device host
-            // code keeps its kernels as written.
+            // Loops split at their `if_then_else` bounds (`codegen::partition`), then float
+            // max/min reductions in integer-key form (`codegen::reduce`); device host code
+            // keeps its kernels as written.
             if o.device_host {
                 e.stmt(&f.body)?;
             } else {
-                e.stmt(&crate::codegen::reduce::lower_minmax_reductions(f))?;
+                let split = PrimFunc {
+                    body: crate::codegen::partition::partition_loops(&f.body),
+                    ..f.clone()
+                };
+                e.stmt(&crate::codegen::reduce::lower_minmax_reductions(&split))?;
             }
             e.line("ret i32 0");
             e.finish()
