@@ -4,13 +4,12 @@
 //! of bounds outside the condition; nests split level by level; and the split applies exactly
 //! where its rule says.
 
-use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+mod common;
+
 use kiln::codegen::partition::partition_loops;
 use kiln::ir::builder::{constant, if_then_else_expr};
 use kiln::ir::interp::{self, HostBuffer, InterpArg};
-use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
-use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
-use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
+use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, Var};
 use proptest::prelude::*;
 
 /// `lo <= i` written one of four ways.
@@ -66,57 +65,17 @@ fn split(f: &PrimFunc) -> bool {
     partition_loops(&f.body) != f.body
 }
 
-/// Runs `f` compiled on copies of `bufs` (f32 data) and returns them.
-fn run_compiled(f: &PrimFunc, bufs: &[Vec<f32>], shapes: &[Vec<i64>]) -> Vec<Vec<f32>> {
-    let m = LlvmModule::jit(
-        &IRModule::from_functions(vec![f.clone()]),
-        &CodegenOptions::host(),
-    )
-    .unwrap();
-    m.wait_optimized().unwrap();
-    let pf = m.require_function(&f.name).unwrap();
-    let mut data: Vec<Vec<f32>> = bufs.to_vec();
-    let mut shapes: Vec<Vec<i64>> = shapes.to_vec();
-    let dls: Vec<DLTensor> = data
-        .iter_mut()
-        .zip(shapes.iter_mut())
-        .map(|(d, s)| DLTensor {
-            data: d.as_mut_ptr().cast(),
-            device: DLDevice {
-                device_type: DLDeviceType::CPU,
-                device_id: 0,
-            },
-            ndim: s.len() as i32,
-            dtype: DLDataType {
-                code: DLDataTypeCode::FLOAT,
-                bits: 32,
-                lanes: 1,
-            },
-            shape: s.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        })
-        .collect();
-    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
-    pf.call(&views).unwrap();
-    data
-}
-
 fn check(f: &PrimFunc, bufs: &[Vec<f32>], shapes: &[Vec<i64>]) -> Result<(), TestCaseError> {
     let mut iargs: Vec<InterpArg> = bufs
         .iter()
         .zip(shapes)
         .map(|(b, s)| InterpArg::Buffer(HostBuffer::from_slice(s, b)))
         .collect();
+    let hosts: Vec<HostBuffer> = iargs.iter().map(|a| a.buffer().unwrap().clone()).collect();
     interp::run(f, &mut iargs).unwrap();
-    let got = run_compiled(f, bufs, shapes);
+    let got = common::run_jit(f, &hosts);
     for (k, g) in got.iter().enumerate() {
-        let want: Vec<f32> = iargs[k].to_vec().unwrap();
-        let (gb, wb): (Vec<u32>, Vec<u32>) = (
-            g.iter().map(|x| x.to_bits()).collect(),
-            want.iter().map(|x| x.to_bits()).collect(),
-        );
-        prop_assert_eq!(gb, wb, "buffer {}\n{}", k, f);
+        prop_assert_eq!(g, &iargs[k].buffer().unwrap().data, "buffer {}\n{}", k, f);
     }
     Ok(())
 }

@@ -4,15 +4,12 @@
 //! initialization, for constant and symbolic extents (0 included); and the lowering applies
 //! exactly where its rule says.
 
-use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+mod common;
+
 use kiln::codegen::reduce::lower_minmax_reductions;
 use kiln::ir::builder::constant;
 use kiln::ir::interp::{self, HostBuffer, InterpArg};
-use kiln::ir::{
-    Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, StorageScope, Var,
-};
-use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
-use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
+use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope, Var};
 use proptest::prelude::*;
 
 /// How the reduction is written.
@@ -82,64 +79,6 @@ fn lowered(f: &PrimFunc) -> bool {
     lower_minmax_reductions(f) != f.body
 }
 
-/// Runs the compiled function on copies of `bufs` (8-byte-aligned storage).
-fn run_compiled(f: &PrimFunc, bufs: &[HostBuffer]) -> Vec<Vec<u8>> {
-    let m = LlvmModule::jit(
-        &IRModule::from_functions(vec![f.clone()]),
-        &CodegenOptions::host(),
-    )
-    .unwrap();
-    m.wait_optimized().unwrap();
-    let pf = m.require_function(&f.name).unwrap();
-    let mut stores: Vec<Vec<u64>> = bufs
-        .iter()
-        .map(|b| {
-            let mut v = vec![0u64; b.data.len().div_ceil(8).max(1)];
-            // SAFETY: `v` holds at least `b.data.len()` bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    b.data.as_ptr(),
-                    v.as_mut_ptr().cast::<u8>(),
-                    b.data.len(),
-                )
-            };
-            v
-        })
-        .collect();
-    let mut shapes: Vec<Vec<i64>> = bufs.iter().map(|b| b.shape.clone()).collect();
-    let dls: Vec<DLTensor> = stores
-        .iter_mut()
-        .zip(shapes.iter_mut())
-        .zip(bufs)
-        .map(|((s, shape), b)| DLTensor {
-            data: s.as_mut_ptr().cast(),
-            device: DLDevice {
-                device_type: DLDeviceType::CPU,
-                device_id: 0,
-            },
-            ndim: shape.len() as i32,
-            dtype: DLDataType {
-                code: DLDataTypeCode(b.dtype.code as u8),
-                bits: b.dtype.bits,
-                lanes: 1,
-            },
-            shape: shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        })
-        .collect();
-    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
-    pf.call(&views).unwrap();
-    stores
-        .iter()
-        .zip(bufs)
-        .map(|(s, b)| {
-            // SAFETY: `s` holds at least `b.data.len()` bytes.
-            unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), b.data.len()) }.to_vec()
-        })
-        .collect()
-}
-
 /// Bit patterns worth reducing over, as f64 (converted to the element type).
 fn special(k: usize) -> f64 {
     const V: [f64; 12] = [
@@ -176,7 +115,7 @@ fn check(s: Shape, rows: i64, cols: i64, a: &[f64], r0: &[f64]) -> Result<(), Te
     let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
     interp::run(&f, &mut iargs).unwrap();
     let want = iargs[1].buffer().unwrap();
-    let got = run_compiled(&f, &bufs);
+    let got = common::run_jit(&f, &bufs);
     let eb = s.dtype.bytes();
     for row in 0..rows as usize {
         let g = HostBuffer {
@@ -476,7 +415,7 @@ proptest! {
         let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
         interp::run(&f, &mut iargs).unwrap();
         let want = iargs[1].buffer().unwrap();
-        let got = run_compiled(&f, &bufs);
+        let got = common::run_jit(&f, &bufs);
         let eb = dtype.bytes();
         for row in 0..3 {
             let g = HostBuffer { data: got[1][row * eb..(row + 1) * eb].to_vec(), shape: vec![1], ..want.clone() };

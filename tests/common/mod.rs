@@ -194,3 +194,45 @@ pub fn opencl_device(
     eprintln!("skipping: no OpenCL device ({why}) [{test}]");
     None
 }
+
+impl HostArray {
+    /// A copy of an interpreter buffer (compact), in 8-byte-aligned storage.
+    pub fn from_host_buffer(b: &kiln::ir::interp::HostBuffer) -> Self {
+        let mut a = Self::zeros(
+            &b.shape,
+            kiln::packed_func::DLDataType {
+                code: kiln::packed_func::ffi::DLDataTypeCode(b.dtype.code as u8),
+                bits: b.dtype.bits,
+                lanes: 1,
+            },
+            b.dtype.bytes(),
+        );
+        a.bytes_mut().copy_from_slice(&b.data);
+        a
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the u64 buffer holds at least `nbytes` bytes.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u8>(), self.nbytes) }
+    }
+}
+
+/// Compiles `f` alone for the host (JIT, its optimized tier), calls it on copies of the buffers
+/// `bufs` (one per parameter, in order) and returns each buffer's bytes after the call.
+pub fn run_jit(f: &kiln::ir::PrimFunc, bufs: &[kiln::ir::interp::HostBuffer]) -> Vec<Vec<u8>> {
+    use kiln::packed_func::Module;
+    let m = kiln::codegen::llvm::LlvmModule::jit(
+        &kiln::ir::IRModule::from_functions(vec![f.clone()]),
+        &kiln::codegen::llvm::CodegenOptions::host(),
+    )
+    .unwrap();
+    m.wait_optimized().unwrap();
+    let pf = m.require_function(&f.name).unwrap();
+    let mut arrays: Vec<HostArray> = bufs.iter().map(HostArray::from_host_buffer).collect();
+    let dls: Vec<kiln::packed_func::DLTensor> = arrays.iter_mut().map(HostArray::dl).collect();
+    let views: Vec<kiln::packed_func::AnyView> =
+        dls.iter().map(kiln::packed_func::AnyView::from).collect();
+    pf.call(&views).unwrap();
+    arrays.iter().map(|a| a.bytes().to_vec()).collect()
+}
