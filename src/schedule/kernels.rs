@@ -38,8 +38,9 @@ pub const MATMUL_MR: i64 = 8;
 /// Columns of `C` per register block of `matmul` (two 16-lane vectors).
 pub const MATMUL_NR: i64 = 32;
 /// Rows per parallel task block of `matmul` in the fixed tiles ([`MatmulTiles::AVX512`], the
-/// schedule of `examples/kernels/matmul.json`).
-pub const MATMUL_MB: i64 = 64;
+/// schedule of `examples/kernels/matmul.json`): 128 rows of `A` (`k` = 1024) fill half of a
+/// 1 MiB L2, the smallest of the AVX-512 CPUs these tiles are for ([`block_rows`]).
+pub const MATMUL_MB: i64 = 128;
 /// The most rows per task block [`block_rows`] picks: 256 keeps four tasks for a 1024-row `C`.
 pub const MATMUL_MB_MAX: i64 = 256;
 
