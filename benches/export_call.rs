@@ -14,7 +14,7 @@
 //! Run: `cargo bench --bench export_call`.
 
 mod util;
-use util::cpu_model;
+use util::{cpu_model, Stats};
 
 use std::path::Path;
 use std::process::Command;
@@ -22,11 +22,6 @@ use std::process::Command;
 use kiln::codegen::llvm::{export, CodegenOptions};
 use kiln::ir::IRModule;
 use kiln::target::Target;
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() {
     let dir = tempfile::tempdir().unwrap();
@@ -72,19 +67,10 @@ fn main() {
         c.push(v[1]);
         r.push(v[2]);
     }
-    let span = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(0.0, f64::max);
-        (lo, hi)
-    };
-    let (kl, kh) = span(&k);
-    let (cl, ch) = span(&c);
-    let (rl, rh) = span(&r);
+    let (ks, cs, rs) = (Stats::of(&k), Stats::of(&c), Stats::of(&r));
     println!(
-        "plain C host: __tvm_ffi_vadd {:.2} ns [{kl:.2}-{kh:.2}], C decode+add {:.2} ns [{cl:.2}-{ch:.2}]; kiln / C = {:.2} [{rl:.2}-{rh:.2}] (goal <= 1.5)",
-        median(&mut k),
-        median(&mut c),
-        median(&mut r)
+        "plain C host: __tvm_ffi_vadd {:.2} ns [{:.2}-{:.2}], C decode+add {:.2} ns [{:.2}-{:.2}]; kiln / C = {:.2} [{:.2}-{:.2}] (goal <= 1.5)",
+        ks.median, ks.min, ks.max, cs.median, cs.min, cs.max, rs.median, rs.min, rs.max
     );
 
     // Python through tvm_ffi, beside TVM's exports.
@@ -129,11 +115,13 @@ fn main() {
             }
         }
         if !t.is_empty() {
-            let (lo, hi) = span(&t);
-            let m = median(&mut t);
+            let ts = Stats::of(&t);
             println!(
-                "plain C host, TVM 0.27's serial vadd export (libtvm_ffi preloaded): {m:.2} ns [{lo:.2}-{hi:.2}]; kiln / TVM = {:.2}",
-                median(&mut k.clone()) / m
+                "plain C host, TVM 0.27's serial vadd export (libtvm_ffi preloaded): {:.2} ns [{:.2}-{:.2}]; kiln / TVM = {:.2}",
+                ts.median,
+                ts.min,
+                ts.max,
+                ks.median / ts.median
             );
         }
     }

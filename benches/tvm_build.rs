@@ -26,6 +26,7 @@
 
 #[path = "util/mod.rs"]
 mod util;
+use util::{median, Stats};
 
 use std::path::Path;
 use std::process::Command;
@@ -34,11 +35,6 @@ use std::time::Instant;
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule, Tiering};
 use kiln::ir::IRModule;
 use kiln::target::Target;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn ms(s: f64) -> String {
     format!("{:.1}", s * 1e3)
@@ -91,14 +87,13 @@ fn main() {
         let text = std::fs::read_to_string(row["file"].as_str().unwrap()).unwrap();
         let module = IRModule::from_json_str(&text).unwrap();
         let times = |key: &str| -> f64 {
-            median(
-                row[key]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|t| t.as_f64().unwrap())
-                    .collect(),
-            )
+            let v: Vec<f64> = row[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_f64().unwrap())
+                .collect();
+            median(&v)
         };
         let (tvm, tvm_so) = (times("tvm_build_s"), times("tvm_so_s"));
         let (mut callable, mut optimized, mut o3, mut so) = (vec![], vec![], vec![], vec![]);
@@ -119,7 +114,12 @@ fn main() {
             kiln::codegen::llvm::export(&module, &opts, Path::new(&lib)).unwrap();
             so.push(t.elapsed().as_secs_f64());
         }
-        let k = [median(callable), median(optimized), median(o3), median(so)];
+        let k = [
+            median(&callable),
+            median(&optimized),
+            median(&o3),
+            median(&so),
+        ];
         println!(
             "{op:28} {:>12} {:>10} | {:>10} {:>10} {:>10} {:>10}",
             ms(tvm),
@@ -141,8 +141,8 @@ fn main() {
     println!();
     println!(
         "{n} operators; median build time: tvm.compile {} ms, tvm.compile + export_library {} ms",
-        ms(median(cols[0].clone())),
-        ms(median(cols[5].clone()))
+        ms(median(&cols[0])),
+        ms(median(&cols[5]))
     );
     let names = [
         "callable (JIT, first tier)",
@@ -151,23 +151,19 @@ fn main() {
         ".so (export + cc link)",
     ];
     for i in 0..4 {
-        let r = &ratios[i];
-        let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = r.iter().copied().fold(0.0, f64::max);
+        let r = Stats::of(&ratios[i]);
         println!(
             "  kiln {:32} {:>6} ms   tvm.compile / kiln: median {:.1}x [{:.1}-{:.1}]",
             names[i],
-            ms(median(cols[i + 1].clone())),
-            median(r.clone()),
-            lo,
-            hi
+            ms(median(&cols[i + 1])),
+            r.median,
+            r.min,
+            r.max
         );
     }
-    let r = &ratios[4];
+    let r = Stats::of(&ratios[4]);
     println!(
         "  kiln .so against TVM's .so (tvm.compile + export_library): median {:.1}x [{:.1}-{:.1}]",
-        median(r.clone()),
-        r.iter().copied().fold(f64::INFINITY, f64::min),
-        r.iter().copied().fold(0.0, f64::max)
+        r.median, r.min, r.max
     );
 }

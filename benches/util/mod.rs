@@ -95,3 +95,21 @@ pub fn load_average() -> String {
         .trim()
         .to_owned()
 }
+
+impl Stats {
+    /// The median, min and max of the values `v` (not empty).
+    pub fn of(v: &[f64]) -> Stats {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        Stats {
+            median: s[s.len() / 2],
+            min: s[0],
+            max: s[s.len() - 1],
+        }
+    }
+}
+
+/// The median of `v` (not empty).
+pub fn median(v: &[f64]) -> f64 {
+    Stats::of(v).median
+}

@@ -91,21 +91,6 @@ fn find_split(v: &Var, body: &Stmt) -> Option<Split> {
 
 /// The split `cond` gives the loop over `v`, if it follows the rule.
 fn split_of(v: &Var, cond: &Expr, inner: &[VarId]) -> Option<Split> {
-    fn conjuncts<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
-        match e {
-            Expr::Binary {
-                op: BinOp::And,
-                a,
-                b,
-            } => {
-                conjuncts(a, out);
-                conjuncts(b, out);
-            }
-            _ => out.push(e),
-        }
-    }
-    let mut cs = Vec::new();
-    conjuncts(cond, &mut cs);
     let uses_v = |e: &Expr| e.free_uses().vars.iter().any(|x| x.id == v.id);
     let is_v = |e: &Expr| matches!(e, Expr::Var(x) if x.id == v.id);
     let pure_bound = |e: &Expr| {
@@ -116,7 +101,7 @@ fn split_of(v: &Var, cond: &Expr, inner: &[VarId]) -> Option<Split> {
     };
     let one = int(v.dtype, 1);
     let (mut lo, mut hi, mut rest): (Option<Expr>, Option<Expr>, Option<Expr>) = (None, None, None);
-    for c in cs {
+    for c in cond.conjuncts() {
         if !uses_v(c) {
             rest = Some(match rest {
                 None => c.clone(),

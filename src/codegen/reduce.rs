@@ -203,26 +203,22 @@ fn reduction(
 /// Whether `cond` is `k1 == min1 && k2 == min2 && ...` over exactly the variables of `loops`
 /// (in any order and grouping, either side of each `==`).
 fn is_first_iteration(cond: &Expr, loops: &[Loop]) -> bool {
-    fn terms<'e>(e: &'e Expr, out: &mut Vec<(&'e Expr, &'e Expr)>) -> bool {
-        match e {
-            Expr::Binary {
-                op: BinOp::And,
-                a,
-                b,
-            } => terms(a, out) && terms(b, out),
+    let eqs: Option<Vec<(&Expr, &Expr)>> = cond
+        .conjuncts()
+        .into_iter()
+        .map(|c| match c {
             Expr::Binary {
                 op: BinOp::Eq,
                 a,
                 b,
-            } => {
-                out.push((a, b));
-                true
-            }
-            _ => false,
-        }
-    }
-    let mut eqs = Vec::new();
-    if !terms(cond, &mut eqs) || eqs.len() != loops.len() {
+            } => Some((&**a, &**b)),
+            _ => None,
+        })
+        .collect();
+    let Some(eqs) = eqs else {
+        return false;
+    };
+    if eqs.len() != loops.len() {
         return false;
     }
     loops.iter().all(|(var, min, _)| {

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use super::expr::{Expr, Var, VarId};
+use super::expr::{BinOp, Expr, Var, VarId};
 use super::func::Buffer;
 use super::stmt::Stmt;
 
@@ -200,6 +200,29 @@ impl Stmt {
             },
             other => other.clone(),
         }
+    }
+}
+
+impl Expr {
+    /// The conjuncts of `a && b && ...`, in order, however the `&&`s are grouped; an
+    /// expression that is not a conjunction is its own single conjunct.
+    pub fn conjuncts(&self) -> Vec<&Expr> {
+        fn go<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+            match e {
+                Expr::Binary {
+                    op: BinOp::And,
+                    a,
+                    b,
+                } => {
+                    go(a, out);
+                    go(b, out);
+                }
+                _ => out.push(e),
+            }
+        }
+        let mut out = Vec::new();
+        go(self, &mut out);
+        out
     }
 }
 
