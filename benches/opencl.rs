@@ -13,13 +13,16 @@
 //!
 //! The second part is the host cost of one launch: a 256-element vadd called N times without
 //! waiting (the queue bounded by a sync every 64 calls, see apache/tvm#16276), through kiln's
-//! packed function and through `OpenClProgram::launch` of the hand-written kernel; only the
-//! time spent in the calls counts, not the syncs.
+//! packed function, through `OpenClProgram::launch` of the hand-written kernel, and bare:
+//! `clSetKernelArg` x 4 + `clEnqueueNDRangeKernel` with nothing of kiln in between
+//! (`bare_opencl/`, its own context and queue on the same device); only the time spent in the
+//! calls counts, not the syncs.
 //!
 //! Run: `cargo bench --bench opencl` (`KILN_BENCH_QUICK=1` for fewer repetitions;
 //! `-- --source <kernel>` prints kiln's OpenCL C for a kernel). Without an OpenCL device it
 //! says so and exits successfully.
 
+mod bare_opencl;
 mod util;
 use util::{cpu_model, num_cpus};
 
@@ -500,7 +503,7 @@ fn main() {
     let setup = t_build.elapsed();
 
     // Launch overhead: a 256-element vadd, 64 launches between syncs.
-    let (launch_kiln, launch_hand, e2e_kiln, e2e_hand) = {
+    let launch = {
         let n = 256usize;
         let m = build(kernels::opencl_vadd().unwrap());
         let f = m.get_function("vadd").unwrap();
@@ -510,10 +513,11 @@ fn main() {
         let c = Tensor::zeros(&[n as i64], a.dtype(), dev).unwrap();
         let v = views(&[&a, &bb, &c]);
         let hargs = [buf(&a), buf(&bb), buf(&c), int_arg(n as i32)];
+        let bare = bare_opencl::BareVadd::new(n).unwrap();
         const BATCH: usize = 64;
         let batches = if quick { 16 } else { 64 };
         // Per sample: `batches` x (64 launches, then a sync); the launch time excludes the syncs.
-        let sample = |launch: &dyn Fn()| -> (f64, f64) {
+        let sample = |launch: &dyn Fn(), sync: &dyn Fn()| -> (f64, f64) {
             let mut in_calls = Duration::ZERO;
             let t = Instant::now();
             for _ in 0..batches {
@@ -522,7 +526,7 @@ fn main() {
                     launch();
                 }
                 in_calls += s.elapsed();
-                b.sync();
+                sync();
             }
             let total = t.elapsed().as_secs_f64();
             let calls = (batches * BATCH) as f64;
@@ -530,24 +534,24 @@ fn main() {
         };
         let kl = || call(&f, &v);
         let hl = || b.hand_launch("vadd", &hargs, [n, 1, 1], [256, 1, 1]);
-        let (mut k, mut h, mut ke, mut he) = (vec![], vec![], vec![], vec![]);
+        let bl = || bare.launch();
+        let ks = || b.sync();
+        let bs = || bare.finish();
+        // kiln's packed function, `OpenClProgram::launch`, bare OpenCL: calls and calls + syncs.
+        let mut per: [(Vec<f64>, Vec<f64>); 3] = Default::default();
         let samples = reps(21);
+        // (launch, sync) per side.
+        type Side<'a> = (&'a dyn Fn(), &'a dyn Fn());
+        let sides: [Side; 3] = [(&kl, &ks), (&hl, &ks), (&bl, &bs)];
         for round in 0..samples + 2 {
-            let order: [(&dyn Fn(), bool); 2] = if round % 2 == 0 {
-                [(&kl, true), (&hl, false)]
-            } else {
-                [(&hl, false), (&kl, true)]
-            };
-            for (l, is_kiln) in order {
-                let (per, e2e) = sample(l);
+            // Rotate which side goes first.
+            for k in 0..3 {
+                let side = (k + round) % 3;
+                let (l, sy) = sides[side];
+                let (t, e2e) = sample(l, sy);
                 if round >= 2 {
-                    if is_kiln {
-                        k.push(per);
-                        ke.push(e2e);
-                    } else {
-                        h.push(per);
-                        he.push(e2e);
-                    }
+                    per[side].0.push(t);
+                    per[side].1.push(e2e);
                 }
             }
         }
@@ -555,7 +559,7 @@ fn main() {
             c.to_vec::<f32>().unwrap(),
             x.iter().zip(&y).map(|(p, q)| p + q).collect::<Vec<_>>()
         );
-        (stat(k), stat(h), stat(ke), stat(he))
+        per.map(|(t, e)| (stat(t), stat(e)))
     };
 
     println!(
@@ -610,19 +614,27 @@ fn main() {
     let ns = |t: Stat| format!("{:.0} [{:.0}-{:.0}]", t.0 * 1e9, t.1 * 1e9, t.2 * 1e9);
     println!(
         "\nlaunch overhead, vadd n=256, {} launches per sample in batches of 64 (sync between \
-         batches, not timed):",
+         batches, not timed); bare = clSetKernelArg x 4 + clEnqueueNDRangeKernel on its own \
+         context and queue:",
         if quick { 16 * 64 } else { 64 * 64 }
     );
+    let [(kiln_t, kiln_e), (prog_t, prog_e), (bare_t, bare_e)] = launch;
     println!(
-        "  host ns per launch: kiln packed function {}  OpenClProgram::launch {}  kiln / bare = {:.2}",
-        ns(launch_kiln),
-        ns(launch_hand),
-        launch_kiln.0 / launch_hand.0
+        "  host ns per launch: kiln packed function {}  OpenClProgram::launch {}  bare OpenCL {}",
+        ns(kiln_t),
+        ns(prog_t),
+        ns(bare_t)
     );
     println!(
-        "  with the syncs, ns per launch: kiln {}  bare {}  kiln / bare = {:.2}",
-        ns(e2e_kiln),
-        ns(e2e_hand),
-        e2e_kiln.0 / e2e_hand.0
+        "    kiln / bare = {:.2} (goal <= 1.5)  OpenClProgram::launch / bare = {:.2}",
+        kiln_t.0 / bare_t.0,
+        prog_t.0 / bare_t.0
+    );
+    println!(
+        "  with the syncs, ns per launch: kiln {}  OpenClProgram::launch {}  bare {}  kiln / bare = {:.2}",
+        ns(kiln_e),
+        ns(prog_e),
+        ns(bare_e),
+        kiln_e.0 / bare_e.0
     );
 }

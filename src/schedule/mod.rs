@@ -1038,7 +1038,13 @@ impl Schedule {
                 &mut Redirect { name: buffer, cache: &cache, base: &base },
                 body,
             );
-            let read_in = if loads.is_empty() { vec![] } else { vec![copy(true, "r")] };
+            // The read-in is dead when the body's first statement overwrites the whole cache
+            // (the init of an accumulation, `C[i, j] = 0`) before anything reads it.
+            let read_in = if loads.is_empty() || overwrites_first(&nbody, &cache, &ext) {
+                vec![]
+            } else {
+                vec![copy(true, "r")]
+            };
             let mut seq = read_in;
             seq.push(nbody);
             seq.push(copy(false, "w"));
@@ -1265,6 +1271,89 @@ fn guard(cond: Expr, body: Stmt) -> Stmt {
         then_case: Box::new(body),
         else_case: None,
     }
+}
+
+/// Whether the first thing `s` runs (through `Seq`s) writes every element of `cache`
+/// (extents `ext`) before anything reads it. That is a nest of loops with constant bounds (and
+/// `Seq`s, entered at their first statement) whose first statement run per iteration is one
+/// store to `cache` at indices that are distinct loop variables of the nest plus constants, each
+/// loop covering exactly `0..ext[d]` (or `0` where `ext[d]` is 1), whose value does not read `cache`, and every other access
+/// to `cache` inside the nest is at the same indices. Each iteration then writes its own element
+/// before it touches it, and no iteration touches another's (the init of an accumulation:
+/// `for i, j { C[i, j] = 0; for k { C[i, j] += .. } }`). The cache's earlier contents are dead.
+fn overwrites_first(s: &Stmt, cache: &Buffer, ext: &[i64]) -> bool {
+    let mut root = s;
+    while let Stmt::Seq(v) = root {
+        match v.first() {
+            Some(f) => root = f,
+            None => return false,
+        }
+    }
+    let mut nest: HashMap<crate::ir::VarId, (i64, i64)> = HashMap::new();
+    let mut s = root;
+    loop {
+        match s {
+            Stmt::Seq(v) => match v.first() {
+                Some(f) => s = f,
+                None => return false,
+            },
+            Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } => {
+                let (Some(a), Some(b)) = (min.as_int(), extent.as_int()) else {
+                    return false;
+                };
+                nest.insert(var.id, (a, b));
+                s = body;
+            }
+            _ => break,
+        }
+    }
+    let Stmt::Store {
+        buffer,
+        indices,
+        value,
+    } = s
+    else {
+        return false;
+    };
+    if buffer.name != cache.name || indices.len() != ext.len() {
+        return false;
+    }
+    let mut seen = Vec::new();
+    for (ix, &e) in indices.iter().zip(ext) {
+        let Some(l) = linear(ix) else { return false };
+        // A dimension of extent 1 is covered by the constant index 0.
+        if l.terms.is_empty() && l.c == 0 && e == 1 {
+            continue;
+        }
+        let [(v, 1)] = l.terms.as_slice() else {
+            return false;
+        };
+        let Some(&(mn, ex)) = nest.get(&v.id) else {
+            return false;
+        };
+        if seen.contains(&v.id) || mn + l.c != 0 || ex != e {
+            return false;
+        }
+        seen.push(v.id);
+    }
+    let (mut loads, mut stores) = (vec![], vec![]);
+    rewrite::accesses(
+        &Stmt::Evaluate(value.clone()),
+        &cache.name,
+        &mut loads,
+        &mut stores,
+    );
+    if !loads.is_empty() {
+        return false;
+    }
+    rewrite::accesses(root, &cache.name, &mut loads, &mut stores);
+    loads.iter().chain(&stores).all(|ix| ix == indices)
 }
 
 fn collect_loops(s: &Stmt, out: &mut HashMap<crate::ir::VarId, (i64, i64)>) {
