@@ -559,7 +559,10 @@ fn main() {
             c.to_vec::<f32>().unwrap(),
             x.iter().zip(&y).map(|(p, q)| p + q).collect::<Vec<_>>()
         );
-        per.map(|(t, e)| (stat(t), stat(e)))
+        // kiln / bare per round (the two samples of a round are adjacent in time, so a drift
+        // of the load hits both).
+        let ratios: Vec<f64> = per[0].0.iter().zip(&per[2].0).map(|(k, b)| k / b).collect();
+        (per.map(|(t, e)| (stat(t), stat(e))), stat(ratios))
     };
 
     println!(
@@ -618,7 +621,7 @@ fn main() {
          context and queue:",
         if quick { 16 * 64 } else { 64 * 64 }
     );
-    let [(kiln_t, kiln_e), (prog_t, prog_e), (bare_t, bare_e)] = launch;
+    let ([(kiln_t, kiln_e), (prog_t, prog_e), (bare_t, bare_e)], ratio) = launch;
     println!(
         "  host ns per launch: kiln packed function {}  OpenClProgram::launch {}  bare OpenCL {}",
         ns(kiln_t),
@@ -626,8 +629,12 @@ fn main() {
         ns(bare_t)
     );
     println!(
-        "    kiln / bare = {:.2} (goal <= 1.5)  OpenClProgram::launch / bare = {:.2}",
+        "    kiln / bare = {:.2} (goal <= 1.5); per round: median {:.2} [{:.2}-{:.2}]; \
+         OpenClProgram::launch / bare = {:.2}",
         kiln_t.0 / bare_t.0,
+        ratio.0,
+        ratio.1,
+        ratio.2,
         prog_t.0 / bare_t.0
     );
     println!(

@@ -75,8 +75,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The live buffers of one device.
 #[derive(Default)]
 struct MemTable {
-    /// `cl_mem` value -> (buffer, size in bytes).
-    live: HashMap<usize, (sys::Mem, u64)>,
+    /// `cl_mem` value -> (buffer, size in bytes). A user of a buffer (a copy, a launch until
+    /// its command is enqueued) holds a clone of the `Arc`, so a free by another thread
+    /// meanwhile cannot release the `cl_mem` under it; cloning is an atomic increment, not a
+    /// `clRetainMemObject` (a driver call that takes the buffer's lock, which the driver's
+    /// worker threads contend for).
+    live: HashMap<usize, (Arc<sys::Mem>, u64)>,
     /// Handles freed and not handed out again since.
     freed: HashSet<usize>,
     in_use: u64,
@@ -313,7 +317,7 @@ impl OpenClDeviceApi {
         ptr: DevicePtr,
         offset: u64,
         nbytes: u64,
-    ) -> DeviceResult<sys::Mem> {
+    ) -> DeviceResult<Arc<sys::Mem>> {
         let d = self.dev(dev)?;
         let mem = lock(&d.mem);
         let oob = |allocation| DeviceError::OutOfBounds {
@@ -332,7 +336,11 @@ impl OpenClDeviceApi {
     }
 
     /// The live buffer `ptr` of `dev` for a kernel argument, with its size.
-    pub(crate) fn kernel_buffer(&self, dev: Device, ptr: DevicePtr) -> Option<(sys::Mem, u64)> {
+    pub(crate) fn kernel_buffer(
+        &self,
+        dev: Device,
+        ptr: DevicePtr,
+    ) -> Option<(Arc<sys::Mem>, u64)> {
         let d = self.dev(dev).ok()?;
         let mem = lock(&d.mem);
         mem.live.get(&ptr.0).map(|(b, s)| (b.clone(), *s))
@@ -593,7 +601,7 @@ impl DeviceMemoryApi for OpenClDeviceApi {
         let handle = buf.raw();
         let mut mem = lock(&d.mem);
         mem.freed.remove(&handle);
-        mem.live.insert(handle, (buf, nbytes as u64));
+        mem.live.insert(handle, (Arc::new(buf), nbytes as u64));
         mem.in_use += nbytes as u64;
         mem.peak = mem.peak.max(mem.in_use);
         Ok(DevicePtr(handle))

@@ -255,8 +255,9 @@ impl OpenClProgram {
                 )));
             }
         }
-        // The buffers stay retained (`held`) until the command is enqueued, so one freed by
-        // another thread meanwhile is still alive when the driver reads the arguments.
+        // The buffers stay held (`held`: clones of the device table's `Arc`s, no driver call)
+        // until the command is enqueued, so one freed by another thread meanwhile is still
+        // alive when the driver reads the arguments.
         let mut held = Vec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {
             match *a {
