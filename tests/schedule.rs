@@ -337,7 +337,7 @@ fn scheduled_kernels_are_correct_for_unaligned_data() {
 }
 
 /// matmul's register tiles follow the target's CPU: AVX-512 CPUs (named, `native` on one, or
-/// `+avx512f`) get 8 x 32, the others 4 x 16; `-avx512f` wins over the CPU.
+/// `+avx512f`) get 12 x 32, the others 6 x 16; `-avx512f` wins over the CPU.
 #[test]
 fn matmul_tiles_follow_the_targets_vector_registers() {
     let tiles = |t: &str| sk::MatmulTiles::for_target(&kiln::target::Target::parse(t).unwrap());
@@ -393,12 +393,12 @@ fn matmul_row_blocks_follow_the_l2_cache() {
         sk::MatmulTiles::for_target_and_depth(&kiln::target::Target::parse(t).unwrap(), k)
     };
     let haswell = tiles(r#"{"kind": "llvm", "mcpu": "haswell"}"#, 1024);
-    assert_eq!((haswell.mr, haswell.nr, haswell.mb), (4, 16, 32));
+    assert_eq!((haswell.mr, haswell.nr, haswell.mb), (6, 16, 30));
     let spr = tiles(r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#, 1024);
-    assert_eq!((spr.mr, spr.nr, spr.mb), (8, 32, 256));
+    assert_eq!((spr.mr, spr.nr, spr.mb), (12, 32, 252));
     // An unknown CPU: the smallest L2 (256 KiB).
     let generic = tiles(r#"{"kind": "llvm", "mcpu": "x86-64"}"#, 1024);
-    assert_eq!(generic.mb, 32);
+    assert_eq!(generic.mb, 30);
     let native = tiles(r#"{"kind": "llvm", "mcpu": "native"}"#, 1024);
     let l2 = kiln::target::host_caches().l2.unwrap_or(256 << 10);
     assert_eq!(native.mb, sk::block_rows(l2, 1024, native.mr));
@@ -518,4 +518,72 @@ fn cache_write_loads_the_output_only_when_its_values_are_read_before_written() {
     s.cache_write("C", "j_o").unwrap();
     let g = s.finish().unwrap();
     same_results(&f, &g, &shapes);
+}
+
+/// `partition` splits a loop's range in two loops that compute what the one did; the second
+/// starts at 0 and its inner loops are renamed, so each part takes its own schedule.
+#[test]
+fn partition_splits_a_range_into_two_loops_scheduled_apart() {
+    let f = kernels::matmul_sized(10, 32, 7);
+    let shapes = [vec![10, 7], vec![7, 32], vec![10, 32]];
+    let mut s = Schedule::new(f.clone());
+    let map = s.partition("i", 6).unwrap();
+    assert_eq!(map["i"], "i_p");
+    assert_eq!(map["j"], "j_p");
+    assert_eq!(map["k0"], "k0_p");
+    // Different schedules for the two parts.
+    s.split("j", 8).unwrap();
+    s.vectorize("j_i").unwrap();
+    s.parallel("i_p").unwrap();
+    s.split("k0_p", 2).unwrap();
+    let g = s.finish().unwrap();
+    let text = g.to_string();
+    assert!(text.contains("i_p: int64 in parallel(0i64, 4i64)"), "{g}");
+    same_results(&f, &g, &shapes);
+    // The same from a JSON step, and partitioning the second part again.
+    let steps: Vec<Step> =
+        serde_json::from_str(r#"[{"partition": {"loop": "i", "at": 3}}, {"partition": {"loop": "i_p", "at": 5}}]"#)
+            .unwrap();
+    let mut s = Schedule::new(f.clone());
+    s.apply(&steps).unwrap();
+    let g = s.finish().unwrap();
+    assert!(g.to_string().contains("i_p_p"), "{g}");
+    same_results(&f, &g, &shapes);
+    // Bad input: each is an error naming what was expected.
+    let mut s = Schedule::new(f.clone());
+    for at in [0, 10, -1, 11] {
+        let e = s.partition("i", at).unwrap_err().to_string();
+        assert!(e.contains("0 < at < 10") && e.contains(&format!("at = {at}")), "{e}");
+    }
+    let e = s.partition("nope", 2).unwrap_err().to_string();
+    assert!(e.contains("exactly one loop named `nope`"), "{e}");
+    let e = Schedule::new(kernels::vadd()).partition("i", 2).unwrap_err().to_string();
+    assert!(e.contains("constant bounds"), "{e}");
+    let mut s = Schedule::new(f);
+    s.cache_write("C", "i").unwrap();
+    let e = s.partition("i", 2).unwrap_err().to_string();
+    assert!(e.contains("free of allocations"), "{e}");
+}
+
+/// matmul for any row count: whole blocks, whole tiles and the last rows are parts of their
+/// own, so the scheduled function has no bounds guard at all, and computes the product.
+#[test]
+fn matmul_rows_not_a_multiple_of_the_tile_need_no_guard() {
+    for m in [1, 5, 6, 7, 13, 24, 29, 37] {
+        let f = kernels::matmul_sized(m, 32, 5);
+        let g = sk::matmul_tiled(
+            m,
+            32,
+            5,
+            sk::MatmulTiles {
+                mr: 6,
+                nr: 16,
+                mb: 12,
+            },
+        )
+        .unwrap();
+        let text = g.to_string();
+        assert!(!text.contains("if "), "m = {m}: a guard\n{g}");
+        same_results(&f, &g, &[vec![m, 5], vec![5, 32], vec![m, 32]]);
+    }
 }

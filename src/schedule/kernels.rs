@@ -9,7 +9,7 @@
 //! | kernel | schedule |
 //! |---|---|
 //! | `vadd` | one parallel loop (each thread a contiguous chunk, vectorized by LLVM) |
-//! | `matmul` | `B` packed into `nr`-column panels; `i` tiled `mb` x `mr`, `j` by `nr`; the `mr` x `nr` block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; row blocks in parallel. 8 x 32 with AVX-512 (32 zmm), 4 x 16 with AVX2 (16 ymm) ([`MatmulTiles::for_target`]); `mb` rows of `A` fit in half the L2 ([`MatmulTiles::for_target_and_depth`]: for `k` = 1024, 256 rows with a 2 MiB L2, 128 with 1 MiB, 32 with 256 KiB) |
+//! | `matmul` | `B` packed into `nr`-column panels; `i` tiled `mb` x `mr`, `j` by `nr`; the `mr` x `nr` block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; row blocks in parallel. 12 x 32 with AVX-512 (32 zmm), 6 x 16 with AVX2 (16 ymm) ([`MatmulTiles::for_target`]); `mb` rows of `A` fit in half the L2 ([`MatmulTiles::for_target_and_depth`]: for `k` = 1024, 252 rows with a 2 MiB L2 and AVX-512, 120 with 1 MiB, 30 with 256 KiB and AVX2); rows split into parts (whole blocks, whole tiles, the last `m % mr` rows) so that no split leaves a bounds guard in the `k` loop |
 //! | `rowsum` | reduction split by 64 and `rfactor`ed into 64 vector lanes; rows in parallel |
 //! | `softmax` | rows in parallel; max and sum reductions `rfactor`ed into 64 lanes; `exp` and the scaling vectorized by 16 |
 //!
@@ -34,13 +34,14 @@ use crate::ir::{
 };
 
 /// Rows of `C` per register block of `matmul`.
-pub const MATMUL_MR: i64 = 8;
+pub const MATMUL_MR: i64 = 12;
 /// Columns of `C` per register block of `matmul` (two 16-lane vectors).
 pub const MATMUL_NR: i64 = 32;
 /// Rows per parallel task block of `matmul` in the fixed tiles ([`MatmulTiles::AVX512`], the
-/// schedule of `examples/kernels/matmul.json`): 128 rows of `A` (`k` = 1024) fill half of a
-/// 1 MiB L2, the smallest of the AVX-512 CPUs these tiles are for ([`block_rows`]).
-pub const MATMUL_MB: i64 = 128;
+/// schedule of `examples/kernels/matmul.json`): 120 rows of `A` (`k` = 1024, a multiple of
+/// [`MATMUL_MR`]) fill about half of a 1 MiB L2, the smallest of the AVX-512 CPUs these tiles
+/// are for ([`block_rows`]).
+pub const MATMUL_MB: i64 = 120;
 /// The most rows per task block [`block_rows`] picks: 256 keeps four tasks for a 1024-row `C`.
 pub const MATMUL_MB_MAX: i64 = 256;
 
@@ -67,23 +68,27 @@ pub struct MatmulTiles {
 }
 
 impl MatmulTiles {
-    /// 32 vector registers of 16 floats (AVX-512): 8 x 32, sixteen zmm accumulators, two for
-    /// the `B` panel row, one broadcast of `A`.
+    /// 32 vector registers of 16 floats (AVX-512): 12 x 32, 24 zmm accumulators, two for the
+    /// `B` panel row, one broadcast of `A`. Measured against 8 x 32 (16 accumulators), 1024^3
+    /// on a Xeon (Sapphire Rapids class, 2 cores), interleaved runs: 387 against 380 GFLOP/s
+    /// with 252- and 256-row blocks; 14 x 32 was no better.
     pub const AVX512: MatmulTiles = MatmulTiles {
         mr: MATMUL_MR,
         nr: MATMUL_NR,
         mb: MATMUL_MB,
     };
     /// 16 vector registers of 8 floats (AVX2, and SSE machines, which LLVM lowers the 8-lane
-    /// vectors for): 4 x 16, eight ymm accumulators (two FMA ports x four cycles of latency),
-    /// two for the `B` panel row, one broadcast of `A`, nothing spilled. 8 x 32 needs 32 ymm
-    /// accumulators there and spills (108 GFLOP/s against 176 on a Xeon built for `haswell`);
-    /// 6 x 16 fits too, but 64-row blocks are not a multiple of 6 and the tail's guards stayed
-    /// in the inner loop (114 GFLOP/s).
+    /// vectors for): 6 x 16, twelve ymm accumulators (more than two FMA ports x four or five
+    /// cycles of latency need), two for the `B` panel row, one broadcast of `A`, nothing
+    /// spilled. Measured on a Xeon built for `haswell`, interleaved runs, 1024^3: 6 x 16 against
+    /// 4 x 16 (eight accumulators) 207 / 199 GFLOP/s with 60- / 64-row blocks, 219 / 203 with
+    /// 120 / 128, 188 / 192 with 30 / 32. 8 x 32 needs 32 ymm accumulators and spills (108
+    /// GFLOP/s against 176). Row counts that are not a multiple of 6 cost nothing in the hot
+    /// loop: the last rows are a part of their own ([`matmul_tiled`]).
     pub const AVX2: MatmulTiles = MatmulTiles {
-        mr: 4,
+        mr: 6,
         nr: 16,
-        mb: 64,
+        mb: 60,
     };
 
     /// The tiles for a target: AVX-512 when its CPU has it (`mcpu` `native` resolved to the
@@ -156,23 +161,58 @@ pub fn matmul_tiled(m: i64, n: i64, k: i64, tiles: MatmulTiles) -> ScheduleResul
     let (fill_oo, fill_oi) = s.split(&fill_o, 8.min(n / nr))?;
     s.reorder(&[&fill_oo, &fill[0], &fill_oi, &fill_j])?;
     s.parallel(&fill_oo)?;
-    let (io, ii) = s.split("i", tiles.mb.min(m))?;
-    let (it, ir) = s.split(&ii, tiles.mr)?;
-    let (jo, ji) = s.split("j", nr)?;
-    s.reorder(&[&io, &jo, &it, &ir, &ji])?;
-    s.parallel(&io)?;
-    s.cache_write("C", &it)?;
-    // Separate the zeroing of the accumulators from the k loop, then move k outside the block.
-    let j_loops = s.fission(&ji)?;
-    let i_loops = s.fission(&ir)?;
-    s.reorder(&["k0", &i_loops[1], &j_loops[1]])?;
-    for l in &i_loops {
-        s.unroll(l)?;
+    // Rows in up to three parts, each tiled without a bounds guard: whole blocks of `mb` rows,
+    // then whole `mr`-row tiles, then the last `m % mr` rows as one narrower tile. (A guard
+    // from a split that does not divide would sit in the k loop of every tile.)
+    let parts = row_parts(m, tiles.mb, tiles.mr);
+    if parts.is_empty() {
+        // No rows: nothing to tile.
+        return s.finish();
     }
-    for l in &j_loops {
-        s.vectorize(l)?;
+    let mut names = [("i".to_owned(), "j".to_owned(), "k0".to_owned())].to_vec();
+    for (p, &(rows, _, _)) in parts.iter().enumerate().take(parts.len() - 1) {
+        let (i, j, k0) = names[p].clone();
+        let map = s.partition(&i, rows)?;
+        names.push((map[&i].clone(), map[&j].clone(), map[&k0].clone()));
+    }
+    for ((i, j, k0), &(rows, mr, mb)) in names.iter().zip(&parts) {
+        let (io, ii) = s.split(i, mb)?;
+        let (it, ir) = s.split(&ii, mr)?;
+        let (jo, ji) = s.split(j, nr)?;
+        s.reorder(&[&io, &jo, &it, &ir, &ji])?;
+        // Blocks of rows in parallel; a part of one block splits its column panels instead.
+        s.parallel(if rows / mb >= 2 { &io } else { &jo })?;
+        s.cache_write("C", &it)?;
+        // Separate the zeroing of the accumulators from the k loop, then move k outside the
+        // block.
+        let j_loops = s.fission(&ji)?;
+        let i_loops = s.fission(&ir)?;
+        s.reorder(&[k0, &i_loops[1], &j_loops[1]])?;
+        for l in &i_loops {
+            s.unroll(l)?;
+        }
+        for l in &j_loops {
+            s.vectorize(l)?;
+        }
     }
     s.finish()
+}
+
+/// The row parts of a `matmul` with `m` rows, as (rows, rows per register tile, rows per task
+/// block): whole blocks of `mb` rows (`mb` rounded down to a multiple of `mr`, at least `mr`),
+/// whole `mr`-row tiles of the rest in one block, and the last `m % mr` rows as one tile. Every
+/// split then divides its loop.
+fn row_parts(m: i64, mb: i64, mr: i64) -> Vec<(i64, i64, i64)> {
+    let mr = mr.clamp(1, m.max(1));
+    let mb = (mb / mr * mr).max(mr);
+    let full = m / mb * mb;
+    let rest = m - full;
+    let tiles = rest / mr * mr;
+    let tail = rest - tiles;
+    [(full, mr, mb), (tiles, mr, tiles), (tail, tail, tail)]
+        .into_iter()
+        .filter(|&(rows, _, _)| rows > 0)
+        .collect()
 }
 
 /// The benchmark matmul, 1024 x 1024 x 1024.

@@ -163,6 +163,14 @@ pub enum Step {
         /// Inner loop.
         inner: String,
     },
+    /// [`Schedule::partition`].
+    Partition {
+        /// Loop name.
+        #[serde(rename = "loop")]
+        loop_: String,
+        /// Iterations in the first part.
+        at: i64,
+    },
     /// [`Schedule::fission`].
     Fission {
         /// Loop name.
@@ -603,6 +611,70 @@ impl Schedule {
         }
     }
 
+    /// Splits the range of loop `name` at `at` iterations: `for i in [min, min + extent) { b }`
+    /// becomes `for i in [min, min + at) { b }; for i_p in [0, extent - at) { b' }`, where `b'`
+    /// is `b` with `i` replaced by `i_p + min + at` and every loop inside renamed (`j` ->
+    /// `j_p`, or the first free `j_p_1`, ...), so that each part can be scheduled on its own (the
+    /// full tiles of a split in one part, the rest in the other, with no bounds guard in the
+    /// first: TVM's loop partitioning, by hand). Returns the second part's loop names: the
+    /// partitioned loop and each loop inside it, from its name in the first part to its name
+    /// in the second.
+    ///
+    /// # Errors
+    /// A loop without constant bounds, `at` not strictly inside the range, or a body that
+    /// allocates or binds variables (partition before `cache_write` and the like).
+    pub fn partition(&mut self, name: &str, at: i64) -> ScheduleResult<HashMap<String, String>> {
+        let mut renamed: Vec<(String, String)> = Vec::new();
+        let mut problem: Option<String> = None;
+        let me = self.clone();
+        self.edit(name, &mut |s, _| {
+            let (var, min, extent, kind, body) = parts(s);
+            let (Some(lo), Some(ext)) = (min.as_int(), extent.as_int()) else {
+                problem = Some(format!("needs loop `{name}` to have constant bounds"));
+                return Ok(s.clone());
+            };
+            if at <= 0 || at >= ext {
+                problem = Some(format!(
+                    "needs 0 < at < {ext} (the extent of `{name}`), found at = {at}"
+                ));
+                return Ok(s.clone());
+            }
+            struct Binds(bool);
+            impl crate::ir::visit::Visitor for Binds {
+                fn stmt(&mut self, st: &Stmt) {
+                    self.0 |= matches!(st, Stmt::Allocate { .. } | Stmt::Let { .. });
+                    crate::ir::visit::walk_stmt(self, st);
+                }
+                fn expr(&mut self, _: &Expr) {}
+            }
+            let mut binds = Binds(false);
+            crate::ir::visit::Visitor::stmt(&mut binds, body);
+            if binds.0 {
+                problem = Some(format!(
+                    "needs the body of `{name}` free of allocations and lets (partition it \
+                     before cache_write and the like)"
+                ));
+                return Ok(s.clone());
+            }
+            let t = var.dtype;
+            let second = me.fresh(&format!("{name}_p"), &[]);
+            let mut taken = vec![second.clone()];
+            renamed.push((name.to_owned(), second.clone()));
+            let v = Var::new(&second, t);
+            let shifted = Expr::Var(v.clone()) + imm(t, lo + at);
+            let copy = subst_stmt(body, &HashMap::from([(var.id, shifted)]));
+            let copy = rename_loops(&copy, &me, &mut taken, &mut renamed);
+            Ok(Stmt::Seq(vec![
+                for_(var.clone(), min.clone(), imm(t, at), kind, body.clone()),
+                for_(v, imm(t, 0), imm(t, ext - at), kind, copy),
+            ]))
+        })?;
+        match problem {
+            Some(m) => Err(self.form("partition", m)),
+            None => Ok(renamed.into_iter().collect()),
+        }
+    }
+
     /// Distributes loop `name` over the statements of its body (a sequence): `for i { a; b }`
     /// becomes `for i { a }; for i_1 { b }`. Returns the new loops' names in order.
     ///
@@ -880,7 +952,7 @@ impl Schedule {
                 format!("found no parameter buffer `{buffer}`"),
             )
         })?;
-        let cname = format!("{buffer}_local");
+        let cname = self.fresh_buffer(&format!("{buffer}_local"));
         let mut problem: Option<String> = None;
         let prefix = self.fresh(&format!("{buffer}_c"), &[]);
         self.edit(at, &mut |s, enc| {
@@ -1190,6 +1262,9 @@ impl Schedule {
                 Step::Fission { loop_ } => {
                     self.fission(loop_)?;
                 }
+                Step::Partition { loop_, at } => {
+                    self.partition(loop_, *at)?;
+                }
                 Step::Kind { loop_, kind } => {
                     let k = ForKind::from_name(kind).ok_or_else(|| {
                         self.form(
@@ -1270,6 +1345,27 @@ fn guard(cond: Expr, body: Stmt) -> Stmt {
         cond,
         then_case: Box::new(body),
         else_case: None,
+    }
+}
+
+/// `s` with every loop given a fresh variable named `<name>_p` (or the first free `<name>_p_1`,
+/// ... among the schedule's loops and `taken`); the renames are appended to `renamed`.
+fn rename_loops(
+    s: &Stmt,
+    sched: &Schedule,
+    taken: &mut Vec<String>,
+    renamed: &mut Vec<(String, String)>,
+) -> Stmt {
+    match s {
+        Stmt::For { var, min, extent, kind, body } => {
+            let n = sched.fresh(&format!("{}_p", var.name), taken);
+            taken.push(n.clone());
+            renamed.push((var.name.to_string(), n.clone()));
+            let v = Var::new(&n, var.dtype);
+            let body = subst_stmt(body, &HashMap::from([(var.id, Expr::Var(v.clone()))]));
+            for_(v, min.clone(), extent.clone(), *kind, rename_loops(&body, sched, taken, renamed))
+        }
+        other => other.map_children(|c| rename_loops(c, sched, taken, renamed)),
     }
 }
 
