@@ -161,3 +161,92 @@ fn failing_task_fails_the_call(len: usize) {
     assert_eq!(call_raw(&lib, "check", &mut arrays), 0);
     assert_eq!(arrays[1].to_f32(), vec![2.0; len]);
 }
+
+/// The rows a test launcher's tasks wrote: `TASK_ROWS` (rows written after each task), over `Y`
+/// (`ROWS` x `COLS` floats, zero before the call, each row set whole by one iteration).
+static Y_PTR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static TASK_ROWS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+const COLS: usize = 4096;
+const TASKS: i32 = 8;
+
+type Lambda = unsafe extern "C" fn(
+    i32,
+    *mut kiln::codegen::parallel::TVMParallelGroupEnv,
+    *mut c_void,
+) -> i32;
+
+/// A `TVMBackendParallelLaunch` that runs `TASKS` tasks one after the other on this thread and
+/// records how many rows of `Y` each one wrote.
+unsafe extern "C" fn recording_launch(lambda: Lambda, cdata: *mut c_void, _n: i32) -> i32 {
+    let mut env = kiln::codegen::parallel::TVMParallelGroupEnv {
+        sync_handle: std::ptr::null_mut(),
+        num_task: TASKS,
+    };
+    let y = Y_PTR.load(std::sync::atomic::Ordering::SeqCst) as *const f32;
+    let rows = |count: &mut usize| {
+        let mut k = 0;
+        // SAFETY: `y` points at the test's live `Y` of at least `*count` rows.
+        while k < *count && unsafe { *y.add(k * COLS) } != 0.0 {
+            k += 1;
+        }
+        k
+    };
+    let mut before = 0;
+    for t in 0..TASKS {
+        // SAFETY: the lambda and its data come from the generated code for this launch.
+        let r = unsafe { lambda(t, &mut env, cdata) };
+        if r != 0 {
+            return r;
+        }
+        let mut all = usize::MAX;
+        let now = rows(&mut all);
+        TASK_ROWS.lock().unwrap().push(now - before);
+        before = now;
+    }
+    0
+}
+
+/// A parallel loop's iterations are shared out evenly: with `n` iterations and `T` tasks, each
+/// task runs `n / T` or one more, in order (TVM's `ceil(n / T)` chunks give 34 rows in 8 tasks
+/// as 5, 5, 5, 5, 5, 5, 4, 0, which two threads run as 20 against 14).
+#[test]
+fn parallel_iterations_are_shared_evenly_among_tasks() {
+    for rows in [34usize, 8, 3, 17] {
+        let n = Expr::from(rows as i64);
+        let c = Expr::from(COLS as i64);
+        let y = Buffer::new("Y", DataType::f32(), vec![n.clone(), c.clone()]);
+        let body = for_range("i", n, ForKind::Parallel, |i| {
+            for_range("j", c.clone(), ForKind::Serial, |j| {
+                y.store([i.clone(), j], Expr::from(1.0f32))
+            })
+        });
+        let f = PrimFunc::new("fill", vec![Param::Buffer(y)], body).with_noalias(true);
+        let dir = tempfile::tempdir().unwrap();
+        let so = export_so(f, dir.path());
+        // SAFETY: a kiln-exported library.
+        let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+        // SAFETY: the library's context slot is a pointer-sized global the loader may fill.
+        unsafe {
+            let slot: libloading::Symbol<*mut *const c_void> =
+                lib.get(b"__TVMBackendParallelLaunch").unwrap();
+            **slot = recording_launch as *const c_void;
+        }
+        let mut arrays = vec![HostArray::f32(
+            &[rows as i64, COLS as i64],
+            &vec![0.0; rows * COLS],
+        )];
+        Y_PTR.store(
+            arrays[0].dl().data as usize,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        TASK_ROWS.lock().unwrap().clear();
+        assert_eq!(call_raw(&lib, "fill", &mut arrays), 0);
+        assert!(arrays[0].to_f32().iter().all(|&v| v == 1.0));
+        let got = TASK_ROWS.lock().unwrap().clone();
+        let (q, r) = (rows / TASKS as usize, rows % TASKS as usize);
+        let want: Vec<usize> = (0..TASKS as usize)
+            .map(|t| q + usize::from(t < r))
+            .collect();
+        assert_eq!(got, want, "{rows} rows in {TASKS} tasks");
+    }
+}

@@ -541,9 +541,10 @@ fn partition_splits_a_range_into_two_loops_scheduled_apart() {
     assert!(text.contains("i_p: int64 in parallel(0i64, 4i64)"), "{g}");
     same_results(&f, &g, &shapes);
     // The same from a JSON step, and partitioning the second part again.
-    let steps: Vec<Step> =
-        serde_json::from_str(r#"[{"partition": {"loop": "i", "at": 3}}, {"partition": {"loop": "i_p", "at": 5}}]"#)
-            .unwrap();
+    let steps: Vec<Step> = serde_json::from_str(
+        r#"[{"partition": {"loop": "i", "at": 3}}, {"partition": {"loop": "i_p", "at": 5}}]"#,
+    )
+    .unwrap();
     let mut s = Schedule::new(f.clone());
     s.apply(&steps).unwrap();
     let g = s.finish().unwrap();
@@ -553,11 +554,17 @@ fn partition_splits_a_range_into_two_loops_scheduled_apart() {
     let mut s = Schedule::new(f.clone());
     for at in [0, 10, -1, 11] {
         let e = s.partition("i", at).unwrap_err().to_string();
-        assert!(e.contains("0 < at < 10") && e.contains(&format!("at = {at}")), "{e}");
+        assert!(
+            e.contains("0 < at < 10") && e.contains(&format!("at = {at}")),
+            "{e}"
+        );
     }
     let e = s.partition("nope", 2).unwrap_err().to_string();
     assert!(e.contains("exactly one loop named `nope`"), "{e}");
-    let e = Schedule::new(kernels::vadd()).partition("i", 2).unwrap_err().to_string();
+    let e = Schedule::new(kernels::vadd())
+        .partition("i", 2)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("constant bounds"), "{e}");
     let mut s = Schedule::new(f);
     s.cache_write("C", "i").unwrap();

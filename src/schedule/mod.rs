@@ -1357,13 +1357,25 @@ fn rename_loops(
     renamed: &mut Vec<(String, String)>,
 ) -> Stmt {
     match s {
-        Stmt::For { var, min, extent, kind, body } => {
+        Stmt::For {
+            var,
+            min,
+            extent,
+            kind,
+            body,
+        } => {
             let n = sched.fresh(&format!("{}_p", var.name), taken);
             taken.push(n.clone());
             renamed.push((var.name.to_string(), n.clone()));
             let v = Var::new(&n, var.dtype);
             let body = subst_stmt(body, &HashMap::from([(var.id, Expr::Var(v.clone()))]));
-            for_(v, min.clone(), extent.clone(), *kind, rename_loops(&body, sched, taken, renamed))
+            for_(
+                v,
+                min.clone(),
+                extent.clone(),
+                *kind,
+                rename_loops(&body, sched, taken, renamed),
+            )
         }
         other => other.map_children(|c| rename_loops(c, sched, taken, renamed)),
     }

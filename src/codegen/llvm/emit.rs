@@ -1819,21 +1819,22 @@ impl<'m> Emitter<'m> {
             let nt32 = sub.assign("i32", format!("load i32, i32* {}, align 4", ntp.v));
             let nt = sub.assign("i64", format!("sext i32 {} to i64", nt32.v));
             let task = sub.assign("i64", "sext i32 %task to i64");
-            let nm1 = sub.assign("i64", format!("add i64 {}, {}", n.v, nt.v));
-            let nm2 = sub.assign("i64", format!("sub i64 {}, 1", nm1.v));
-            let step = sub.assign("i64", format!("sdiv i64 {}, {}", nm2.v, nt.v));
-            let b0 = sub.assign("i64", format!("mul i64 {}, {}", task.v, step.v));
-            let cb = sub.assign("i1", format!("icmp slt i64 {}, {}", b0.v, n.v));
-            let b1 = sub.assign(
+            // Task `t` of `T` runs iterations [t q + min(t, r), + q + (t < r)), q = n / T,
+            // r = n % T: shares that differ by at most one iteration (TVM's ceil(n / T) chunks
+            // leave the last tasks short or empty: 34 blocks in 8 tasks on 2 threads ran as 20
+            // against 14), with no product that can overflow.
+            let q = sub.assign("i64", format!("sdiv i64 {}, {}", n.v, nt.v));
+            let r = sub.assign("i64", format!("srem i64 {}, {}", n.v, nt.v));
+            let tq = sub.assign("i64", format!("mul i64 {}, {}", task.v, q.v));
+            let lt = sub.assign("i1", format!("icmp slt i64 {}, {}", task.v, r.v));
+            let mn = sub.assign(
                 "i64",
-                format!("select i1 {}, i64 {}, i64 {}", cb.v, b0.v, n.v),
+                format!("select i1 {}, i64 {}, i64 {}", lt.v, task.v, r.v),
             );
-            let e0 = sub.assign("i64", format!("add i64 {}, {}", b1.v, step.v));
-            let ce = sub.assign("i1", format!("icmp slt i64 {}, {}", e0.v, n.v));
-            let e1 = sub.assign(
-                "i64",
-                format!("select i1 {}, i64 {}, i64 {}", ce.v, e0.v, n.v),
-            );
+            let b1 = sub.assign("i64", format!("add i64 {}, {}", tq.v, mn.v));
+            let extra = sub.assign("i64", format!("zext i1 {} to i64", lt.v));
+            let len = sub.assign("i64", format!("add i64 {}, {}", q.v, extra.v));
+            let e1 = sub.assign("i64", format!("add i64 {}, {}", b1.v, len.v));
             let bl = sub.assign("i64", format!("add i64 {}, {}", b1.v, lo.v));
             let el = sub.assign("i64", format!("add i64 {}, {}", e1.v, lo.v));
             let ty = reg_ty(var.dtype);
