@@ -393,12 +393,25 @@ fn matmul_row_blocks_follow_the_l2_cache() {
         sk::MatmulTiles::for_target_and_depth(&kiln::target::Target::parse(t).unwrap(), k)
     };
     let haswell = tiles(r#"{"kind": "llvm", "mcpu": "haswell"}"#, 1024);
-    assert_eq!((haswell.mr, haswell.nr, haswell.mb), (6, 16, 30));
+    // 256 KiB of L2: 30 rows of depth 1024 would fit; 126 rows of 256 steps do.
+    assert_eq!(
+        (haswell.mr, haswell.nr, haswell.mb, haswell.kc),
+        (6, 16, 126, 256)
+    );
     let spr = tiles(r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#, 1024);
-    assert_eq!((spr.mr, spr.nr, spr.mb), (12, 32, 252));
+    assert_eq!((spr.mr, spr.nr, spr.mb, spr.kc), (12, 32, 252, 0));
     // An unknown CPU: the smallest L2 (256 KiB).
     let generic = tiles(r#"{"kind": "llvm", "mcpu": "x86-64"}"#, 1024);
-    assert_eq!(generic.mb, 30);
+    assert_eq!((generic.mb, generic.kc), (126, 256));
+    // Passes of k: none when MATMUL_MB_MIN rows fit; else the fewest that divide k.
+    assert_eq!(sk::depth_block(2 << 20, 1024), 0);
+    assert_eq!(sk::depth_block(1 << 20, 1024), 0);
+    assert_eq!(sk::depth_block(512 << 10, 1024), 512);
+    assert_eq!(sk::depth_block(256 << 10, 1024), 256);
+    assert_eq!(sk::depth_block(256 << 10, 1000), 250);
+    // 1031 is prime: no pass length divides it, one pass.
+    assert_eq!(sk::depth_block(256 << 10, 1031), 0);
+    assert_eq!(sk::depth_block(256 << 10, 0), 0);
     let native = tiles(r#"{"kind": "llvm", "mcpu": "native"}"#, 1024);
     let l2 = kiln::target::host_caches().l2.unwrap_or(256 << 10);
     assert_eq!(native.mb, sk::block_rows(l2, 1024, native.mr));
@@ -586,6 +599,7 @@ fn matmul_rows_not_a_multiple_of_the_tile_need_no_guard() {
                 mr: 6,
                 nr: 16,
                 mb: 12,
+                kc: 0,
             },
         )
         .unwrap();
@@ -593,4 +607,38 @@ fn matmul_rows_not_a_multiple_of_the_tile_need_no_guard() {
         assert!(!text.contains("if "), "m = {m}: a guard\n{g}");
         same_results(&f, &g, &[vec![m, 5], vec![5, 32], vec![m, 32]]);
     }
+}
+
+/// matmul with `k` in passes (`kc`): `C` zeroed first, each pass adding into it; any row count,
+/// no bounds guard, the product computed.
+#[test]
+fn matmul_in_passes_over_k_computes_the_product() {
+    for (m, k, kc) in [(13, 12, 4), (24, 10, 5), (7, 16, 8), (30, 9, 3)] {
+        let f = kernels::matmul_sized(m, 32, k);
+        let tiles = sk::MatmulTiles {
+            mr: 6,
+            nr: 16,
+            mb: 12,
+            kc,
+        };
+        let g = sk::matmul_tiled(m, 32, k, tiles).unwrap();
+        let text = g.to_string();
+        assert!(!text.contains("if "), "m = {m}: a guard\n{g}");
+        assert!(text.contains("k0_o"), "k not in passes\n{g}");
+        same_results(&f, &g, &[vec![m, k], vec![k, 32], vec![m, 32]]);
+    }
+    // A pass length that does not divide k: one pass.
+    let g = sk::matmul_tiled(
+        12,
+        32,
+        10,
+        sk::MatmulTiles {
+            mr: 6,
+            nr: 16,
+            mb: 12,
+            kc: 4,
+        },
+    )
+    .unwrap();
+    assert!(!g.to_string().contains("k0_o"), "{g}");
 }
