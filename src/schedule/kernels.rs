@@ -9,7 +9,7 @@
 //! | kernel | schedule |
 //! |---|---|
 //! | `vadd` | one parallel loop (each thread a contiguous chunk, vectorized by LLVM) |
-//! | `matmul` | `B` packed into `nr`-column panels; `i` tiled `mb` x `mr`, `j` by `nr`; the `mr` x `nr` block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; (row block, column panel) pairs in parallel. 12 x 32 with AVX-512 (32 zmm), 6 x 16 with AVX2 (16 ymm) ([`MatmulTiles::for_target`]); `mb` rows of `A` fit in half the L2 ([`MatmulTiles::for_target_and_depth`]: for `k` = 1024, 252 rows with a 2 MiB L2 and AVX-512, 120 with 1 MiB, 30 with 256 KiB and AVX2); rows split into parts (whole blocks, whole tiles, the last `m % mr` rows) so that no split leaves a bounds guard in the `k` loop |
+//! | `matmul` | `B` packed into `nr`-column panels; `i` tiled `mb` x `mr`, `j` by `nr`; the `mr` x `nr` block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; (row block, column panel) pairs in parallel. 8 x 32 with AVX-512 (32 zmm), 6 x 16 with AVX2 (16 ymm) ([`MatmulTiles::for_target`]); `mb` rows of `A` fit in half the L2 ([`MatmulTiles::for_target_and_depth`]: for `k` = 1024, 256 rows with a 2 MiB L2 and AVX-512, 128 with 1 MiB; with 256 KiB and AVX2, `k` in passes of 256 and 126 rows); rows split into parts (whole blocks, whole tiles, the last `m % mr` rows) so that no split leaves a bounds guard in the `k` loop |
 //! | `rowsum` | reduction split by 64 and `rfactor`ed into 64 vector lanes; rows in parallel |
 //! | `softmax` | rows in parallel; max and sum reductions `rfactor`ed into 64 lanes; `exp` and the scaling vectorized by 16 |
 //!
@@ -34,14 +34,13 @@ use crate::ir::{
 };
 
 /// Rows of `C` per register block of `matmul`.
-pub const MATMUL_MR: i64 = 12;
+pub const MATMUL_MR: i64 = 8;
 /// Columns of `C` per register block of `matmul` (two 16-lane vectors).
 pub const MATMUL_NR: i64 = 32;
 /// Rows per parallel task block of `matmul` in the fixed tiles ([`MatmulTiles::AVX512`], the
-/// schedule of `examples/kernels/matmul.json`): 120 rows of `A` (`k` = 1024, a multiple of
-/// [`MATMUL_MR`]) fill about half of a 1 MiB L2, the smallest of the AVX-512 CPUs these tiles
-/// are for ([`block_rows`]).
-pub const MATMUL_MB: i64 = 120;
+/// schedule of `examples/kernels/matmul.json`): 128 rows of `A` (`k` = 1024) fill half of a
+/// 1 MiB L2, the smallest of the AVX-512 CPUs these tiles are for ([`block_rows`]).
+pub const MATMUL_MB: i64 = 128;
 /// The most rows per task block [`block_rows`] picks: 256 keeps four tasks for a 1024-row `C`.
 pub const MATMUL_MB_MAX: i64 = 256;
 
@@ -74,10 +73,12 @@ pub struct MatmulTiles {
 }
 
 impl MatmulTiles {
-    /// 32 vector registers of 16 floats (AVX-512): 12 x 32, 24 zmm accumulators, two for the
-    /// `B` panel row, one broadcast of `A`. Measured against 8 x 32 (16 accumulators), 1024^3
-    /// on a Xeon (Sapphire Rapids class, 2 cores), interleaved runs: 387 against 380 GFLOP/s
-    /// with 252- and 256-row blocks; 14 x 32 was no better.
+    /// 32 vector registers of 16 floats (AVX-512): 8 x 32, sixteen zmm accumulators, two for
+    /// the `B` panel row, one broadcast of `A`. 12 x 32 (24 accumulators) ran 2-4 % faster
+    /// (1024^3 on a Xeon, Sapphire Rapids class, 2 cores, interleaved runs: 366 against 353
+    /// GFLOP/s, 387 against 380), but 1024 rows are not a multiple of 12: the row parts that
+    /// avoid a bounds guard ([`matmul_tiled`]) are copies of the loop nest, and the build took
+    /// 18-29 ms to the first tier against 10-14 ms. 14 x 32 was no better than 12 x 32.
     pub const AVX512: MatmulTiles = MatmulTiles {
         mr: MATMUL_MR,
         nr: MATMUL_NR,
@@ -266,15 +267,26 @@ fn parallel_blocks(s: &mut Schedule, io: &str, jo: &str) -> ScheduleResult<()> {
 /// The row parts of a `matmul` with `m` rows, as (rows, rows per register tile, rows per task
 /// block): whole blocks of `mb` rows (`mb` rounded down to a multiple of `mr`, at least `mr`),
 /// whole `mr`-row tiles of the rest in one block, and the last `m % mr` rows as one tile. Every
-/// split then divides its loop.
+/// split then divides its loop. Where a block of between 3/4 of `mb` and `mb` rows divides the
+/// whole tiles, it is used instead, leaving no middle part: each part is a copy of the loop
+/// nest, and build time grows with them (1024 rows of 12 x 32 tiles: 85 tiles in 5 blocks of
+/// 204 rows and 4 rows apart build in 18 ms to the first tier, 8 blocks of 120 rows, 60 and 4
+/// apart in 28 ms).
 fn row_parts(m: i64, mb: i64, mr: i64) -> Vec<(i64, i64, i64)> {
     let mr = mr.clamp(1, m.max(1));
-    let mb = (mb / mr * mr).max(mr);
+    let mut mb = (mb / mr * mr).max(mr);
+    let (tiles, per_block) = (m / mr, mb / mr);
+    if let Some(t) = ((per_block * 3 + 3) / 4..=per_block)
+        .rev()
+        .find(|t| tiles % t == 0)
+    {
+        mb = t * mr;
+    }
     let full = m / mb * mb;
     let rest = m - full;
-    let tiles = rest / mr * mr;
-    let tail = rest - tiles;
-    [(full, mr, mb), (tiles, mr, tiles), (tail, tail, tail)]
+    let whole = rest / mr * mr;
+    let tail = rest - whole;
+    [(full, mr, mb), (whole, mr, whole), (tail, tail, tail)]
         .into_iter()
         .filter(|&(rows, _, _)| rows > 0)
         .collect()
