@@ -1384,9 +1384,10 @@ fn rename_loops(
 /// Whether the first thing `s` runs (through `Seq`s) writes every element of `cache`
 /// (extents `ext`) before anything reads it. That is a nest of loops with constant bounds (and
 /// `Seq`s, entered at their first statement) whose first statement run per iteration is one
-/// store to `cache` at indices that are distinct loop variables of the nest plus constants, each
-/// loop covering exactly `0..ext[d]` (or `0` where `ext[d]` is 1), whose value does not read `cache`, and every other access
-/// to `cache` inside the nest is at the same indices. Each iteration then writes its own element
+/// store to `cache` at indices that are distinct loop variables of the nest plus constants,
+/// each loop covering exactly `0..ext[d]` (or the index `0` where `ext[d]` is 1), whose value
+/// does not read `cache`, and every other access to `cache` inside the nest is at the same
+/// indices. Each iteration then writes its own element
 /// before it touches it, and no iteration touches another's (the init of an accumulation:
 /// `for i, j { C[i, j] = 0; for k { C[i, j] += .. } }`). The cache's earlier contents are dead.
 fn overwrites_first(s: &Stmt, cache: &Buffer, ext: &[i64]) -> bool {
