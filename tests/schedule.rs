@@ -642,3 +642,31 @@ fn matmul_in_passes_over_k_computes_the_product() {
     .unwrap();
     assert!(!g.to_string().contains("k0_o"), "{g}");
 }
+
+/// A parallel loop inside a parallel or vectorized one is refused at the step that would nest
+/// it (the verifier's rule), and the function stays as it was.
+#[test]
+fn parallel_loops_do_not_nest_and_a_refused_step_changes_nothing() {
+    let mut s = Schedule::new(kernels::matmul_sized(8, 16, 4));
+    s.parallel("i").unwrap();
+    let before = s.func().to_string();
+    let e = s.parallel("j").unwrap_err().to_string();
+    assert!(
+        e.contains("parallel loop `j` inside the parallel loop `i`"),
+        "{e}"
+    );
+    assert_eq!(s.func().to_string(), before);
+    let mut s = Schedule::new(kernels::matmul_sized(8, 16, 4));
+    s.parallel("j").unwrap();
+    let e = s.vectorize("i").unwrap_err().to_string();
+    assert!(e.contains("inside the vectorized loop `i`"), "{e}");
+    // With the outer loop serial again, the inner one may be parallel.
+    let mut s = Schedule::new(kernels::matmul_sized(8, 16, 4));
+    let steps: Vec<Step> = serde_json::from_str(
+        r#"[{"kind": {"loop": "i", "kind": "parallel"}}, {"kind": {"loop": "i", "kind": "serial"}},
+            {"kind": {"loop": "j", "kind": "parallel"}}]"#,
+    )
+    .unwrap();
+    s.apply(&steps).unwrap();
+    s.finish().unwrap();
+}

@@ -740,6 +740,7 @@ impl Schedule {
 
     fn set_kind(&mut self, name: &str, kind: ForKind) -> ScheduleResult<()> {
         let mut bad = false;
+        let before = self.func.clone();
         self.edit(name, &mut |s, _| {
             let (var, min, extent, _, body) = parts(s);
             if matches!(kind, ForKind::Vectorized | ForKind::Unrolled) && extent.as_int().is_none()
@@ -762,6 +763,26 @@ impl Schedule {
                     "unroll"
                 },
                 format!("needs loop `{name}` to have a constant extent"),
+            ));
+        }
+        // Parallel loops do not nest in parallel or vectorized ones (the verifier's rule): say
+        // so at the step that would break it, and keep the function as it was.
+        if let Some((inner, outer, outer_kind)) = parallel_in_parallel(&self.func.body, &mut vec![])
+        {
+            self.func = before;
+            let primitive = match kind {
+                ForKind::Parallel => "parallel",
+                ForKind::Vectorized => "vectorize",
+                ForKind::Unrolled => "unroll",
+                _ => "kind",
+            };
+            return Err(self.form(
+                primitive,
+                format!(
+                    "would put the parallel loop `{inner}` inside the {} loop `{outer}`; a \
+                     parallel loop may not be nested in a parallel or vectorized one",
+                    outer_kind.name()
+                ),
             ));
         }
         Ok(())
@@ -1345,6 +1366,42 @@ fn guard(cond: Expr, body: Stmt) -> Stmt {
         cond,
         then_case: Box::new(body),
         else_case: None,
+    }
+}
+
+/// The first parallel loop nested in a parallel or vectorized loop, as (inner, outer, the
+/// outer's kind); `enc` holds the enclosing loops.
+fn parallel_in_parallel(
+    s: &Stmt,
+    enc: &mut Vec<(String, ForKind)>,
+) -> Option<(String, String, ForKind)> {
+    match s {
+        Stmt::For {
+            var, kind, body, ..
+        } => {
+            if *kind == ForKind::Parallel {
+                if let Some((outer, k)) = enc
+                    .iter()
+                    .find(|(_, k)| matches!(k, ForKind::Parallel | ForKind::Vectorized))
+                {
+                    return Some((var.name.to_string(), outer.clone(), *k));
+                }
+            }
+            enc.push((var.name.to_string(), *kind));
+            let r = parallel_in_parallel(body, enc);
+            enc.pop();
+            r
+        }
+        other => {
+            let mut found = None;
+            other.map_children(|c| {
+                if found.is_none() {
+                    found = parallel_in_parallel(c, enc);
+                }
+                c.clone()
+            });
+            found
+        }
     }
 }
 
