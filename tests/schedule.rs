@@ -6,54 +6,16 @@ mod common;
 #[path = "ir/common.rs"]
 mod ir_common;
 
-use common::HostArray;
+use common::{interp_last, jit_last, schedule_inputs as inputs, HostArray};
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
-use kiln::ir::interp::{self, HostBuffer, InterpArg};
 use kiln::ir::{kernels, IRModule, PrimFunc};
 use kiln::packed_func::{AnyView, Module};
 use kiln::schedule::{kernels as sk, AxisMap, Schedule, ScheduleError, Step};
-
-fn inputs(shapes: &[Vec<i64>]) -> Vec<Vec<f32>> {
-    shapes
-        .iter()
-        .enumerate()
-        .map(|(k, s)| {
-            let n: i64 = s.iter().product();
-            (0..n)
-                .map(|i| ((i * 7 + k as i64 * 3) % 11) as f32 * 0.25 - 1.0)
-                .collect()
-        })
-        .collect()
-}
-
-fn interp_last(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
-    let mut args: Vec<InterpArg> = inputs(shapes)
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| InterpArg::Buffer(HostBuffer::from_slice(s, v)))
-        .collect();
-    interp::run(f, &mut args).unwrap();
-    args.last().unwrap().to_vec::<f32>().unwrap()
-}
 
 fn fast_opts() -> CodegenOptions {
     let mut o = CodegenOptions::host();
     o.fast_math = "fast".into();
     o
-}
-
-fn jit_last(f: &PrimFunc, shapes: &[Vec<i64>], o: &CodegenOptions) -> Vec<f32> {
-    let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), o).unwrap();
-    let pf = m.require_function(&f.name).unwrap();
-    let mut arrays: Vec<HostArray> = inputs(shapes)
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| HostArray::f32(s, v))
-        .collect();
-    let dls: Vec<_> = arrays.iter_mut().map(|a| a.dl()).collect();
-    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
-    pf.call(&views).unwrap();
-    arrays.last().unwrap().to_f32()
 }
 
 fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {

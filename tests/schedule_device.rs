@@ -3,39 +3,18 @@
 //! interpreter (lock-step threads, shared-memory race detector) what the unscheduled program
 //! computes, and the full-size kernels fit the `opencl` target's default limits.
 
+mod common;
 #[path = "ir/common.rs"]
 mod ir_common;
 
-use kiln::ir::interp::{self, HostBuffer, InterpArg};
+use common::{interp_args, interp_last, schedule_inputs as inputs};
+
+use kiln::ir::interp;
 use kiln::ir::{device, kernels, IRModule, PrimFunc, ThreadTag};
 use kiln::schedule::{kernels as sk, Schedule, ScheduleError, Step};
 
 const BX: ThreadTag = ThreadTag::Block(0);
 const TX: ThreadTag = ThreadTag::Thread(0);
-
-fn inputs(shapes: &[Vec<i64>]) -> Vec<Vec<f32>> {
-    shapes
-        .iter()
-        .enumerate()
-        .map(|(k, s)| {
-            let n: i64 = s.iter().product();
-            (0..n)
-                .map(|i| ((i * 7 + k as i64 * 3) % 11) as f32 * 0.25 - 1.0)
-                .collect()
-        })
-        .collect()
-}
-
-/// Runs `f` in the interpreter on the standard inputs; returns the last buffer.
-fn run_last(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
-    let mut args: Vec<InterpArg> = inputs(shapes)
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| InterpArg::Buffer(HostBuffer::from_slice(s, v)))
-        .collect();
-    interp::run(f, &mut args).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-    args.last().unwrap().to_vec::<f32>().unwrap()
-}
 
 fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -51,8 +30,8 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 fn same_as_plain(plain: &PrimFunc, f: &PrimFunc, shapes: &[Vec<i64>], tol: f32) {
     f.verify().unwrap_or_else(|e| panic!("{e}\n{f}"));
     assert!(!device::kernels(f).is_empty(), "no kernel in\n{f}");
-    let want = run_last(plain, shapes);
-    let got = run_last(f, shapes);
+    let want = interp_last(plain, shapes);
+    let got = interp_last(f, shapes);
     if tol == 0.0 {
         assert_eq!(got, want, "{} differs bit for bit", f.name);
     } else {
@@ -279,7 +258,7 @@ fn opencl_kernels_compute_what_plain_rust_does() {
     let sh = vec![vec![1000i64]; 3];
     let x = inputs(&sh);
     let want: Vec<f32> = x[0].iter().zip(&x[1]).map(|(a, b)| a + b).collect();
-    assert_eq!(run_last(&sk::opencl_vadd().unwrap(), &sh), want);
+    assert_eq!(interp_last(&sk::opencl_vadd().unwrap(), &sh), want);
     // matmul 64 x 128 x 64 (two work-groups).
     let (m, n, k) = (64usize, 128usize, 64usize);
     let sh = vec![
@@ -290,7 +269,7 @@ fn opencl_kernels_compute_what_plain_rust_does() {
     let x = inputs(&sh);
     let f = sk::opencl_matmul_sized(m as i64, n as i64, k as i64).unwrap();
     // Same k order as the Rust loop, products rounded alike: bit-exact.
-    assert_eq!(run_last(&f, &sh), rust_matmul(&x[0], &x[1], m, n, k));
+    assert_eq!(interp_last(&f, &sh), rust_matmul(&x[0], &x[1], m, n, k));
     // rowsum 64 x 256.
     let (r, c) = (64usize, 256usize);
     let sh = vec![vec![r as i64, c as i64], vec![r as i64]];
@@ -298,7 +277,7 @@ fn opencl_kernels_compute_what_plain_rust_does() {
     let want: Vec<f32> = x[0].chunks(c).map(|row| row.iter().sum()).collect();
     close(
         "rowsum",
-        &run_last(&sk::opencl_rowsum_sized(r as i64, c as i64).unwrap(), &sh),
+        &interp_last(&sk::opencl_rowsum_sized(r as i64, c as i64).unwrap(), &sh),
         &want,
         1e-5,
     );
@@ -315,7 +294,7 @@ fn opencl_kernels_compute_what_plain_rust_does() {
     }
     close(
         "softmax",
-        &run_last(&sk::opencl_softmax_sized(r as i64, c as i64).unwrap(), &sh),
+        &interp_last(&sk::opencl_softmax_sized(r as i64, c as i64).unwrap(), &sh),
         &want,
         1e-5,
     );
@@ -412,11 +391,7 @@ fn drop_barriers(
 }
 
 fn race_in(f: &PrimFunc, shapes: &[Vec<i64>]) -> String {
-    let mut args: Vec<InterpArg> = inputs(shapes)
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| InterpArg::Buffer(HostBuffer::from_slice(s, v)))
-        .collect();
+    let mut args = interp_args(shapes);
     interp::run(f, &mut args)
         .expect_err("a data race")
         .to_string()

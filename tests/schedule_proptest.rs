@@ -8,11 +8,9 @@
 
 mod common;
 
-use common::HostArray;
-use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
-use kiln::ir::interp::{self, HostBuffer, InterpArg};
-use kiln::ir::{kernels, IRModule, PrimFunc};
-use kiln::packed_func::{AnyView, Module};
+use common::{interp_last, jit_last};
+use kiln::codegen::llvm::CodegenOptions;
+use kiln::ir::{kernels, PrimFunc};
 use kiln::schedule::{Schedule, Step};
 use proptest::prelude::*;
 
@@ -81,47 +79,6 @@ fn step(p: &Pick, loops: &[String], output: &str) -> Option<Step> {
     })
 }
 
-fn inputs(shapes: &[Vec<i64>]) -> Vec<Vec<f32>> {
-    shapes
-        .iter()
-        .enumerate()
-        .map(|(k, s)| {
-            let n: i64 = s.iter().product();
-            (0..n)
-                .map(|i| ((i * 7 + k as i64 * 3) % 11) as f32 * 0.25 - 1.0)
-                .collect()
-        })
-        .collect()
-}
-
-fn interp_out(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
-    let mut args: Vec<InterpArg> = inputs(shapes)
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| InterpArg::Buffer(HostBuffer::from_slice(s, v)))
-        .collect();
-    interp::run(f, &mut args).unwrap();
-    args.last().unwrap().to_vec::<f32>().unwrap()
-}
-
-fn jit_out(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
-    let m = LlvmModule::jit(
-        &IRModule::from_functions(vec![f.clone()]),
-        &CodegenOptions::host(),
-    )
-    .unwrap();
-    let pf = m.require_function(&f.name).unwrap();
-    let mut arrays: Vec<HostArray> = inputs(shapes)
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| HostArray::f32(s, v))
-        .collect();
-    let dls: Vec<_> = arrays.iter_mut().map(|a| a.dl()).collect();
-    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
-    pf.call(&views).unwrap();
-    arrays.last().unwrap().to_f32()
-}
-
 fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), TestCaseError> {
     prop_assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -184,10 +141,10 @@ proptest! {
             Ok(f) => f,
             Err(e) => return Err(TestCaseError::fail(format!("{applied:?} gave a function that does not verify: {e}"))),
         };
-        let want = interp_out(&plain, &shapes);
-        close(&format!("interpreter after {applied:?}"), &interp_out(&f, &shapes), &want)?;
+        let want = interp_last(&plain, &shapes);
+        close(&format!("interpreter after {applied:?}"), &interp_last(&f, &shapes), &want)?;
         if independent_only {
-            close(&format!("JIT after {applied:?}"), &jit_out(&f, &shapes), &want)?;
+            close(&format!("JIT after {applied:?}"), &jit_last(&f, &shapes, &CodegenOptions::host()), &want)?;
         }
     }
 }

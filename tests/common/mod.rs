@@ -236,3 +236,61 @@ pub fn run_jit(f: &kiln::ir::PrimFunc, bufs: &[kiln::ir::interp::HostBuffer]) ->
     pf.call(&views).unwrap();
     arrays.iter().map(|a| a.bytes().to_vec()).collect()
 }
+
+/// The inputs of the schedule tests: buffer `k` of shape `s` holds `((i * 7 + 3 k) % 11) / 4 - 1`
+/// at element `i` (small values, exact in float32, different per buffer).
+pub fn schedule_inputs(shapes: &[Vec<i64>]) -> Vec<Vec<f32>> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let n: i64 = s.iter().product();
+            (0..n)
+                .map(|i| ((i * 7 + k as i64 * 3) % 11) as f32 * 0.25 - 1.0)
+                .collect()
+        })
+        .collect()
+}
+
+/// [`schedule_inputs`] as interpreter arguments.
+pub fn interp_args(shapes: &[Vec<i64>]) -> Vec<kiln::ir::interp::InterpArg> {
+    schedule_inputs(shapes)
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| {
+            kiln::ir::interp::InterpArg::Buffer(kiln::ir::interp::HostBuffer::from_slice(s, v))
+        })
+        .collect()
+}
+
+/// Runs `f` in the interpreter on [`schedule_inputs`]; returns the last buffer.
+pub fn interp_last(f: &kiln::ir::PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
+    let mut args = interp_args(shapes);
+    kiln::ir::interp::run(f, &mut args).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+    args.last().unwrap().to_vec::<f32>().unwrap()
+}
+
+/// Runs `f` JIT-compiled with `opts` on [`schedule_inputs`]; returns the last buffer.
+pub fn jit_last(
+    f: &kiln::ir::PrimFunc,
+    shapes: &[Vec<i64>],
+    opts: &kiln::codegen::llvm::CodegenOptions,
+) -> Vec<f32> {
+    use kiln::packed_func::Module;
+    let m = kiln::codegen::llvm::LlvmModule::jit(
+        &kiln::ir::IRModule::from_functions(vec![f.clone()]),
+        opts,
+    )
+    .unwrap();
+    let pf = m.require_function(&f.name).unwrap();
+    let mut arrays: Vec<HostArray> = schedule_inputs(shapes)
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| HostArray::f32(s, v))
+        .collect();
+    let dls: Vec<kiln::packed_func::DLTensor> = arrays.iter_mut().map(HostArray::dl).collect();
+    let views: Vec<kiln::packed_func::AnyView> =
+        dls.iter().map(kiln::packed_func::AnyView::from).collect();
+    pf.call(&views).unwrap();
+    arrays.last().unwrap().to_f32()
+}
