@@ -767,8 +767,7 @@ impl Schedule {
         }
         // Parallel loops do not nest in parallel or vectorized ones (the verifier's rule): say
         // so at the step that would break it, and keep the function as it was.
-        if let Some((inner, outer, outer_kind)) = parallel_in_parallel(&self.func.body, &mut vec![])
-        {
+        if let Some((inner, outer, outer_kind)) = parallel_in_parallel(&self.func.body) {
             self.func = before;
             let primitive = match kind {
                 ForKind::Parallel => "parallel",
@@ -1370,39 +1369,42 @@ fn guard(cond: Expr, body: Stmt) -> Stmt {
 }
 
 /// The first parallel loop nested in a parallel or vectorized loop, as (inner, outer, the
-/// outer's kind); `enc` holds the enclosing loops.
-fn parallel_in_parallel(
-    s: &Stmt,
-    enc: &mut Vec<(String, ForKind)>,
-) -> Option<(String, String, ForKind)> {
-    match s {
-        Stmt::For {
-            var, kind, body, ..
-        } => {
+/// outer's kind).
+fn parallel_in_parallel(s: &Stmt) -> Option<(String, String, ForKind)> {
+    use crate::ir::visit::{walk_stmt, Visitor};
+    #[derive(Default)]
+    struct Nest {
+        /// The enclosing loops (name, kind).
+        enc: Vec<(String, ForKind)>,
+        found: Option<(String, String, ForKind)>,
+    }
+    impl Visitor for Nest {
+        fn stmt(&mut self, s: &Stmt) {
+            if self.found.is_some() {
+                return;
+            }
+            let Stmt::For { var, kind, .. } = s else {
+                return walk_stmt(self, s);
+            };
             if *kind == ForKind::Parallel {
-                if let Some((outer, k)) = enc
+                if let Some((outer, k)) = self
+                    .enc
                     .iter()
                     .find(|(_, k)| matches!(k, ForKind::Parallel | ForKind::Vectorized))
                 {
-                    return Some((var.name.to_string(), outer.clone(), *k));
+                    self.found = Some((var.name.to_string(), outer.clone(), *k));
+                    return;
                 }
             }
-            enc.push((var.name.to_string(), *kind));
-            let r = parallel_in_parallel(body, enc);
-            enc.pop();
-            r
+            self.enc.push((var.name.to_string(), *kind));
+            walk_stmt(self, s);
+            self.enc.pop();
         }
-        other => {
-            let mut found = None;
-            other.map_children(|c| {
-                if found.is_none() {
-                    found = parallel_in_parallel(c, enc);
-                }
-                c.clone()
-            });
-            found
-        }
+        fn expr(&mut self, _: &Expr) {}
     }
+    let mut v = Nest::default();
+    v.stmt(s);
+    v.found
 }
 
 /// `s` with every loop given a fresh variable named `<name>_p` (or the first free `<name>_p_1`,
