@@ -622,6 +622,17 @@ fn parallel_loops_do_not_nest_and_a_refused_step_changes_nothing() {
     s.parallel("j").unwrap();
     let e = s.vectorize("i").unwrap_err().to_string();
     assert!(e.contains("inside the vectorized loop `i`"), "{e}");
+    // A symbolic extent cannot be vectorized or unrolled; the loop stays as it was.
+    let mut s = Schedule::new(kernels::vadd());
+    let before = s.func().to_string();
+    for e in [s.vectorize("i"), s.unroll("i")] {
+        let e = e.unwrap_err().to_string();
+        assert!(
+            e.contains("needs loop `i` to have a constant extent"),
+            "{e}"
+        );
+    }
+    assert_eq!(s.func().to_string(), before);
     // With the outer loop serial again, the inner one may be parallel.
     let mut s = Schedule::new(kernels::matmul_sized(8, 16, 4));
     let steps: Vec<Step> = serde_json::from_str(

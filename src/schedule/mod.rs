@@ -739,23 +739,7 @@ impl Schedule {
     }
 
     fn set_kind(&mut self, name: &str, kind: ForKind) -> ScheduleResult<()> {
-        let mut bad = false;
-        let before = self.func.clone();
-        self.edit(name, &mut |s, _| {
-            let (var, min, extent, _, body) = parts(s);
-            if matches!(kind, ForKind::Vectorized | ForKind::Unrolled) && extent.as_int().is_none()
-            {
-                bad = true;
-            }
-            Ok(for_(
-                var.clone(),
-                min.clone(),
-                extent.clone(),
-                kind,
-                body.clone(),
-            ))
-        })?;
-        if bad {
+        let Some(old) = self.replace_kind(name, kind)? else {
             return Err(self.form(
                 if kind == ForKind::Vectorized {
                     "vectorize"
@@ -764,27 +748,50 @@ impl Schedule {
                 },
                 format!("needs loop `{name}` to have a constant extent"),
             ));
-        }
+        };
         // Parallel loops do not nest in parallel or vectorized ones (the verifier's rule): say
-        // so at the step that would break it, and keep the function as it was.
-        if let Some((inner, outer, outer_kind)) = parallel_in_parallel(&self.func.body) {
-            self.func = before;
-            let primitive = match kind {
-                ForKind::Parallel => "parallel",
-                ForKind::Vectorized => "vectorize",
-                ForKind::Unrolled => "unroll",
-                _ => "kind",
-            };
-            return Err(self.form(
-                primitive,
-                format!(
-                    "would put the parallel loop `{inner}` inside the {} loop `{outer}`; a \
-                     parallel loop may not be nested in a parallel or vectorized one",
-                    outer_kind.name()
-                ),
-            ));
+        // so at the step that would break it, and keep the function as it was. Only a loop
+        // made parallel or vectorized can break it.
+        if matches!(kind, ForKind::Parallel | ForKind::Vectorized) {
+            if let Some((inner, outer, outer_kind)) = parallel_in_parallel(&self.func.body) {
+                self.replace_kind(name, old)?;
+                return Err(self.form(
+                    if kind == ForKind::Parallel {
+                        "parallel"
+                    } else {
+                        "vectorize"
+                    },
+                    format!(
+                        "would put the parallel loop `{inner}` inside the {} loop `{outer}`; a \
+                         parallel loop may not be nested in a parallel or vectorized one",
+                        outer_kind.name()
+                    ),
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// Gives loop `name` the kind `kind` and returns the kind it had; `None`, and the loop left
+    /// as it was, when `kind` is vectorized or unrolled and the extent is not a constant.
+    fn replace_kind(&mut self, name: &str, kind: ForKind) -> ScheduleResult<Option<ForKind>> {
+        let needs_constant = matches!(kind, ForKind::Vectorized | ForKind::Unrolled);
+        let mut old = None;
+        self.edit(name, &mut |s, _| {
+            let (var, min, extent, k, body) = parts(s);
+            if needs_constant && extent.as_int().is_none() {
+                return Ok(s.clone());
+            }
+            old = Some(k);
+            Ok(for_(
+                var.clone(),
+                min.clone(),
+                extent.clone(),
+                kind,
+                body.clone(),
+            ))
+        })?;
+        Ok(old)
     }
 
     /// Runs loop `name`'s iterations on the thread pool.
