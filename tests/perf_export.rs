@@ -165,6 +165,7 @@ fn failing_task_fails_the_call(len: usize) {
 /// The rows a test launcher's tasks wrote: `TASK_ROWS` (rows written after each task), over `Y`
 /// (`ROWS` x `COLS` floats, zero before the call, each row set whole by one iteration).
 static Y_PTR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static Y_ROWS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static TASK_ROWS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 const COLS: usize = 4096;
 const TASKS: i32 = 8;
@@ -183,10 +184,12 @@ unsafe extern "C" fn recording_launch(lambda: Lambda, cdata: *mut c_void, _n: i3
         num_task: TASKS,
     };
     let y = Y_PTR.load(std::sync::atomic::Ordering::SeqCst) as *const f32;
-    let rows = |count: &mut usize| {
+    let count = Y_ROWS.load(std::sync::atomic::Ordering::SeqCst);
+    // The rows written so far (each iteration writes its whole row, in order within a task).
+    let rows = || {
         let mut k = 0;
-        // SAFETY: `y` points at the test's live `Y` of at least `*count` rows.
-        while k < *count && unsafe { *y.add(k * COLS) } != 0.0 {
+        // SAFETY: `y` points at the test's live `Y` of `count` rows of `COLS` floats.
+        while k < count && unsafe { *y.add(k * COLS) } != 0.0 {
             k += 1;
         }
         k
@@ -198,8 +201,7 @@ unsafe extern "C" fn recording_launch(lambda: Lambda, cdata: *mut c_void, _n: i3
         if r != 0 {
             return r;
         }
-        let mut all = usize::MAX;
-        let now = rows(&mut all);
+        let now = rows();
         TASK_ROWS.lock().unwrap().push(now - before);
         before = now;
     }
@@ -239,6 +241,7 @@ fn parallel_iterations_are_shared_evenly_among_tasks() {
             arrays[0].dl().data as usize,
             std::sync::atomic::Ordering::SeqCst,
         );
+        Y_ROWS.store(rows, std::sync::atomic::Ordering::SeqCst);
         TASK_ROWS.lock().unwrap().clear();
         assert_eq!(call_raw(&lib, "fill", &mut arrays), 0);
         assert!(arrays[0].to_f32().iter().all(|&v| v == 1.0));
