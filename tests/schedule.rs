@@ -338,7 +338,9 @@ fn matmul_tiles_follow_the_targets_vector_registers() {
 }
 
 /// matmul's row blocks follow the L2 cache: `mb` rows of `A` in half of it, a multiple of
-/// `mr`, between `mr` and `MATMUL_MB_MAX`; a named CPU's L2 from its model, `native` the host's.
+/// `mr`, between `mr` and `MATMUL_MB_MAX`; the L2 is the host's whatever CPU the target names
+/// (that CPU's instructions, this machine's caches), a named CPU's only where the host's cannot
+/// be read.
 #[test]
 fn matmul_row_blocks_follow_the_l2_cache() {
     assert_eq!(sk::block_rows(256 << 10, 1024, 4), 32);
@@ -351,32 +353,39 @@ fn matmul_row_blocks_follow_the_l2_cache() {
     assert_eq!(sk::block_rows(256 << 10, 100_000, 4), 4);
     assert_eq!(sk::block_rows(1 << 20, 1500, 6), 84);
     assert_eq!(sk::block_rows(256 << 10, 1500, 6), 18);
-    let tiles = |t: &str, k| {
-        sk::MatmulTiles::for_target_and_depth(&kiln::target::Target::parse(t).unwrap(), k)
-    };
-    let haswell = tiles(r#"{"kind": "llvm", "mcpu": "haswell"}"#, 1024);
-    // 256 KiB of L2: 30 rows of depth 1024 would fit; 126 rows of 256 steps do.
-    assert_eq!(
-        (haswell.mr, haswell.nr, haswell.mb, haswell.kc),
-        (6, 16, 126, 256)
-    );
-    let spr = tiles(r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#, 1024);
-    assert_eq!((spr.mr, spr.nr, spr.mb, spr.kc), (8, 32, 256, 0));
-    // An unknown CPU: the smallest L2 (256 KiB).
-    let generic = tiles(r#"{"kind": "llvm", "mcpu": "x86-64"}"#, 1024);
-    assert_eq!((generic.mb, generic.kc), (126, 256));
+    let target = |t: &str| kiln::target::Target::parse(t).unwrap();
+    let tiles = |t: &str, k| sk::MatmulTiles::for_target_and_depth(&target(t), k);
+    let host_l2 = kiln::target::host_caches().l2;
+    for (t, table_l2, (mr, nr)) in [
+        (r#"{"kind": "llvm", "mcpu": "haswell"}"#, 256 << 10, (6, 16)),
+        (r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#, 2 << 20, (8, 32)),
+        // An unknown CPU: the smallest L2 (256 KiB) where the host's is not known.
+        (r#"{"kind": "llvm", "mcpu": "x86-64"}"#, 256 << 10, (6, 16)),
+    ] {
+        let l2 = host_l2.unwrap_or(table_l2);
+        assert_eq!(kiln::target::l2_bytes(&target(t)), l2, "{t}");
+        let kc = sk::depth_block(l2, 1024);
+        let depth = if kc > 0 { kc } else { 1024 };
+        let got = tiles(t, 1024);
+        assert_eq!(
+            (got.mr, got.nr, got.mb, got.kc),
+            (mr, nr, sk::block_rows(l2, depth, mr), kc),
+            "{t}"
+        );
+    }
+    // With 256 KiB of L2 (a Haswell's), 30 rows of depth 1024 would fit; 126 rows of 256 steps
+    // do: k in passes.
+    assert_eq!(sk::depth_block(256 << 10, 1024), 256);
+    assert_eq!(sk::block_rows(256 << 10, 256, 6), 126);
     // Passes of k: none when MATMUL_MB_MIN rows fit; else the fewest that divide k.
     assert_eq!(sk::depth_block(2 << 20, 1024), 0);
     assert_eq!(sk::depth_block(1 << 20, 1024), 0);
     assert_eq!(sk::depth_block(512 << 10, 1024), 512);
-    assert_eq!(sk::depth_block(256 << 10, 1024), 256);
     assert_eq!(sk::depth_block(256 << 10, 1000), 250);
     // 1031 is prime: no pass length divides it, one pass.
     assert_eq!(sk::depth_block(256 << 10, 1031), 0);
     assert_eq!(sk::depth_block(256 << 10, 0), 0);
     let native = tiles(r#"{"kind": "llvm", "mcpu": "native"}"#, 1024);
-    let l2 = kiln::target::host_caches().l2.unwrap_or(256 << 10);
-    assert_eq!(native.mb, sk::block_rows(l2, 1024, native.mr));
     assert!(native.mb % native.mr == 0 && native.mb <= sk::MATMUL_MB_MAX);
 }
 

@@ -1,0 +1,185 @@
+//! Matmul register tiles and blocks compared on this machine: the tool behind the choices in
+//! `kiln::schedule::kernels::MatmulTiles` (a schedule is tuned by measuring it on each kind of
+//! CPU, not by reasoning about one).
+//!
+//! Each configuration `mr,nr,mb,kc` is `kiln::schedule::kernels::matmul_tiled` with those tiles
+//! (`kc` 0: the whole `k` loop in one pass), JIT-compiled for the target (`KILN_BENCH_MCPU`,
+//! default `native`; `num-cores` = the logical CPUs), and called on the same 1024^3 inputs. The
+//! configurations run in interleaved rounds (every configuration once per round, a few calls
+//! each), so that the machine's load hits them alike; the table gives each one's median GFLOP/s
+//! over the rounds with the spread, and its ratio to the first configuration, which is the
+//! target's default (`MatmulTiles::for_target_and_depth`) unless configurations are given.
+//!
+//! Run: `cargo bench --bench matmul_tiles [-- mr,nr,mb,kc ...]` (`KILN_BENCH_QUICK=1`: fewer
+//! rounds; `KILN_BENCH_SIZE=m,n,k` another shape).
+
+mod util;
+use util::{cpu_model, num_cpus};
+
+use std::time::Instant;
+
+use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::ir::IRModule;
+use kiln::packed_func::ffi::DLDataTypeCode;
+use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLDeviceType, DLTensor, Module};
+use kiln::schedule::kernels::{matmul_tiled, MatmulTiles};
+use kiln::target::Target;
+
+/// A 64-byte-aligned f32 matrix.
+struct Mat {
+    buf: Vec<f32>,
+    off: usize,
+    shape: [i64; 2],
+}
+
+impl Mat {
+    fn new(rows: i64, cols: i64, f: impl Fn(usize) -> f32) -> Mat {
+        let len = (rows * cols) as usize;
+        let mut buf = vec![0f32; len + 16];
+        let off = (64 - (buf.as_ptr() as usize % 64)) % 64 / 4;
+        for (i, x) in buf[off..off + len].iter_mut().enumerate() {
+            *x = f(i);
+        }
+        Mat {
+            buf,
+            off,
+            shape: [rows, cols],
+        }
+    }
+    fn dl(&mut self) -> DLTensor {
+        DLTensor {
+            data: self.buf[self.off..].as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: 2,
+            dtype: DLDataType {
+                code: DLDataTypeCode::FLOAT,
+                bits: 32,
+                lanes: 1,
+            },
+            shape: self.shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+    fn at(&self, i: usize) -> f32 {
+        self.buf[self.off + i]
+    }
+}
+
+fn parse_config(s: &str) -> MatmulTiles {
+    let v: Vec<i64> = s
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("expected mr,nr,mb,kc (integers), got {s:?}"))
+        })
+        .collect();
+    assert!(v.len() == 4, "expected mr,nr,mb,kc, got {s:?}");
+    MatmulTiles {
+        mr: v[0],
+        nr: v[1],
+        mb: v[2],
+        kc: v[3],
+    }
+}
+
+fn main() {
+    let mcpu = std::env::var("KILN_BENCH_MCPU").unwrap_or_else(|_| "native".into());
+    let target = Target::from_json(&serde_json::json!({
+        "kind": "llvm", "mcpu": mcpu, "num-cores": num_cpus(),
+    }))
+    .unwrap();
+    let (m, n, k) = std::env::var("KILN_BENCH_SIZE").map_or((1024, 1024, 1024), |s| {
+        let v: Vec<i64> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
+        (v[0], v[1], v[2])
+    });
+    let mut configs: Vec<MatmulTiles> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .map(|a| parse_config(&a))
+        .collect();
+    if configs.is_empty() {
+        configs.push(MatmulTiles::for_target_and_depth(&target, k));
+    }
+    let quick = std::env::var_os("KILN_BENCH_QUICK").is_some();
+    let (rounds, calls) = if quick { (5, 3) } else { (15, 5) };
+    let o = CodegenOptions::from_target(&target).unwrap().resolved();
+    println!(
+        "CPU: {}; target {} ({}); {m} x {n} x {k}; {rounds} rounds of {calls} calls",
+        cpu_model(),
+        target.export(),
+        o.describe()
+    );
+
+    let mut a = Mat::new(m, k, |i| ((i * 7 + 3) % 13) as f32 / 13.0 - 0.5);
+    let mut b = Mat::new(k, n, |i| ((i * 5 + 1) % 11) as f32 / 11.0 - 0.5);
+    let mut c = Mat::new(m, n, |_| 0.0);
+    let mut mods = Vec::new();
+    for t in &configs {
+        let f = matmul_tiled(m, n, k, *t).unwrap();
+        let start = Instant::now();
+        let module = LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
+        module.wait_optimized().unwrap();
+        let build = start.elapsed();
+        mods.push((module, build));
+    }
+    // Check every configuration's output on a few entries against a plain dot product.
+    for (module, _) in &mods {
+        let f = module.require_function("matmul").unwrap();
+        let dls = [a.dl(), b.dl(), c.dl()];
+        let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+        f.call(&views).unwrap();
+        for &(i, j) in &[(0, 0), (m - 1, n - 1), (m / 2, n / 3), (m - 1, 0)] {
+            let want: f64 = (0..k)
+                .map(|p| {
+                    f64::from(a.at((i * k + p) as usize)) * f64::from(b.at((p * n + j) as usize))
+                })
+                .sum();
+            let got = f64::from(c.at((i * n + j) as usize));
+            assert!(
+                (got - want).abs() < 1e-3 * (1.0 + want.abs()),
+                "C[{i},{j}] = {got}, expected {want}"
+            );
+        }
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); mods.len()];
+    for _ in 0..rounds {
+        for (t, (module, _)) in times.iter_mut().zip(&mods) {
+            let f = module.require_function("matmul").unwrap();
+            let dls = [a.dl(), b.dl(), c.dl()];
+            let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
+            f.call(&views).unwrap();
+            for _ in 0..calls {
+                let s = Instant::now();
+                f.call(&views).unwrap();
+                t.push(s.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let flops = 2.0 * (m * n * k) as f64;
+    let med = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        (t[t.len() / 2], t[0], t[t.len() - 1])
+    };
+    let base = med(&mut times[0].clone()).0;
+    println!("  mr   nr   mb   kc |  GFLOP/s median [min-max] | x first | build (to O3)");
+    for ((t, (_, build)), cfg) in times.iter_mut().zip(&mods).zip(&configs) {
+        let (md, lo, hi) = med(t);
+        println!(
+            "{:4} {:4} {:4} {:4} | {:7.1} [{:.1}-{:.1}] | {:5.3} | {:.1} ms",
+            cfg.mr,
+            cfg.nr,
+            cfg.mb,
+            cfg.kc,
+            flops / md / 1e9,
+            flops / hi / 1e9,
+            flops / lo / 1e9,
+            base / md,
+            build.as_secs_f64() * 1e3
+        );
+    }
+}
