@@ -90,6 +90,20 @@ fn the_example_kernels_are_the_scheduled_kernels() {
             &(m.to_json_string() + "\n"),
         );
     }
+    // The AVX2 matmul (6 x 16 register tiles), which the quickstart builds on CPUs without
+    // AVX-512.
+    let m = IRModule::from_functions(vec![sk::matmul_tiled(
+        1024,
+        1024,
+        1024,
+        sk::MatmulTiles::AVX2,
+    )
+    .unwrap()]);
+    m.verify().unwrap();
+    ir_common::check_snapshot(
+        "examples/kernels/matmul_avx2.json",
+        &(m.to_json_string() + "\n"),
+    );
 }
 
 fn asm_of(f: PrimFunc) -> String {
@@ -358,7 +372,11 @@ fn matmul_row_blocks_follow_the_l2_cache() {
     let host_l2 = kiln::target::host_caches().l2;
     for (t, table_l2, (mr, nr)) in [
         (r#"{"kind": "llvm", "mcpu": "haswell"}"#, 256 << 10, (6, 16)),
-        (r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#, 2 << 20, (8, 32)),
+        (
+            r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#,
+            2 << 20,
+            (8, 32),
+        ),
         // An unknown CPU: the smallest L2 (256 KiB) where the host's is not known.
         (r#"{"kind": "llvm", "mcpu": "x86-64"}"#, 256 << 10, (6, 16)),
     ] {
