@@ -670,3 +670,69 @@ fn parallel_loops_do_not_nest_and_a_refused_step_changes_nothing() {
     s.apply(&steps).unwrap();
     s.finish().unwrap();
 }
+
+/// Values at the edges of what a JSON schedule can hold: a split factor beyond the extent is
+/// the extent (one outer iteration, no guard), even `i64::MAX`; packing with a zero or
+/// negative divisor or modulus, or into a name that is taken, is refused at the step with the
+/// value seen, and the function is left as it was.
+#[test]
+fn schedule_steps_with_extreme_values_apply_or_are_refused() {
+    let mut s = Schedule::new(kernels::matmul_sized(4, 8, 3));
+    let (io, ii) = s.split("i", i64::MAX).unwrap();
+    let f = s.finish().unwrap();
+    let text = f.to_string();
+    assert!(
+        text.contains(&format!("for {io}: int64 in serial(0i64, 1i64)")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("for {ii}: int64 in serial(0i64, 4i64)")),
+        "{text}"
+    );
+    assert!(!text.contains("if "), "a guard is left: {text}");
+
+    let mut s = Schedule::new(kernels::matmul_sized(4, 8, 3));
+    let before = s.func().to_string();
+    for (dims, seen) in [
+        (
+            vec![AxisMap::outer(1, 0), AxisMap::id(0), AxisMap::inner(1, 4)],
+            "div: 0",
+        ),
+        (
+            vec![AxisMap::outer(1, 4), AxisMap::id(0), AxisMap::inner(1, -4)],
+            "modulo: Some(-4)",
+        ),
+    ] {
+        let e = s
+            .transform_layout("B", "Bp", &dims)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("div >= 1 and modulo >= 1") && e.contains(seen),
+            "{e}"
+        );
+        assert_eq!(s.func().to_string(), before);
+    }
+    let e = s
+        .transform_layout("B", "A", &[AxisMap::id(0), AxisMap::id(1)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("found `A`, which is taken"), "{e}");
+    assert_eq!(s.func().to_string(), before);
+    // A divisor beyond any extent: one panel holding the whole axis.
+    s.transform_layout(
+        "B",
+        "Bp",
+        &[
+            AxisMap::outer(1, i64::MAX),
+            AxisMap::id(0),
+            AxisMap::inner(1, i64::MAX),
+        ],
+    )
+    .unwrap();
+    let shapes = [vec![4, 3], vec![3, 8], vec![4, 8]];
+    assert_eq!(
+        interp_last(&s.finish().unwrap(), &shapes),
+        interp_last(&kernels::matmul_sized(4, 8, 3), &shapes)
+    );
+}

@@ -148,3 +148,151 @@ proptest! {
         }
     }
 }
+
+/// An integer a schedule written by hand or by a tool may hold: small, zero, negative, or at
+/// the ends of `i64`.
+fn any_int() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        6 => 1..6i64,
+        2 => -3..20i64,
+        1 => Just(0i64),
+        1 => Just(i64::MAX),
+        1 => Just(i64::MIN),
+        1 => Just(i64::from(i32::MAX) + 1),
+        1 => any::<i64>(),
+    ]
+}
+
+/// A name: mostly `@<k>`, the `k`-th loop of the function when the step is applied (loops
+/// change with every step); else one of its buffers, a name a primitive makes, or junk.
+fn any_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => (0..12usize).prop_map(|k| format!("@{k}")),
+        2 => prop::sample::select(vec!["A", "B", "C", "C_local", "Bp", "rf"]).prop_map(str::to_owned),
+        1 => prop::sample::select(vec!["", "i_p", "nosuch", "i", "k0"]).prop_map(str::to_owned),
+        1 => "[a-z_]{1,6}",
+    ]
+}
+
+/// `v` with every `@<k>` string replaced by the `k`-th of `loops` (modulo their number).
+fn resolve(v: &serde_json::Value, loops: &[String]) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => match s.strip_prefix('@').and_then(|k| k.parse::<usize>().ok()) {
+            Some(k) if !loops.is_empty() => Value::String(loops[k % loops.len()].clone()),
+            _ => v.clone(),
+        },
+        Value::Array(a) => Value::Array(a.iter().map(|x| resolve(x, loops)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (k.clone(), resolve(x, loops)))
+                .collect(),
+        ),
+        _ => v.clone(),
+    }
+}
+
+/// One step as JSON, with any values in its fields (Step's JSON schema, values unchecked).
+fn any_step_json() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::json;
+    let axis = (0u64..4, any_int(), prop::option::of(any_int())).prop_map(|(axis, div, modulo)| {
+        match modulo {
+            Some(m) => json!({"axis": axis, "div": div, "modulo": m}),
+            None => json!({"axis": axis, "div": div}),
+        }
+    });
+    prop_oneof![
+        (any_name(), any_int()).prop_map(|(l, f)| json!({"split": {"loop": l, "factor": f}})),
+        (any_name(), any_int()).prop_map(|(l, a)| json!({"partition": {"loop": l, "at": a}})),
+        prop::collection::vec(any_name(), 0..4).prop_map(|v| json!({"reorder": {"loops": v}})),
+        (any_name(), any_name()).prop_map(|(o, i)| json!({"fuse": {"outer": o, "inner": i}})),
+        any_name().prop_map(|l| json!({"fission": {"loop": l}})),
+        (
+            any_name(),
+            prop::sample::select(vec![
+                "serial",
+                "parallel",
+                "vectorized",
+                "unrolled",
+                "thread_binding",
+                "junk"
+            ])
+        )
+            .prop_map(|(l, k)| json!({"kind": {"loop": l, "kind": k}})),
+        (
+            prop::sample::select(vec!["A", "B", "C", "nosuch"]),
+            prop::sample::select(vec!["P", "Q", "A", "@0"]),
+            prop::collection::vec(axis, 0..4),
+        )
+            .prop_map(|(b, into, dims)| {
+                json!({"transform_layout": {"buffer": b, "into": into, "dims": dims}})
+            }),
+        // The usual packing of a matrix into column panels, with any panel width.
+        (prop::sample::select(vec!["A", "B"]), any_int()).prop_map(|(b, d)| {
+            json!({"transform_layout": {"buffer": b, "into": "P", "dims": [
+                {"axis": 1, "div": d}, {"axis": 0}, {"axis": 1, "modulo": d}]}})
+        }),
+        (any_name(), any_name())
+            .prop_map(|(b, at)| json!({"cache_write": {"buffer": b, "at": at}})),
+        (any_name(), any_name()).prop_map(|(o, i)| json!({"rfactor": {"outer": o, "inner": i}})),
+        (
+            any_name(),
+            prop::sample::select(vec!["blockIdx.x", "threadIdx.x", "threadIdx.z", "warp"])
+        )
+            .prop_map(|(l, t)| json!({"bind": {"loop": l, "thread": t}})),
+        (any_name(), any_name())
+            .prop_map(|(b, at)| json!({"cache_read_shared": {"buffer": b, "at": at}})),
+        (any_name(), any_name())
+            .prop_map(|(o, i)| json!({"block_reduce": {"outer": o, "inner": i}})),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    /// Schedules read from JSON with any values: each step parses or is refused by serde,
+    /// applies or fails with an error that leaves the function as it was, and never panics;
+    /// `finish` verifies the result or says why not; what finishes runs in the interpreter.
+    #[test]
+    fn json_schedules_with_any_values_never_panic(
+        which in 0..2u8,
+        m in 0..6i64,
+        n in 0..6i64,
+        k in 0..4i64,
+        steps in prop::collection::vec(any_step_json(), 1..6),
+    ) {
+        let (plain, shapes) = if which == 0 {
+            (kernels::matmul_sized(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]])
+        } else {
+            (kernels::rowsum_sized(m, n), vec![vec![m, n], vec![m]])
+        };
+        let mut s = Schedule::new(plain);
+        for v in &steps {
+            let v = resolve(v, &loop_names(s.func()));
+            let Ok(st) = serde_json::from_value::<Step>(v.clone()) else { continue };
+            let before = s.func().to_string();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                s.apply(std::slice::from_ref(&st))
+            }));
+            let Ok(r) = r else {
+                return Err(TestCaseError::fail(format!("{v} panicked")));
+            };
+            if let Err(e) = r {
+                prop_assert!(!e.to_string().is_empty());
+                prop_assert_eq!(s.func().to_string(), before, "{} failed ({}) but changed the function", v, e);
+            }
+        }
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.finish()));
+        let Ok(done) = done else {
+            return Err(TestCaseError::fail(format!("finish panicked after {steps:?}")));
+        };
+        if let Ok(f) = done {
+            // Device forms (bind, shared memory) run in the interpreter too; only a panic fails.
+            let mut args = common::interp_args(&shapes);
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                kiln::ir::interp::run(&f, &mut args)
+            }));
+            prop_assert!(ran.is_ok(), "the interpreter panicked on {}", f);
+        }
+    }
+}

@@ -429,7 +429,8 @@ impl Schedule {
 
     /// Splits loop `name` into `name_o` (outer) and `name_i` (inner, extent `factor`), returning
     /// their names. When `factor` does not divide a constant extent (or the extent is symbolic),
-    /// the body is guarded by `if name_o * factor + name_i < extent`.
+    /// the body is guarded by `if name_o * factor + name_i < extent`. A factor above a constant
+    /// extent is taken as the extent (`name_o` then has one iteration).
     ///
     /// # Errors
     /// No such loop, or `factor < 1`.
@@ -440,9 +441,25 @@ impl Schedule {
         let on = self.fresh(&format!("{name}_o"), &[]);
         let inn = self.fresh(&format!("{name}_i"), std::slice::from_ref(&on));
         let (o2, i2) = (on.clone(), inn.clone());
+        let func = self.func.name.clone();
         self.edit(name, &mut |s, _| {
             let (var, min, extent, kind, body) = parts(s);
             let t = var.dtype;
+            // A factor above a constant extent: one outer iteration of the whole extent (an
+            // inner loop of `factor` iterations, nearly all guarded off, would only cost).
+            let factor = match extent.as_int() {
+                Some(e) if e >= 1 => factor.min(e),
+                _ => factor,
+            };
+            if t.bits < 64 && factor > i64::from(i32::MAX) {
+                return Err(ScheduleError::Form {
+                    func: func.clone(),
+                    primitive: "split",
+                    message: format!(
+                        "needs a factor that fits the loop variable's type {t}, found {factor}"
+                    ),
+                });
+            }
             let vo = Var::new(&o2, t);
             let vi = Var::new(&i2, t);
             let idx = Expr::binary(
@@ -458,7 +475,11 @@ impl Schedule {
                 Some(e) if e % factor == 0 => imm(t, e / factor),
                 Some(e) => {
                     nb = guard(idx.clone().lt(extent.clone()), nb);
-                    imm(t, (e + factor - 1) / factor)
+                    // ceil(e / factor), without the overflow of e + factor - 1.
+                    imm(
+                        t,
+                        e.div_euclid(factor) + i64::from(e.rem_euclid(factor) != 0),
+                    )
                 }
                 None => {
                     nb = guard(idx.clone().lt(extent.clone()), nb);
@@ -863,6 +884,25 @@ impl Schedule {
                     format!("needs `{buffer}` to have a constant shape"),
                 )
             })?;
+        let mut taken = self.names();
+        rewrite::allocated(&self.func.body, &mut taken);
+        if self.find_buffer(into).is_some() || taken.iter().any(|n| n == into) {
+            return Err(self.form(
+                "transform_layout",
+                format!("needs a new name for the packed buffer, found `{into}`, which is taken"),
+            ));
+        }
+        if let Some(m) = dims
+            .iter()
+            .find(|m| m.div < 1 || m.modulo.is_some_and(|md| md < 1))
+        {
+            return Err(self.form(
+                "transform_layout",
+                format!("needs div >= 1 and modulo >= 1, found {m:?}"),
+            ));
+        }
+        // ceil(e / d) for a dimension's extent e >= 0, without the overflow of e + d - 1.
+        let ceil_div = |e: i64, d: i64| e.max(0) / d + i64::from(e.max(0) % d != 0);
         let mut new_shape = Vec::new();
         for m in dims {
             let Some(&e) = shape.get(m.axis) else {
@@ -875,7 +915,7 @@ impl Schedule {
                     ),
                 ));
             };
-            let q = (e + m.div - 1) / m.div.max(1);
+            let q = ceil_div(e, m.div);
             new_shape.push(m.modulo.map_or(q, |md| md.min(q)));
         }
         // One-to-one: the old axes' strides of the map must cover each old extent exactly.
@@ -883,7 +923,10 @@ impl Schedule {
             let mut covered: Vec<(i64, i64)> = dims
                 .iter()
                 .filter(|m| m.axis == a)
-                .map(|m| (m.div, m.div * m.modulo.unwrap_or((e + m.div - 1) / m.div)))
+                .map(|m| {
+                    let reach = m.modulo.unwrap_or_else(|| ceil_div(e, m.div));
+                    (m.div, m.div.saturating_mul(reach))
+                })
                 .collect();
             covered.sort();
             let mut next = 1;
