@@ -20,7 +20,7 @@
 //! `KILN_BENCH_DIR=dir` to keep the data files; `-- --asm <kernel>` prints a kernel's assembly).
 
 mod util;
-use util::{cpu_model, num_cpus};
+use util::{cpu_model, num_cpus, Array};
 
 use std::hint::black_box;
 use std::path::Path;
@@ -29,60 +29,8 @@ use std::time::Instant;
 
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
 use kiln::ir::IRModule;
-use kiln::packed_func::ffi::DLDataTypeCode;
-use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLDeviceType, DLTensor, Module};
+use kiln::packed_func::{AnyView, DLTensor, Module};
 use kiln::target::Target;
-
-/// A 64-byte-aligned f32 array with its shape, viewable as a DLTensor.
-struct Array {
-    buf: Vec<f32>,
-    off: usize,
-    len: usize,
-    shape: Vec<i64>,
-}
-
-impl Array {
-    fn new(shape: &[i64], f: impl Fn(usize) -> f32) -> Array {
-        let len: i64 = shape.iter().product();
-        let len = len as usize;
-        let mut buf = vec![0f32; len + 16];
-        let off = (64 - (buf.as_ptr() as usize % 64)) % 64 / 4;
-        for (i, x) in buf[off..off + len].iter_mut().enumerate() {
-            *x = f(i);
-        }
-        Array {
-            buf,
-            off,
-            len,
-            shape: shape.to_vec(),
-        }
-    }
-    fn data(&self) -> &[f32] {
-        &self.buf[self.off..self.off + self.len]
-    }
-    fn dl(&mut self) -> DLTensor {
-        DLTensor {
-            data: self.buf[self.off..].as_mut_ptr().cast(),
-            device: DLDevice {
-                device_type: DLDeviceType::CPU,
-                device_id: 0,
-            },
-            ndim: self.shape.len() as i32,
-            dtype: DLDataType {
-                code: DLDataTypeCode::FLOAT,
-                bits: 32,
-                lanes: 1,
-            },
-            shape: self.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        }
-    }
-    fn save(&self, path: &Path) {
-        let bytes: Vec<u8> = self.data().iter().flat_map(|v| v.to_le_bytes()).collect();
-        std::fs::write(path, bytes).unwrap();
-    }
-}
 
 /// Median, min and max of `reps` timings of `f`, in seconds, after `warm` untimed calls.
 fn time(warm: usize, reps: usize, mut f: impl FnMut()) -> (f64, f64, f64) {

@@ -14,60 +14,15 @@
 //! rounds; `KILN_BENCH_SIZE=m,n,k` another shape).
 
 mod util;
-use util::{cpu_model, num_cpus};
+use util::{cpu_model, num_cpus, Array};
 
 use std::time::Instant;
 
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
 use kiln::ir::IRModule;
-use kiln::packed_func::ffi::DLDataTypeCode;
-use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLDeviceType, DLTensor, Module};
+use kiln::packed_func::{AnyView, Module};
 use kiln::schedule::kernels::{matmul_tiled, MatmulTiles};
 use kiln::target::Target;
-
-/// A 64-byte-aligned f32 matrix.
-struct Mat {
-    buf: Vec<f32>,
-    off: usize,
-    shape: [i64; 2],
-}
-
-impl Mat {
-    fn new(rows: i64, cols: i64, f: impl Fn(usize) -> f32) -> Mat {
-        let len = (rows * cols) as usize;
-        let mut buf = vec![0f32; len + 16];
-        let off = (64 - (buf.as_ptr() as usize % 64)) % 64 / 4;
-        for (i, x) in buf[off..off + len].iter_mut().enumerate() {
-            *x = f(i);
-        }
-        Mat {
-            buf,
-            off,
-            shape: [rows, cols],
-        }
-    }
-    fn dl(&mut self) -> DLTensor {
-        DLTensor {
-            data: self.buf[self.off..].as_mut_ptr().cast(),
-            device: DLDevice {
-                device_type: DLDeviceType::CPU,
-                device_id: 0,
-            },
-            ndim: 2,
-            dtype: DLDataType {
-                code: DLDataTypeCode::FLOAT,
-                bits: 32,
-                lanes: 1,
-            },
-            shape: self.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        }
-    }
-    fn at(&self, i: usize) -> f32 {
-        self.buf[self.off + i]
-    }
-}
 
 fn parse_config(s: &str) -> MatmulTiles {
     let v: Vec<i64> = s
@@ -115,9 +70,9 @@ fn main() {
         o.describe()
     );
 
-    let mut a = Mat::new(m, k, |i| ((i * 7 + 3) % 13) as f32 / 13.0 - 0.5);
-    let mut b = Mat::new(k, n, |i| ((i * 5 + 1) % 11) as f32 / 11.0 - 0.5);
-    let mut c = Mat::new(m, n, |_| 0.0);
+    let mut a = Array::new(&[m, k], |i| ((i * 7 + 3) % 13) as f32 / 13.0 - 0.5);
+    let mut b = Array::new(&[k, n], |i| ((i * 5 + 1) % 11) as f32 / 11.0 - 0.5);
+    let mut c = Array::new(&[m, n], |_| 0.0);
     let mut mods = Vec::new();
     for t in &configs {
         let f = matmul_tiled(m, n, k, *t).unwrap();
@@ -136,10 +91,11 @@ fn main() {
         for &(i, j) in &[(0, 0), (m - 1, n - 1), (m / 2, n / 3), (m - 1, 0)] {
             let want: f64 = (0..k)
                 .map(|p| {
-                    f64::from(a.at((i * k + p) as usize)) * f64::from(b.at((p * n + j) as usize))
+                    f64::from(a.data()[(i * k + p) as usize])
+                        * f64::from(b.data()[(p * n + j) as usize])
                 })
                 .sum();
-            let got = f64::from(c.at((i * n + j) as usize));
+            let got = f64::from(c.data()[(i * n + j) as usize]);
             assert!(
                 (got - want).abs() < 1e-3 * (1.0 + want.abs()),
                 "C[{i},{j}] = {got}, expected {want}"

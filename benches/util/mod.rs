@@ -3,7 +3,11 @@
 //! noisy machine.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::time::Instant;
+
+use kiln::packed_func::ffi::DLDataTypeCode;
+use kiln::packed_func::{DLDataType, DLDevice, DLDeviceType, DLTensor};
 
 /// Per-iteration times of one measured thing, in nanoseconds.
 #[derive(Clone, Copy, Debug)]
@@ -112,4 +116,55 @@ impl Stats {
 /// The median of `v` (not empty).
 pub fn median(v: &[f64]) -> f64 {
     Stats::of(v).median
+}
+
+/// A 64-byte-aligned f32 array with its shape, viewable as a DLTensor.
+pub struct Array {
+    buf: Vec<f32>,
+    off: usize,
+    len: usize,
+    shape: Vec<i64>,
+}
+
+impl Array {
+    pub fn new(shape: &[i64], f: impl Fn(usize) -> f32) -> Array {
+        let len: i64 = shape.iter().product();
+        let len = len as usize;
+        let mut buf = vec![0f32; len + 16];
+        let off = (64 - (buf.as_ptr() as usize % 64)) % 64 / 4;
+        for (i, x) in buf[off..off + len].iter_mut().enumerate() {
+            *x = f(i);
+        }
+        Array {
+            buf,
+            off,
+            len,
+            shape: shape.to_vec(),
+        }
+    }
+    pub fn data(&self) -> &[f32] {
+        &self.buf[self.off..self.off + self.len]
+    }
+    pub fn dl(&mut self) -> DLTensor {
+        DLTensor {
+            data: self.buf[self.off..].as_mut_ptr().cast(),
+            device: DLDevice {
+                device_type: DLDeviceType::CPU,
+                device_id: 0,
+            },
+            ndim: self.shape.len() as i32,
+            dtype: DLDataType {
+                code: DLDataTypeCode::FLOAT,
+                bits: 32,
+                lanes: 1,
+            },
+            shape: self.shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+    pub fn save(&self, path: &Path) {
+        let bytes: Vec<u8> = self.data().iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).unwrap();
+    }
 }
