@@ -31,6 +31,19 @@ fn a_second_build_of_the_same_module_is_a_cache_hit_and_keys_follow_the_options(
         CompileCache::key(&module, &o2),
         "options are part of the key"
     );
+    // Every option that changes the code is in the key: a threshold set by the caller (or
+    // read from another host's caches) must not be served code built with another.
+    for change in [
+        |o: &mut CodegenOptions| o.stream_store_bytes = Some(0),
+        |o: &mut CodegenOptions| o.stream_store_bytes = None,
+        |o: &mut CodegenOptions| o.device_host = !o.device_host,
+        |o: &mut CodegenOptions| o.device_meta = Some("{}".into()),
+        |o: &mut CodegenOptions| o.fast_math = "fast".into(),
+    ] {
+        let mut o = opts.clone();
+        change(&mut o);
+        assert_ne!(key, CompileCache::key(&module, &o), "{o:?}");
+    }
     let other = IRModule::from_functions(vec![kernels::rowsum_sized(4, 4)]);
     assert_ne!(
         key,

@@ -120,6 +120,24 @@ impl CompileCache {
         }
         h.update(&opts.opt_level.to_le_bytes());
         h.update(&opts.device_type.to_le_bytes());
+        // Every other option that changes the code: the streaming-store threshold (from the
+        // host's caches, or set by the caller), the device host code and its metadata.
+        h.update(&[u8::from(opts.device_host)]);
+        for part in [
+            opts.stream_store_bytes.map(|b| b.to_string()),
+            opts.device_meta.clone(),
+        ] {
+            h.update(b"\0");
+            match part {
+                Some(p) => {
+                    h.update(b"1");
+                    h.update(p.as_bytes());
+                }
+                None => {
+                    h.update(b"0");
+                }
+            }
+        }
         h.finalize().to_hex()[..32].to_owned()
     }
 

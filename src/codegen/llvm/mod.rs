@@ -95,7 +95,6 @@ impl CodegenOptions {
                     .as_str()
                     .to_str()
                     .unwrap_or(""),
-                "native",
             ),
         }
     }
@@ -159,7 +158,7 @@ impl CodegenOptions {
         } else {
             t.kind_name().to_owned()
         };
-        let stream_store_bytes = stream::stream_store_threshold(&triple, &cpu);
+        let stream_store_bytes = stream::stream_store_threshold(&triple);
         Ok(CodegenOptions {
             triple,
             cpu,
@@ -216,7 +215,7 @@ impl CodegenOptions {
                 .find(|f| f.get(1..) == Some(name))
                 .map(|f| f.starts_with('+'))
         };
-        let x86 = stream::stream_store_threshold(&r.triple, "generic").is_some();
+        let x86 = stream::stream_store_threshold(&r.triple).is_some();
         let isa = if !x86 {
             String::new()
         } else if feature("avx512f").unwrap_or_else(|| crate::target::cpu_has_avx512(&r.cpu)) {
