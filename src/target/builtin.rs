@@ -519,13 +519,6 @@ pub fn cpu_l2_bytes(name: &str) -> Option<u64> {
     })
 }
 
-/// Whether the LLVM CPU name `cpu` is the host's: `native`, or the name LLVM gives the host
-/// CPU (what `native` resolves to), so that a `native` target and its resolved form are
-/// treated alike.
-pub fn is_host_cpu(cpu: &str) -> bool {
-    cpu == "native" || host_cpu().is_some_and(|(name, _)| name == cpu)
-}
-
 /// The L2 size kernels for the `llvm` target `t` block for: the host's ([`host_caches`]), for
 /// every CPU the target names; a named CPU's ([`cpu_l2_bytes`]) only where the host's cannot be
 /// read; else 256 KiB (the smallest L2 of the x86 CPUs with AVX2).
