@@ -16,9 +16,15 @@
 //! outputs, written to a temporary directory, against numpy. Times are medians of repeated calls
 //! with the spread (min - max) beside them; ratios are other / kiln (> 1: kiln is faster).
 //!
+//! Last, on the first OpenCL device (PoCL in CI), kiln's OpenCL kernels against hand-written
+//! OpenCL C and a launch against a bare one (`opencl_kernels`, which `cargo bench --bench
+//! opencl` runs alone; without a device it says so).
+//!
 //! Run: `cargo bench --bench kernels` (`KILN_BENCH_QUICK=1` for fewer repetitions,
 //! `KILN_BENCH_DIR=dir` to keep the data files; `-- --asm <kernel>` prints a kernel's assembly).
 
+mod bare_opencl;
+mod opencl_kernels;
 mod util;
 use util::{cpu_model, num_cpus, Array};
 
@@ -143,6 +149,11 @@ fn main() {
             .status()
             .unwrap();
         assert!(st.success(), "the haswell run failed");
+        // The OpenCL kernels on the first OpenCL device, against hand-written OpenCL C
+        // (`cargo bench --bench opencl` runs this part alone; it says so and returns without
+        // a device).
+        println!();
+        opencl_kernels::main();
     }
 }
 

@@ -1,4 +1,4 @@
-//! The launch-overhead baseline of `benches/opencl.rs`: OpenCL driven with nothing of kiln in
+//! The launch-overhead baseline of the OpenCL bench (`benches/opencl_kernels`): OpenCL driven with nothing of kiln in
 //! between. The ICD loader is opened here with `libloading`; one context, in-order queue,
 //! program, kernel and three buffers are made on the first device of the first platform (the
 //! device kiln calls `opencl:0` when one platform is installed, as in CI); a launch is exactly

@@ -80,9 +80,9 @@ struct MemTable {
     /// meanwhile cannot release the `cl_mem` under it; cloning is an atomic increment, not a
     /// `clRetainMemObject` (a driver call that takes the buffer's lock, which the driver's
     /// worker threads contend for).
-    live: HashMap<usize, (Arc<sys::Mem>, u64)>,
+    live: HashMap<usize, (Arc<sys::Mem>, u64), foldhash::fast::RandomState>,
     /// Handles freed and not handed out again since.
-    freed: HashSet<usize>,
+    freed: HashSet<usize, foldhash::fast::RandomState>,
     in_use: u64,
     peak: u64,
 }

@@ -41,7 +41,7 @@ struct KernelEntry {
 struct Built {
     program: sys::Program,
     names: Vec<String>,
-    kernels: Mutex<HashMap<String, Arc<Mutex<KernelEntry>>>>,
+    kernels: Mutex<HashMap<String, Arc<Mutex<KernelEntry>>, foldhash::fast::RandomState>>,
 }
 
 type BuildSlot = Arc<OnceLock<DeviceResult<Arc<Built>>>>;
@@ -50,7 +50,7 @@ type BuildSlot = Arc<OnceLock<DeviceResult<Arc<Built>>>>;
 /// per device. See the module docs.
 pub struct OpenClProgram {
     source: String,
-    builds: Mutex<HashMap<usize, BuildSlot>>,
+    builds: Mutex<HashMap<usize, BuildSlot, foldhash::fast::RandomState>>,
 }
 
 impl std::fmt::Debug for OpenClProgram {
@@ -74,7 +74,7 @@ impl OpenClProgram {
     pub fn new(source: String) -> Self {
         Self {
             source,
-            builds: Mutex::new(HashMap::new()),
+            builds: Mutex::new(HashMap::default()),
         }
     }
 
@@ -123,7 +123,7 @@ impl OpenClProgram {
         Ok(Arc::new(Built {
             program,
             names,
-            kernels: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(HashMap::default()),
         }))
     }
 
