@@ -26,7 +26,7 @@
 mod bare_opencl;
 mod opencl_kernels;
 mod util;
-use util::{cpu_model, num_cpus, Array};
+use util::{cpu_model, num_cpus, rnd, Array};
 
 use std::hint::black_box;
 use std::path::Path;
@@ -169,14 +169,6 @@ fn run() {
     }
     let d = keep.as_deref().unwrap_or(dir.path());
     let mut rows = Vec::new();
-    let rnd = |seed: u32| {
-        move |i: usize| {
-            let x = (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .wrapping_add(seed * 97);
-            ((x >> 8) % 2000) as f32 / 1000.0 - 1.0
-        }
-    };
 
     // vadd, n = 16M.
     {

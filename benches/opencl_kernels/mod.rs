@@ -23,7 +23,7 @@
 //! bench --bench kernels`. Without an OpenCL device it says so and exits successfully.
 
 use crate::bare_opencl;
-use crate::util::{self, cpu_model, num_cpus};
+use crate::util::{self, cpu_model, num_cpus, rnd};
 
 use std::time::{Duration, Instant};
 
@@ -179,6 +179,15 @@ fn int_arg(v: i32) -> KernelArg {
     KernelArg::Scalar { bytes, size: 4 }
 }
 
+/// How far kiln's output `kv` is from the hand-written kernel's `hv` and from a Rust reference.
+fn agreement(kv: &[f32], hv: &[f32], reference: &[f32]) -> String {
+    format!(
+        "|kiln-hand| {:.1e}, |kiln-Rust| {:.1e}",
+        max_diff(kv, hv),
+        max_diff(kv, reference)
+    )
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -253,6 +262,28 @@ impl Bench {
     fn hand_launch(&self, name: &str, args: &[KernelArg], global: [usize; 3], local: [usize; 3]) {
         self.hand.launch(0, name, args, global, local).unwrap();
     }
+
+    /// Two output tensors of `shape` filled with NaN (so an element a kernel misses shows): kiln's
+    /// and the hand-written kernel's.
+    fn outputs(&self, shape: &[i64]) -> (Tensor, Tensor) {
+        let n = shape.iter().product::<i64>() as usize;
+        let nan = || Tensor::from_slice(&vec![f32::NAN; n], shape, self.dev).unwrap();
+        (nan(), nan())
+    }
+
+    /// Runs `kiln` and `hand` once each and returns what they wrote into `ck` and `ch`.
+    fn first_results(
+        &self,
+        kiln: impl Fn(),
+        hand: impl Fn(),
+        ck: &Tensor,
+        ch: &Tensor,
+    ) -> (Vec<f32>, Vec<f32>) {
+        kiln();
+        hand();
+        self.sync();
+        (ck.to_vec::<f32>().unwrap(), ch.to_vec::<f32>().unwrap())
+    }
 }
 
 struct Row {
@@ -326,14 +357,6 @@ pub fn main() {
     let t_build = Instant::now();
     b.hand.build(0).unwrap();
     hand_mm.build(0).unwrap();
-    let rnd = |seed: u32| {
-        move |i: usize| {
-            let x = (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .wrapping_add(seed * 97);
-            ((x >> 8) % 2000) as f32 / 1000.0 - 1.0
-        }
-    };
     let data = |n: usize, seed: u32| -> Vec<f32> { (0..n).map(rnd(seed)).collect() };
     let mut rows = Vec::new();
 
@@ -346,23 +369,18 @@ pub fn main() {
         let sh = [n as i64];
         let a = Tensor::from_slice(&x, &sh, dev).unwrap();
         let bb = Tensor::from_slice(&y, &sh, dev).unwrap();
-        let (ck, ch) = (
-            Tensor::from_slice(&vec![f32::NAN; n], &sh, dev).unwrap(),
-            Tensor::from_slice(&vec![f32::NAN; n], &sh, dev).unwrap(),
-        );
+        let (ck, ch) = b.outputs(&sh);
         let v = views(&[&a, &bb, &ck]);
         let hargs = [buf(&a), buf(&bb), buf(&ch), int_arg(n as i32)];
         let (g, l) = ([n.div_ceil(256) * 256, 1, 1], [256, 1, 1]);
-        call(&f, &v);
-        b.hand_launch("vadd", &hargs, g, l);
-        b.sync();
-        let (kv, hv) = (ck.to_vec::<f32>().unwrap(), ch.to_vec::<f32>().unwrap());
-        let r: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
-        let check = format!(
-            "|kiln-hand| {:.1e}, |kiln-Rust| {:.1e}",
-            max_diff(&kv, &hv),
-            max_diff(&kv, &r)
+        let (kv, hv) = b.first_results(
+            || call(&f, &v),
+            || b.hand_launch("vadd", &hargs, g, l),
+            &ck,
+            &ch,
         );
+        let r: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+        let check = agreement(&kv, &hv, &r);
         let (kt, ht) = b.time_pair(
             3,
             reps(40),
@@ -387,18 +405,12 @@ pub fn main() {
         let (x, y) = (data(n * n, 3), data(n * n, 4));
         let a = Tensor::from_slice(&x, &sh, dev).unwrap();
         let bb = Tensor::from_slice(&y, &sh, dev).unwrap();
-        let (ck, ch) = (
-            Tensor::from_slice(&vec![f32::NAN; n * n], &sh, dev).unwrap(),
-            Tensor::from_slice(&vec![f32::NAN; n * n], &sh, dev).unwrap(),
-        );
+        let (ck, ch) = b.outputs(&sh);
         let v = views(&[&a, &bb, &ck]);
         let hargs = [buf(&a), buf(&bb), buf(&ch)];
         let (g, l) = ([n / 4, n / 4, 1], [16, 16, 1]);
         let hl = || hand_mm.launch(0, "matmul", &hargs, g, l).unwrap();
-        call(&f, &v);
-        hl();
-        b.sync();
-        let (kv, hv) = (ck.to_vec::<f32>().unwrap(), ch.to_vec::<f32>().unwrap());
+        let (kv, hv) = b.first_results(|| call(&f, &v), hl, &ck, &ch);
         // A Rust reference for every 61st row (the whole product would take seconds).
         let mut ref_err = 0f64;
         for i in (0..n).step_by(61) {
@@ -433,23 +445,18 @@ pub fn main() {
         let f = m.get_function("rowsum").unwrap();
         let x = data(n * n, 5);
         let a = Tensor::from_slice(&x, &[n as i64, n as i64], dev).unwrap();
-        let (ck, ch) = (
-            Tensor::from_slice(&vec![f32::NAN; n], &[n as i64], dev).unwrap(),
-            Tensor::from_slice(&vec![f32::NAN; n], &[n as i64], dev).unwrap(),
-        );
+        let (ck, ch) = b.outputs(&[n as i64]);
         let v = views(&[&a, &ck]);
         let hargs = [buf(&a), buf(&ch)];
         let (g, l) = ([n * 256, 1, 1], [256, 1, 1]);
-        call(&f, &v);
-        b.hand_launch("rowsum", &hargs, g, l);
-        b.sync();
-        let (kv, hv) = (ck.to_vec::<f32>().unwrap(), ch.to_vec::<f32>().unwrap());
-        let r: Vec<f32> = x.chunks(n).map(|row| row.iter().sum()).collect();
-        let check = format!(
-            "|kiln-hand| {:.1e}, |kiln-Rust| {:.1e}",
-            max_diff(&kv, &hv),
-            max_diff(&kv, &r)
+        let (kv, hv) = b.first_results(
+            || call(&f, &v),
+            || b.hand_launch("rowsum", &hargs, g, l),
+            &ck,
+            &ch,
         );
+        let r: Vec<f32> = x.chunks(n).map(|row| row.iter().sum()).collect();
+        let check = agreement(&kv, &hv, &r);
         let (kt, ht) = b.time_pair(
             3,
             reps(40),
@@ -473,17 +480,16 @@ pub fn main() {
         let sh = [n as i64, n as i64];
         let x: Vec<f32> = (0..n * n).map(|i| rnd(6)(i) * 4.0).collect();
         let a = Tensor::from_slice(&x, &sh, dev).unwrap();
-        let (ck, ch) = (
-            Tensor::from_slice(&vec![f32::NAN; n * n], &sh, dev).unwrap(),
-            Tensor::from_slice(&vec![f32::NAN; n * n], &sh, dev).unwrap(),
-        );
+        let (ck, ch) = b.outputs(&sh);
         let v = views(&[&a, &ck]);
         let hargs = [buf(&a), buf(&ch)];
         let (g, l) = ([n * 256, 1, 1], [256, 1, 1]);
-        call(&f, &v);
-        b.hand_launch("softmax", &hargs, g, l);
-        b.sync();
-        let (kv, hv) = (ck.to_vec::<f32>().unwrap(), ch.to_vec::<f32>().unwrap());
+        let (kv, hv) = b.first_results(
+            || call(&f, &v),
+            || b.hand_launch("softmax", &hargs, g, l),
+            &ck,
+            &ch,
+        );
         let check = format!("|kiln-hand| {:.1e}", max_diff(&kv, &hv));
         let (kt, ht) = b.time_pair(
             3,

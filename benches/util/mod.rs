@@ -168,3 +168,14 @@ impl Array {
         std::fs::write(path, bytes).unwrap();
     }
 }
+
+/// Deterministic pseudo-random values in [-1, 1) for index `i` (a multiplicative hash of `i` and
+/// `seed`): the benches' inputs.
+pub fn rnd(seed: u32) -> impl Fn(usize) -> f32 {
+    move |i: usize| {
+        let x = (i as u32)
+            .wrapping_mul(2_654_435_761)
+            .wrapping_add(seed * 97);
+        ((x >> 8) % 2000) as f32 / 1000.0 - 1.0
+    }
+}
