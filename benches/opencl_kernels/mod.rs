@@ -152,7 +152,10 @@ __kernel void softmax(__global const float* restrict A, __global float* restrict
 fn build(f: PrimFunc) -> OpenClModule {
     let m = IRModule::from_functions(vec![f]);
     m.verify().unwrap();
-    OpenClModule::build(&m, &Target::parse(r#"{"kind": "opencl"}"#).unwrap()).unwrap()
+    let built = OpenClModule::build(&m, &Target::parse(r#"{"kind": "opencl"}"#).unwrap()).unwrap();
+    // Time the host code's optimized tier, not the JIT's quick first tier.
+    kiln::codegen::llvm::wait_all_optimized();
+    built
 }
 
 /// The packed-function arguments for `ts` (the tensors outlive every call made with them).
