@@ -14,7 +14,7 @@
 //! rounds; `KILN_BENCH_SIZE=m,n,k` another shape).
 
 mod util;
-use util::{cpu_model, num_cpus, Array};
+use util::{cpu_model, num_cpus, rnd, Array, Stats};
 
 use std::time::Instant;
 
@@ -70,9 +70,12 @@ fn main() {
         o.describe()
     );
 
-    let mut a = Array::new(&[m, k], |i| ((i * 7 + 3) % 13) as f32 / 13.0 - 0.5);
-    let mut b = Array::new(&[k, n], |i| ((i * 5 + 1) % 11) as f32 / 11.0 - 0.5);
+    let mut a = Array::new(&[m, k], rnd(1));
+    let mut b = Array::new(&[k, n], rnd(2));
     let mut c = Array::new(&[m, n], |_| 0.0);
+    // The tensors point into the arrays, which outlive every call.
+    let dls = [a.dl(), b.dl(), c.dl()];
+    let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
     let mut mods = Vec::new();
     for t in &configs {
         let f = matmul_tiled(m, n, k, *t).unwrap();
@@ -85,8 +88,6 @@ fn main() {
     // Check every configuration's output on a few entries against a plain dot product.
     for (module, _) in &mods {
         let f = module.require_function("matmul").unwrap();
-        let dls = [a.dl(), b.dl(), c.dl()];
-        let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
         f.call(&views).unwrap();
         for &(i, j) in &[(0, 0), (m - 1, n - 1), (m / 2, n / 3), (m - 1, 0)] {
             let want: f64 = (0..k)
@@ -106,8 +107,6 @@ fn main() {
     for _ in 0..rounds {
         for (t, (module, _)) in times.iter_mut().zip(&mods) {
             let f = module.require_function("matmul").unwrap();
-            let dls = [a.dl(), b.dl(), c.dl()];
-            let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
             f.call(&views).unwrap();
             for _ in 0..calls {
                 let s = Instant::now();
@@ -117,14 +116,11 @@ fn main() {
         }
     }
     let flops = 2.0 * (m * n * k) as f64;
-    let med = |t: &mut Vec<f64>| {
-        t.sort_by(f64::total_cmp);
-        (t[t.len() / 2], t[0], t[t.len() - 1])
-    };
-    let base = med(&mut times[0].clone()).0;
+    let base = Stats::of(&times[0]).median;
     println!("  mr   nr   mb   kc |  GFLOP/s median [min-max] | x first | build (to O3)");
-    for ((t, (_, build)), cfg) in times.iter_mut().zip(&mods).zip(&configs) {
-        let (md, lo, hi) = med(t);
+    for ((t, (_, build)), cfg) in times.iter().zip(&mods).zip(&configs) {
+        let st = Stats::of(t);
+        let (md, lo, hi) = (st.median, st.min, st.max);
         println!(
             "{:4} {:4} {:4} {:4} | {:7.1} [{:.1}-{:.1}] | {:5.3} | {:.1} ms",
             cfg.mr,

@@ -67,11 +67,12 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Another CPU's code (it must run here), e.g. an AVX2-only one:
     // `cargo run --release --example quickstart -- '{"kind": "llvm", "mcpu": "haswell"}'`.
-    let default = std::env::args().len() < 2;
-    let target = match std::env::args().nth(1) {
-        Some(t) => Target::parse(&t)?,
-        None => Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#)?,
-    };
+    let arg = std::env::args().nth(1);
+    let default = arg.is_none();
+    let target = Target::parse(
+        arg.as_deref()
+            .unwrap_or(r#"{"kind": "llvm", "mcpu": "native"}"#),
+    )?;
     let cpu = Device::cpu();
     // What this target gives, with no option: `native` resolved, the vector ISA, the float
     // rule (multiply-adds fused, as TVM), streaming stores for big outputs.

@@ -115,8 +115,9 @@ impl MatmulTiles {
     /// and as many rows per task block (`mb`, a multiple of `mr`, at most [`MATMUL_MB_MAX`]) as keep the
     /// block of `A` (`mb x k` floats, reused by every panel of `B`) in half the L2 cache
     /// ([`crate::target::l2_bytes`]: the host's, whatever CPU the target names; a named CPU's,
-    /// or 256 KiB, where the host's cannot be read); at least `mr` rows. When that leaves fewer than [`MATMUL_MB_MIN`] rows
-    /// (a small L2, or a deep `k`), `k` is taken in passes of `kc` steps ([`depth_block`]) and
+    /// or 256 KiB, where the host's cannot be read); at least `mr` rows. When that leaves fewer
+    /// than [`MATMUL_MB_MIN`] rows (a small L2, or a deep `k`), `k` is taken in passes of `kc`
+    /// steps ([`depth_block`]) and
     /// the rows fill half the L2 for that depth: with a 256 KiB L2 and `k` = 1024, 126 rows x
     /// 256 steps with AVX2's tiles instead of 30 rows x 1024.
     pub fn for_target_and_depth(t: &crate::target::Target, k: i64) -> MatmulTiles {
