@@ -403,7 +403,16 @@ fn matmul_row_blocks_follow_the_l2_cache() {
     // 1031 is prime: no pass length divides it, one pass.
     assert_eq!(sk::depth_block(256 << 10, 1031), 0);
     assert_eq!(sk::depth_block(256 << 10, 0), 0);
-    let native = tiles(r#"{"kind": "llvm", "mcpu": "native"}"#, 1024);
+    let native_t = r#"{"kind": "llvm", "mcpu": "native"}"#;
+    let native = tiles(native_t, 1024);
+    let l2 = kiln::target::l2_bytes(&target(native_t));
+    assert_eq!(l2, host_l2.unwrap_or(256 << 10));
+    let kc = sk::depth_block(l2, 1024);
+    let depth = if kc > 0 { kc } else { 1024 };
+    assert_eq!(
+        (native.mb, native.kc),
+        (sk::block_rows(l2, depth, native.mr), kc)
+    );
     assert!(native.mb % native.mr == 0 && native.mb <= sk::MATMUL_MB_MAX);
 }
 
@@ -735,4 +744,33 @@ fn schedule_steps_with_extreme_values_apply_or_are_refused() {
         interp_last(&s.finish().unwrap(), &shapes),
         interp_last(&kernels::matmul_sized(4, 8, 3), &shapes)
     );
+}
+
+/// A split factor an int32 loop variable cannot hold is refused with the factor and the type
+/// (the extent is symbolic, so it is not clamped to the extent), and nothing changes.
+#[test]
+fn a_split_factor_beyond_an_int32_loop_is_refused() {
+    let m = IRModule::from_json_str(
+        r#"{"format": "kiln-ir/1", "functions": [{"name": "f",
+          "params": [{"kind": "buffer", "name": "X", "dtype": "float32", "shape": [16]},
+                     {"kind": "scalar", "name": "n", "dtype": "int32"}],
+          "body": {"stmt": "for", "var": {"name": "i", "dtype": "int32"},
+            "min": {"const": 0, "dtype": "int32"}, "extent": {"var": "n"}, "kind": "serial",
+            "body": {"stmt": "store", "buffer": "X", "indices": [{"var": "i"}],
+                     "value": {"const": 1.0, "dtype": "float32"}}}}]}"#,
+    )
+    .unwrap();
+    let mut s = Schedule::new(m.functions[0].clone());
+    let before = s.func().to_string();
+    let big = i64::from(i32::MAX) + 1;
+    let e = s.split("i", big).unwrap_err().to_string();
+    assert!(
+        e.contains("needs a factor that fits the loop variable's type int32")
+            && e.contains(&big.to_string()),
+        "{e}"
+    );
+    assert_eq!(s.func().to_string(), before);
+    // The largest int32 factor applies.
+    s.split("i", i64::from(i32::MAX)).unwrap();
+    s.finish().unwrap();
 }
