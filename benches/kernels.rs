@@ -448,7 +448,7 @@ fn run() {
     }
     println!(
         "\nthread pool ({} threads): vadd n=64 per call {:.2} us [{:.2}-{:.2}] parallel vs {:.2} us serial: launch cost {:.2} us",
-        kiln::codegen::parallel::ThreadPool::global().num_threads(),
+        kiln::runtime::parallel::ThreadPool::global().num_threads(),
         launch.0 .0 * 1e6,
         launch.0 .1 * 1e6,
         launch.0 .2 * 1e6,

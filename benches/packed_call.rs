@@ -13,7 +13,8 @@ mod util;
 use std::hint::black_box;
 use std::process::Command;
 
-use kiln::packed_func::{AnyView, DLTensor, LibraryModule, Module, PackedFunc};
+use kiln::packed_func::{AnyView, DLTensor, Module, PackedFunc};
+use kiln::runtime::LibraryModule;
 
 fn main() {
     let dir = tempfile::tempdir().unwrap();

@@ -350,17 +350,20 @@ fn register_foo_kind(code: DeviceType) -> Result<(), TargetError> {
 /// Registers `target.build.foo`: kiln's LLVM code generator for the host CPU, whose packed
 /// wrappers accept only tensors on foo.
 fn register_foo_codegen() -> Result<(), kiln::Error> {
-    let build = codegen_func("target.build.foo", |module, target| {
-        let opts = CodegenOptions {
-            cpu: "native".into(), // foo's kernels run on the host CPU
-            device_type: target.device_type(),
-            device_name: "foo".into(),
-            ..CodegenOptions::from_target(target)?
-        }
-        .resolved();
-        let m: ModuleRef = Arc::new(LlvmModule::jit(module, &opts)?);
-        Ok(m)
-    });
+    let build = codegen_func(
+        "target.build.foo",
+        |module, target| -> kiln::Result<ModuleRef> {
+            let opts = CodegenOptions {
+                cpu: "native".into(), // foo's kernels run on the host CPU
+                device_type: target.device_type(),
+                device_name: "foo".into(),
+                ..CodegenOptions::from_target(target)?
+            }
+            .resolved();
+            let m: ModuleRef = Arc::new(LlvmModule::jit(module, &opts)?);
+            Ok(m)
+        },
+    );
     registry::register("target.build.foo", build, false)?;
     Ok(())
 }

@@ -3,7 +3,10 @@
 use crate::codegen::CodegenError;
 use crate::device_api::{DeviceError, PluginError};
 use crate::ir::IrError;
-use crate::packed_func::{LibraryError, PackedFuncError};
+use crate::npy::NpyError;
+use crate::packed_func::PackedFuncError;
+use crate::runtime::LibraryError;
+use crate::schedule::ScheduleError;
 use crate::target::TargetError;
 
 /// Any error kiln reports.
@@ -28,9 +31,16 @@ pub enum Error {
     /// Reading or verifying IR.
     #[error(transparent)]
     Ir(#[from] IrError),
-    /// Generating code.
+    /// Applying a schedule primitive.
     #[error(transparent)]
-    Codegen(#[from] CodegenError),
+    Schedule(#[from] ScheduleError),
+    /// Generating code (a [`CodegenError::Ir`] or [`CodegenError::Backend`] converts to
+    /// [`Error::Ir`] or [`Error::PackedFunc`]).
+    #[error(transparent)]
+    Codegen(CodegenError),
+    /// Reading or writing `.npy` data.
+    #[error(transparent)]
+    Npy(#[from] NpyError),
     /// Reading or writing files.
     #[error("{context}: {source}")]
     Io {
@@ -46,7 +56,7 @@ impl Error {
     pub fn kind(&self) -> &str {
         match self {
             Error::PackedFunc(e) => e.kind(),
-            Error::Target(_) | Error::Ir(_) => "ValueError",
+            Error::Target(_) | Error::Ir(_) | Error::Schedule(_) | Error::Npy(_) => "ValueError",
             Error::Device(e) => e.kind(),
             _ => "RuntimeError",
         }
@@ -61,6 +71,16 @@ impl From<Error> for PackedFuncError {
                 kind: other.kind().to_owned(),
                 message: other.to_string(),
             },
+        }
+    }
+}
+
+impl From<CodegenError> for Error {
+    fn from(e: CodegenError) -> Self {
+        match e {
+            CodegenError::Ir(e) => Error::Ir(e),
+            CodegenError::Backend(e) => Error::PackedFunc(e),
+            other => Error::Codegen(other),
         }
     }
 }

@@ -69,8 +69,10 @@ pub mod error;
 pub mod ir;
 pub mod npy;
 pub mod packed_func;
+pub mod runtime;
 pub mod schedule;
 pub mod target;
+pub mod util;
 
 pub use error::{Error, Result};
 

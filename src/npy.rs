@@ -92,7 +92,7 @@ pub struct NpyArray {
 
 impl std::fmt::Debug for NpyArray {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "NpyArray({}, {:?})", dtype_name(self.dtype), self.shape)
+        write!(f, "NpyArray({}, {:?})", self.dtype, self.shape)
     }
 }
 
@@ -120,22 +120,6 @@ pub fn parse_dtype(name: &str) -> Option<DLDataType> {
         bits: t.2,
         lanes: 1,
     })
-}
-
-/// The name of a dtype (`float32`), or its codes.
-pub fn dtype_name(d: DLDataType) -> String {
-    TABLE
-        .iter()
-        .find(|t| t.1 == d.code.0 && t.2 == d.bits && d.lanes == 1)
-        .map_or_else(
-            || {
-                format!(
-                    "dtype(code={}, bits={}, lanes={})",
-                    d.code.0, d.bits, d.lanes
-                )
-            },
-            |t| t.3.to_owned(),
-        )
 }
 
 impl NpyArray {

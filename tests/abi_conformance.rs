@@ -443,8 +443,7 @@ fn exported_libraries_load_in_kiln_and_in_a_plain_c_host() {
     export_kernels(dir.path());
     // kiln's own loader
     // SAFETY: a library kiln just generated.
-    let lib =
-        unsafe { kiln::packed_func::LibraryModule::load(dir.path().join("add16.so")) }.unwrap();
+    let lib = unsafe { kiln::runtime::LibraryModule::load(dir.path().join("add16.so")) }.unwrap();
     assert_eq!(lib.function_names(), ["add16"]);
     let f = lib.require_function("add16").unwrap();
     let mut arrs: Vec<HostArray> = (0..3)
@@ -630,7 +629,7 @@ fn exported_fast_checks_agree_with_the_checker() {
         let path = dir.path().join(format!("{name}.so"));
         export(&m, &options(false), &path).unwrap();
         // SAFETY: a library kiln just generated.
-        let lib = unsafe { kiln::packed_func::LibraryModule::load(&path) }.unwrap();
+        let lib = unsafe { kiln::runtime::LibraryModule::load(&path) }.unwrap();
         let (fj, fe) = (
             jit.require_function(&name).unwrap(),
             lib.require_function(&name).unwrap(),

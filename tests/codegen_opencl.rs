@@ -8,7 +8,7 @@ mod common;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
 
-use kiln::codegen::opencl::OpenClModule;
+use kiln::codegen::device::HostDeviceModule;
 use kiln::device_api::{Device, DeviceApi, Tensor};
 use kiln::ir::builder::{barrier, for_range, if_then_else, size_var, thread_for};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
@@ -95,10 +95,10 @@ fn rowsum(rows: i64, cols: i64) -> PrimFunc {
     PrimFunc::new("rowsum", vec![Param::Buffer(x), Param::Buffer(s)], body)
 }
 
-fn build(f: PrimFunc) -> OpenClModule {
+fn build(f: PrimFunc) -> HostDeviceModule {
     let m = IRModule::from_functions(vec![f]);
     m.verify().unwrap();
-    OpenClModule::build(&m, &opencl()).unwrap()
+    kiln::codegen::opencl::build(&m, &opencl()).unwrap()
 }
 
 fn views(ts: &[&Tensor]) -> Vec<AnyView<'static>> {
@@ -127,7 +127,8 @@ fn floats(n: usize, seed: u32) -> Vec<f32> {
 #[test]
 fn each_thread_bound_nest_becomes_one_opencl_kernel() {
     let m = IRModule::from_functions(vec![vadd()]);
-    let (plans, src, infos) = kiln::codegen::opencl::device_code(&m, &opencl()).unwrap();
+    let code = kiln::codegen::opencl::device_code(&m, &opencl()).unwrap();
+    let (plans, src, infos) = (code.plans, code.source, code.kernels);
     assert_eq!(plans.len(), 1);
     assert_eq!(infos[0].name, "vadd_kernel0");
     assert!(src.contains("__kernel void vadd_kernel0("), "{src}");
@@ -143,7 +144,9 @@ fn each_thread_bound_nest_becomes_one_opencl_kernel() {
 #[test]
 fn shared_memory_and_barriers_are_local_arrays_and_work_group_barriers() {
     let m = IRModule::from_functions(vec![rowsum(4, 100)]);
-    let (_, src, _) = kiln::codegen::opencl::device_code(&m, &opencl()).unwrap();
+    let src = kiln::codegen::opencl::device_code(&m, &opencl())
+        .unwrap()
+        .source;
     assert!(src.contains("__local float sh_"), "{src}");
     assert!(src.contains("barrier(CLK_LOCAL_MEM_FENCE);"), "{src}");
 }
@@ -163,7 +166,9 @@ fn a_cpu_target_refuses_thread_bound_loops() {
 fn a_kernel_over_the_targets_thread_limit_is_refused() {
     let m = IRModule::from_functions(vec![vadd()]);
     let t = Target::parse(r#"{"kind": "opencl", "max_num_threads": 32}"#).unwrap();
-    let e = OpenClModule::build(&m, &t).unwrap_err().to_string();
+    let e = kiln::codegen::opencl::build(&m, &t)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("64 threads per block") && e.contains("max_num_threads 32"),
         "{e}"
@@ -174,7 +179,9 @@ fn a_kernel_over_the_targets_thread_limit_is_refused() {
 fn a_kernel_over_the_targets_shared_memory_is_refused() {
     let m = IRModule::from_functions(vec![rowsum(4, 100)]);
     let t = Target::parse(r#"{"kind": "opencl", "max_shared_memory_per_block": 128}"#).unwrap();
-    let e = OpenClModule::build(&m, &t).unwrap_err().to_string();
+    let e = kiln::codegen::opencl::build(&m, &t)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("256 bytes of shared memory") && e.contains("max_shared_memory_per_block 128"),
         "{e}"
@@ -191,7 +198,9 @@ fn host_code_never_touches_device_memory() {
         a.store([Expr::from(0i64)], Expr::from(1.0f32)),
     );
     let m = IRModule::from_functions(vec![f]);
-    let e = OpenClModule::build(&m, &opencl()).unwrap_err().to_string();
+    let e = kiln::codegen::opencl::build(&m, &opencl())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("host code accesses `A`"), "{e}");
 }
 
@@ -205,7 +214,9 @@ fn asserts_inside_kernels_are_refused_with_the_reason() {
         })
     });
     let m = IRModule::from_functions(vec![PrimFunc::new("f", vec![Param::Buffer(a)], body)]);
-    let e = OpenClModule::build(&m, &opencl()).unwrap_err().to_string();
+    let e = kiln::codegen::opencl::build(&m, &opencl())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("cannot raise an error"), "{e}");
 }
 
@@ -420,7 +431,7 @@ fn an_exported_library_runs_in_kilns_loader() {
     let m = build(vadd());
     m.export(&p).unwrap();
     // SAFETY: a library kiln just wrote.
-    let lib = unsafe { kiln::packed_func::library::LibraryModule::load(&p) }.unwrap();
+    let lib = unsafe { kiln::runtime::LibraryModule::load(&p) }.unwrap();
     assert_eq!(lib.get_source("cl").as_deref(), Some(m.source()));
     drop(m);
     let f = lib.get_function("vadd").unwrap();

@@ -11,7 +11,7 @@ use kiln::device_api::{
 use kiln::packed_func::ffi::{
     self, DLDataType, DLDataTypeCode, DLManagedTensorVersioned, DLTensor,
 };
-use kiln::packed_func::{library, registry};
+use kiln::packed_func::{context as library, registry};
 
 #[test]
 fn device_names_map_to_codes_both_ways() {

@@ -7,9 +7,10 @@ use std::ffi::c_void;
 
 use kiln::packed_func::ffi::{self, TVMFFIAny};
 use kiln::packed_func::{
-    registry, Any, AnyView, DLDataType, DLDevice, DLDeviceType, DLTensor, LibraryModule, Module,
-    PackedFunc, PackedFuncError, TypeIndex, Value,
+    registry, Any, AnyView, DLDataType, DLDevice, DLDeviceType, DLTensor, Module, PackedFunc,
+    PackedFuncError, TypeIndex, Value,
 };
+use kiln::runtime::LibraryModule;
 
 fn foreign_lib() -> (tempfile::TempDir, LibraryModule) {
     let dir = tempfile::tempdir().unwrap();

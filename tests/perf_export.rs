@@ -172,14 +172,14 @@ const TASKS: i32 = 8;
 
 type Lambda = unsafe extern "C" fn(
     i32,
-    *mut kiln::codegen::parallel::TVMParallelGroupEnv,
+    *mut kiln::runtime::parallel::TVMParallelGroupEnv,
     *mut c_void,
 ) -> i32;
 
 /// A `TVMBackendParallelLaunch` that runs `TASKS` tasks one after the other on this thread and
 /// records how many rows of `Y` each one wrote.
 unsafe extern "C" fn recording_launch(lambda: Lambda, cdata: *mut c_void, _n: i32) -> i32 {
-    let mut env = kiln::codegen::parallel::TVMParallelGroupEnv {
+    let mut env = kiln::runtime::parallel::TVMParallelGroupEnv {
         sync_handle: std::ptr::null_mut(),
         num_task: TASKS,
     };

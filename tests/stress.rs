@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use kiln::codegen::llvm::{export, CodegenOptions, LlvmModule};
 use kiln::device_api::{Device, Tensor};
 use kiln::ir::{kernels, IRModule};
-use kiln::packed_func::library::LibraryModule;
 use kiln::packed_func::{registry, AnyView, DLDataType, DLTensor, Module, PackedFunc};
+use kiln::runtime::LibraryModule;
 
 /// How long the workers run.
 fn run_time() -> Duration {

@@ -5,7 +5,6 @@
 mod common;
 
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule, Tiering};
-use kiln::codegen::opencl::OpenClModule;
 use kiln::device_api::{DeviceApi, Tensor};
 use kiln::ir::builder::{call, call_extern, if_then_else_expr, thread_for};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
@@ -290,7 +289,7 @@ fn on_device(
     dev: kiln::device_api::Device,
 ) -> Vec<f64> {
     let n = a.len() as i64;
-    let m = OpenClModule::build(
+    let m = kiln::codegen::opencl::build(
         &IRModule::from_functions(vec![f]),
         &Target::parse(r#"{"kind": "opencl"}"#).unwrap(),
     )
@@ -410,7 +409,7 @@ fn if_then_else_guards_an_out_of_bounds_load() {
         InterpArg::Buffer(HostBuffer::zeros(DataType::f32(), &[THREADS])),
     ];
     run(&k, &mut iargs).unwrap();
-    let m = OpenClModule::build(
+    let m = kiln::codegen::opencl::build(
         &IRModule::from_functions(vec![k]),
         &Target::parse(r#"{"kind": "opencl"}"#).unwrap(),
     )
@@ -645,7 +644,7 @@ fn opencl_refuses_call_extern() {
         })
     });
     let f = PrimFunc::new("f", vec![Param::Buffer(c)], body);
-    let err = OpenClModule::build(
+    let err = kiln::codegen::opencl::build(
         &IRModule::from_functions(vec![f]),
         &Target::parse(r#"{"kind": "opencl"}"#).unwrap(),
     )

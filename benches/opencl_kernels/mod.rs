@@ -27,7 +27,7 @@ use crate::util::{self, cpu_model, num_cpus, rnd};
 
 use std::time::{Duration, Instant};
 
-use kiln::codegen::opencl::OpenClModule;
+use kiln::codegen::device::HostDeviceModule;
 use kiln::device_api::opencl::{KernelArg, OpenClProgram};
 use kiln::device_api::{AttrKind, Device, DeviceApi, DeviceType, OpenClDeviceApi, Tensor};
 use kiln::ir::{IRModule, PrimFunc};
@@ -149,10 +149,11 @@ __kernel void softmax(__global const float* restrict A, __global float* restrict
     )
 }
 
-fn build(f: PrimFunc) -> OpenClModule {
+fn build(f: PrimFunc) -> HostDeviceModule {
     let m = IRModule::from_functions(vec![f]);
     m.verify().unwrap();
-    let built = OpenClModule::build(&m, &Target::parse(r#"{"kind": "opencl"}"#).unwrap()).unwrap();
+    let built =
+        kiln::codegen::opencl::build(&m, &Target::parse(r#"{"kind": "opencl"}"#).unwrap()).unwrap();
     // Time the host code's optimized tier, not the JIT's quick first tier.
     kiln::codegen::llvm::wait_all_optimized();
     built

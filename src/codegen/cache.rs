@@ -16,7 +16,8 @@ use std::sync::Arc;
 use super::llvm::{export, CodegenOptions};
 use super::{CodegenError, CodegenResult, ModuleRef};
 use crate::ir::IRModule;
-use crate::packed_func::{LibraryModule, Module, PackedFunc};
+use crate::packed_func::{Module, PackedFunc};
+use crate::runtime::LibraryModule;
 
 /// A directory of compiled libraries keyed by content hash.
 #[derive(Debug, Clone)]

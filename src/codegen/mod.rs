@@ -9,8 +9,11 @@
 //! `target.build.llvm` (the [`llvm`] backend, behind the default `llvm` feature); a user's
 //! backend registers its own.
 //!
-//! The runtime half ([`parallel`]) is always built: a library kiln exported earlier still needs
-//! the thread pool when loaded by a kiln built without LLVM.
+//! Device targets share one layer ([`device`]): the host/device split, the kernel plan, the
+//! host/device module and the table of device code generators ([`device::BUILTIN`]), so each
+//! device kind (`opencl`) only brings its emitter. The services generated code calls at run time
+//! (the thread pool, the kernel-launch service, the library loader) are the runtime's
+//! ([`crate::runtime`]), never the code generator's.
 
 #[cfg(feature = "llvm")]
 pub mod cache;
@@ -21,17 +24,16 @@ pub(crate) mod index;
 pub mod llvm;
 #[cfg(feature = "llvm")]
 pub mod opencl;
-pub mod parallel;
 pub mod partition;
 pub mod reduce;
 
 use std::sync::Arc;
 
-use crate::ir::IRModule;
+use crate::ir::{IRModule, IrError};
 use crate::packed_func::Module;
 
 /// Errors of code generation.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CodegenError {
     /// The module is valid IR but uses something this backend cannot compile; the message says
@@ -50,6 +52,34 @@ pub enum CodegenError {
     /// Writing files or running the linker failed.
     #[error("{0}")]
     Io(String),
+    /// The module is not valid IR (the verifier's first error, with its node path). Converts
+    /// to the crate error's `Ir` variant.
+    #[error(transparent)]
+    Ir(#[from] IrError),
+    /// The code generator registered for the kind raised this error (a backend's own, or a
+    /// call through the registry that failed). Converts to the crate error's `PackedFunc`
+    /// variant, so its kind (`ValueError`, ...) is kept.
+    #[error(transparent)]
+    Backend(#[from] PackedFuncError),
+}
+
+/// How a code generation error crosses the packed-function boundary: a backend's raised error
+/// as it was, an invalid module as a `ValueError`, the rest as a `RuntimeError` (the kinds the
+/// crate error gives them too).
+impl From<CodegenError> for PackedFuncError {
+    fn from(e: CodegenError) -> Self {
+        match e {
+            CodegenError::Backend(p) => p,
+            CodegenError::Ir(e) => PackedFuncError::Raised {
+                kind: "ValueError".into(),
+                message: e.to_string(),
+            },
+            other => PackedFuncError::Raised {
+                kind: "RuntimeError".into(),
+                message: other.to_string(),
+            },
+        }
+    }
 }
 
 /// `Result` of code generation.
@@ -77,9 +107,10 @@ use crate::target::Target;
 /// ```
 ///
 /// # Errors
-/// The verifier's first error (with its node path); [`CodegenError::NoCodegen`] when no code
-/// generator is registered for the target's kind; whatever the code generator reports.
-pub fn build(module: &IRModule, target: &Target) -> crate::Result<ModuleRef> {
+/// [`CodegenError::Ir`]: the verifier's first error (with its node path);
+/// [`CodegenError::NoCodegen`] when no code generator is registered for the target's kind;
+/// [`CodegenError::Backend`]: whatever the code generator raised.
+pub fn build(module: &IRModule, target: &Target) -> CodegenResult<ModuleRef> {
     register_builtin_codegens();
     module.verify()?;
     let kind = target.kind_name().to_owned();
@@ -103,7 +134,9 @@ pub fn build(module: &IRModule, target: &Target) -> crate::Result<ModuleRef> {
 }
 
 /// Wraps a Rust code generator as a `target.build.<kind>` packed function: it receives the
-/// module and target and returns a runtime module.
+/// module and target and returns a runtime module, or any error that converts to a packed
+/// function error (kiln's [`crate::Error`], [`CodegenError`], ...; annotate the closure's
+/// return type, e.g. `-> kiln::Result<ModuleRef>`, so `?` knows what to convert to).
 ///
 /// A kind of your own, compiled by kiln's LLVM backend (a complete backend with its own device
 /// is `examples/custom_backend.rs`):
@@ -116,7 +149,7 @@ pub fn build(module: &IRModule, target: &Target) -> crate::Result<ModuleRef> {
 /// use kiln::target::{Target, TargetKind};
 ///
 /// TargetKind::builder("doc_cpu", 1).option::<i64>("opt-level", Some(2)).register()?;
-/// let f = codegen_func("target.build.doc_cpu", |module, target| {
+/// let f = codegen_func("target.build.doc_cpu", |module, target| -> kiln::Result<ModuleRef> {
 ///     let opts = CodegenOptions::from_target(target)?; // device type 1: CPU tensors
 ///     let m: ModuleRef = Arc::new(LlvmModule::jit(module, &opts)?);
 ///     Ok(m)
@@ -129,9 +162,10 @@ pub fn build(module: &IRModule, target: &Target) -> crate::Result<ModuleRef> {
 /// # }
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn codegen_func<F>(name: &str, f: F) -> PackedFunc
+pub fn codegen_func<F, E>(name: &str, f: F) -> PackedFunc
 where
-    F: Fn(&IRModule, &Target) -> crate::Result<ModuleRef> + Send + Sync + 'static,
+    F: Fn(&IRModule, &Target) -> Result<ModuleRef, E> + Send + Sync + 'static,
+    E: Into<PackedFuncError>,
 {
     let n = name.to_owned();
     PackedFunc::new(name, move |args| {
@@ -148,7 +182,7 @@ where
         let t = args[1]
             .downcast_ref::<Target>()
             .ok_or_else(|| bad("argument #1 is not a Target"))?;
-        Ok(Any::rust_object(f(m, t).map_err(PackedFuncError::from)?))
+        Ok(Any::rust_object(f(m, t).map_err(Into::into)?))
     })
 }
 
@@ -156,11 +190,10 @@ where
 pub fn register_builtin_codegens() {
     static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
-        parallel::register_runtime_symbols();
-        crate::device_api::init();
+        crate::runtime::init();
         #[cfg(feature = "llvm")]
         {
-            let f = codegen_func("target.build.llvm", |m, t| {
+            let f = codegen_func("target.build.llvm", |m, t| -> CodegenResult<ModuleRef> {
                 let opts = llvm::CodegenOptions::from_target(t)?.resolved();
                 let Some(cache) = cache::CompileCache::from_env() else {
                     return Ok(Arc::new(llvm::LlvmModule::jit(m, &opts)?) as ModuleRef);
@@ -175,10 +208,14 @@ pub fn register_builtin_codegens() {
             });
             // A user may have registered their own first: theirs wins.
             let _ = registry::register("target.build.llvm", f, false);
-            let f = codegen_func("target.build.opencl", |m, t| {
-                Ok(Arc::new(opencl::OpenClModule::build(m, t)?) as ModuleRef)
-            });
-            let _ = registry::register("target.build.opencl", f, false);
+            // Every device code generator of the device layer, by its kind.
+            for cg in device::BUILTIN {
+                let name = format!("target.build.{}", cg.kind());
+                let f = codegen_func(&name, move |m, t| -> CodegenResult<ModuleRef> {
+                    Ok(Arc::new(device::HostDeviceModule::build(*cg, m, t)?) as ModuleRef)
+                });
+                let _ = registry::register(&name, f, false);
+            }
         }
     });
 }

@@ -18,9 +18,9 @@
 //! bit.
 
 use crate::ir::builder::int;
+use crate::ir::rewrite::{rw_stmt, Rewriter};
 use crate::ir::visit::{walk_expr, Visitor};
 use crate::ir::{BinOp, Expr, ForKind, Stmt, TypeCode, Var, VarId};
-use crate::schedule::rewrite::{rw_stmt, Rewriter};
 
 /// `s` with every serial loop that follows the rule (module docs) split.
 pub fn partition_loops(s: &Stmt) -> Stmt {

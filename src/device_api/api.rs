@@ -12,10 +12,11 @@ use std::cell::RefCell;
 use std::fmt;
 
 use super::device::{Device, DeviceType};
-use super::error::{panic_message, DeviceError, DeviceResult};
+use super::error::{DeviceError, DeviceResult};
 use super::memory::{data_size, DeviceMemoryApi, DevicePtr, HostCallback, MemoryStats};
 use super::stream::{DeviceStreamApi, EventHandle, StreamHandle};
-use crate::packed_func::ffi::{DLDataType, DLDataTypeCode, DLTensor};
+use crate::packed_func::ffi::{DLDataType, DLTensor};
+use crate::util::panic_message;
 
 /// The alignment of data allocations when none is given, and the minimum for tensors (TVM's
 /// `kAllocAlignment`).
@@ -157,7 +158,7 @@ thread_local! {
 
 /// Records a failed result as the backend's last error (DIOPI's `get_last_error_string`) and
 /// passes the result on: every provided method of [`DeviceApi`] ends with it.
-fn noted<T, A: DeviceApi + ?Sized>(api: &A, r: DeviceResult<T>) -> DeviceResult<T> {
+pub(crate) fn noted<T, A: DeviceApi + ?Sized>(api: &A, r: DeviceResult<T>) -> DeviceResult<T> {
     if let Err(e) = &r {
         api.set_last_error(e.to_string());
     }
@@ -838,36 +839,6 @@ pub fn is_compact(shape: &[i64], strides: Option<&[i64]>) -> bool {
         expected = expected.saturating_mul(d);
     }
     true
-}
-
-/// A short description of a dtype (`float32`, `int8x4`, `bool`).
-pub fn dtype_name(t: DLDataType) -> String {
-    let base = match t.code {
-        DLDataTypeCode::INT => "int",
-        DLDataTypeCode::UINT => "uint",
-        DLDataTypeCode::FLOAT => "float",
-        DLDataTypeCode::BFLOAT => "bfloat",
-        DLDataTypeCode::COMPLEX => "complex",
-        DLDataTypeCode::OPAQUE_HANDLE => "handle",
-        DLDataTypeCode::BOOL => {
-            return if t.lanes == 1 {
-                "bool".into()
-            } else {
-                format!("boolx{}", t.lanes)
-            }
-        }
-        _ => {
-            return format!(
-                "dtype(code={}, bits={}, lanes={})",
-                t.code.0, t.bits, t.lanes
-            )
-        }
-    };
-    if t.lanes == 1 {
-        format!("{base}{}", t.bits)
-    } else {
-        format!("{base}{}x{}", t.bits, t.lanes)
-    }
 }
 
 impl fmt::Debug for dyn DeviceApi {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::api::{dtype_name, is_compact, shape_of, strides_of, DeviceApi};
+use super::api::{is_compact, shape_of, strides_of, DeviceApi};
 use super::device::Device;
 use super::error::{DeviceError, DeviceResult};
 use super::memory::{data_size, DevicePtr, MemRegion};
@@ -11,12 +11,7 @@ use super::stream::StreamHandle;
 use crate::packed_func::ffi::{DLDevice, DLTensor};
 
 fn describe(t: &DLTensor, shape: &[i64]) -> String {
-    format!(
-        "{} {}{:?}",
-        Device::from(t.device),
-        dtype_name(t.dtype),
-        shape
-    )
+    format!("{} {}{:?}", Device::from(t.device), t.dtype, shape)
 }
 
 fn region(t: &DLTensor) -> MemRegion {
@@ -83,8 +78,7 @@ pub(crate) unsafe fn copy_tensor<A: DeviceApi + ?Sized>(
             to: describe(to, tshape),
             reason: format!(
                 "dtypes differ: the destination expects {}, the source is {}",
-                dtype_name(to.dtype),
-                dtype_name(from.dtype)
+                to.dtype, from.dtype
             ),
         });
     }

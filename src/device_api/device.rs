@@ -13,51 +13,21 @@ use crate::packed_func::ffi::{DLDevice, DLDeviceType};
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct DeviceType(pub i32);
 
-/// DLPack's device types and their canonical names (TVM's `DLDeviceType2Str`).
-const BUILTIN: &[(i32, &str)] = &[
-    (1, "cpu"),
-    (2, "cuda"),
-    (3, "cuda_host"),
-    (4, "opencl"),
-    (7, "vulkan"),
-    (8, "metal"),
-    (9, "vpi"),
-    (10, "rocm"),
-    (11, "rocm_host"),
-    (12, "ext_dev"),
-    (13, "cuda_managed"),
-    (14, "oneapi"),
-    (15, "webgpu"),
-    (16, "hexagon"),
-    (17, "maia"),
-    (18, "trn"),
-];
-
-/// Other spellings TVM accepts for the same types.
-const ALIASES: &[(&str, i32)] = &[
-    ("llvm", 1),
-    ("c", 1),
-    ("gpu", 2),
-    ("nvptx", 2),
-    ("cl", 4),
-    ("mtl", 8),
-];
-
 impl DeviceType {
     /// `kDLCPU`.
-    pub const CPU: Self = Self(1);
+    pub const CPU: Self = Self(DLDeviceType::CPU.0);
     /// `kDLCUDA`.
-    pub const CUDA: Self = Self(2);
+    pub const CUDA: Self = Self(DLDeviceType::CUDA.0);
     /// `kDLOpenCL`.
-    pub const OPENCL: Self = Self(4);
+    pub const OPENCL: Self = Self(DLDeviceType::OPENCL.0);
     /// `kDLVulkan`.
-    pub const VULKAN: Self = Self(7);
+    pub const VULKAN: Self = Self(DLDeviceType::VULKAN.0);
     /// `kDLMetal`.
-    pub const METAL: Self = Self(8);
+    pub const METAL: Self = Self(DLDeviceType::METAL.0);
     /// `kDLROCM`.
-    pub const ROCM: Self = Self(10);
+    pub const ROCM: Self = Self(DLDeviceType::ROCM.0);
     /// `kDLExtDev`.
-    pub const EXT_DEV: Self = Self(12);
+    pub const EXT_DEV: Self = Self(DLDeviceType::EXT_DEV.0);
     /// The first extension code. DLPack uses 1..=18 today and TVM reserves up to 35
     /// (`TVMDeviceExtType_End`), so kiln hands out codes from 64 upwards, below TVM's RPC mask
     /// (128).
@@ -67,26 +37,17 @@ impl DeviceType {
 
     /// The DLPack name of a built-in code (`cpu`, `cuda`, ...), without consulting the registry.
     pub fn builtin_name(self) -> Option<&'static str> {
-        BUILTIN.iter().find(|(c, _)| *c == self.0).map(|(_, n)| *n)
+        DLDeviceType(self.0).name()
     }
 
     /// The built-in code of a DLPack name or TVM alias (`"cpu"`, `"llvm"`, `"cuda"`, ...).
     pub fn from_builtin_name(name: &str) -> Option<Self> {
-        BUILTIN
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map(|(c, _)| Self(*c))
-            .or_else(|| {
-                ALIASES
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, c)| Self(*c))
-            })
+        DLDeviceType::from_name(name).map(Self::from)
     }
 
     /// The DLPack device type names, in code order.
     pub fn builtin_names() -> impl Iterator<Item = &'static str> {
-        BUILTIN.iter().map(|(_, n)| *n)
+        DLDeviceType::names()
     }
 
     /// The type's name: DLPack's for built-in codes, the registered name for extension codes,

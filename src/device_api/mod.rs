@@ -22,13 +22,22 @@
 //! - [`CpuDeviceApi`] is the host; [`NullDeviceApi`] a device without hardware for tests;
 //!   [`OpenClDeviceApi`] any OpenCL 1.2+ driver, loaded at run time ([`opencl`]);
 //!   [`plugin`] loads vendor backends from shared libraries (`include/kiln/device_plugin.h`).
+//! - [`kernel`] is what a backend implements to run device code: a [`kernel::KernelLauncher`]
+//!   per device source, and the launch arguments it receives (DLPack types, device pointers).
+//!   The runtime ([`crate::runtime`]) pairs launchers with compiled modules.
 //!
-//! `unsafe` code lives in `cpu.rs` (allocator and host copies), `tensor.rs` (slice views and
-//! DLPack), `null.rs` (host side of its copies), `copy.rs` (forwarding the copy contract),
-//! `plugin/sys.rs` (the plugin ABI), `opencl/sys.rs` (the OpenCL C API; `opencl/mod.rs`
-//! forwards the copy contract to it) and `kernels.rs` (the launch service's C entry point).
-//! - [`kernels`] is the runtime half of device code: the service generated host code calls to
-//!   launch a kernel, and the device modules of compiled modules and loaded libraries.
+//! Each backend is a folder with the same file for the same concern: `mod.rs` (the backend type,
+//! its [`DeviceApi`] impl and attributes, the module doc), `memory.rs` (its [`DeviceMemoryApi`]
+//! impl), `stream.rs` (its [`DeviceStreamApi`] impl), `sys.rs` when it binds a foreign API (the C
+//! declarations and the calls into them), and `module.rs` when it runs kernels (its
+//! [`kernel::KernelLauncher`]). A concern of one backend only gets its own clearly named file,
+//! listed in that backend's module doc (`plugin/load.rs`, `plugin/allocator.rs`).
+//!
+//! `unsafe` code lives in `cpu/memory.rs` (allocator and host copies), `null/memory.rs` (host
+//! side of its copies), `opencl/sys.rs` (the OpenCL C API; `opencl/memory.rs` forwards the copy
+//! contract to it), `plugin/sys.rs` (the plugin ABI) and `plugin/memory.rs` (host side of staged
+//! copies), and outside the backends in `tensor.rs` (slice views and DLPack), `copy.rs`, `api.rs`
+//! and `registry.rs` (reading a `DLTensor`'s shape and strides, forwarding the copy contract).
 //!
 //! # Example
 //!
@@ -50,7 +59,7 @@ mod copy;
 pub mod cpu;
 pub mod device;
 pub mod error;
-pub mod kernels;
+pub mod kernel;
 pub mod memory;
 pub mod null;
 pub mod opencl;
@@ -60,7 +69,7 @@ pub mod stream;
 pub mod tensor;
 pub mod workspace;
 
-pub use api::{dtype_name, is_compact, AttrKind, AttrValue, DeviceApi, ALLOC_ALIGNMENT};
+pub use api::{is_compact, AttrKind, AttrValue, DeviceApi, ALLOC_ALIGNMENT};
 pub use cpu::CpuDeviceApi;
 pub use device::{Device, DeviceType};
 pub use error::{DeviceError, DeviceResult};

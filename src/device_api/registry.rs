@@ -62,11 +62,11 @@ pub fn init() {
             api: opencl,
         });
         register_global("opencl", DeviceType::OPENCL);
-        crate::packed_func::library::register_context_symbol(
+        crate::packed_func::context::register_context_symbol(
             "__TVMBackendAllocWorkspace",
             workspace::backend_alloc_workspace_ptr(),
         );
-        crate::packed_func::library::register_context_symbol(
+        crate::packed_func::context::register_context_symbol(
             "__TVMBackendFreeWorkspace",
             workspace::backend_free_workspace_ptr(),
         );

@@ -11,7 +11,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::api::{dtype_name, is_compact, DeviceApi};
+use super::api::{is_compact, DeviceApi};
 use super::device::Device;
 use super::error::{DeviceError, DeviceResult};
 use super::memory::{data_size, DevicePtr};
@@ -111,7 +111,7 @@ impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tensor")
             .field("device", &self.device())
-            .field("dtype", &dtype_name(self.dl.dtype))
+            .field("dtype", &self.dl.dtype.to_string())
             .field("shape", &self.shape)
             .field("strides", &self.strides)
             .field("byte_offset", &self.dl.byte_offset)
@@ -315,8 +315,8 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self) -> DeviceResult<Vec<T>> {
         if self.dl.dtype != T::DTYPE {
             return Err(DeviceError::DtypeMismatch {
-                expected: dtype_name(T::DTYPE),
-                found: dtype_name(self.dl.dtype),
+                expected: T::DTYPE.to_string(),
+                found: self.dl.dtype.to_string(),
             });
         }
         let n = self.numel() as usize;

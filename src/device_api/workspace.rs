@@ -24,9 +24,10 @@ use std::sync::Arc;
 
 use super::api::{DeviceApi, ALLOC_ALIGNMENT};
 use super::device::{Device, DeviceType};
-use super::error::{panic_message, DeviceError, DeviceResult};
+use super::error::{DeviceError, DeviceResult};
 use super::memory::DevicePtr;
 use crate::packed_func::ffi::{DLDataType, DLDataTypeCode};
+use crate::util::panic_message;
 
 /// The smallest size class (TVM's `kWorkspacePageSize`).
 pub const WORKSPACE_PAGE: usize = 4 << 10;

@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+use crate::packed_func::ffi::DLDataTypeCode;
+use crate::packed_func::DLDataType;
+
 /// The type code of a [`DataType`], numbered as DLPack's `DLDataTypeCode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -174,6 +177,39 @@ impl fmt::Display for DataType {
     }
 }
 
+/// The DLPack dtype of an IR type (the same code, bits and lanes): what kernel tables, tensors
+/// and argument checks speak.
+impl From<DataType> for DLDataType {
+    fn from(t: DataType) -> Self {
+        DLDataType::new(DLDataTypeCode(t.code as u8), t.bits, t.lanes)
+    }
+}
+
+/// The IR type of a DLPack dtype, where the IR has it (see [`DataType::is_valid`]).
+impl TryFrom<DLDataType> for DataType {
+    type Error = String;
+
+    fn try_from(t: DLDataType) -> Result<Self, String> {
+        let code = match t.code {
+            DLDataTypeCode::INT => TypeCode::Int,
+            DLDataTypeCode::UINT => TypeCode::UInt,
+            DLDataTypeCode::FLOAT => TypeCode::Float,
+            DLDataTypeCode::OPAQUE_HANDLE => TypeCode::Handle,
+            DLDataTypeCode::BFLOAT => TypeCode::BFloat,
+            DLDataTypeCode::BOOL => TypeCode::Bool,
+            _ => return Err(format!("the IR has no type {t}")),
+        };
+        let d = DataType::new(code, t.bits, t.lanes);
+        if d.is_valid() {
+            Ok(d)
+        } else {
+            Err(format!(
+                "the IR has no type {t} (expected one of {TYPE_NAMES})"
+            ))
+        }
+    }
+}
+
 /// The names of every scalar type, for error messages.
 pub const TYPE_NAMES: &str =
     "bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, bfloat16, float32, float64, handle";
@@ -197,5 +233,19 @@ mod tests {
         ] {
             assert_eq!(DataType::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn dlpack_dtypes_convert_both_ways_with_the_same_names() {
+        for name in TYPE_NAMES.split(", ").chain(["float32x4", "int8x16"]) {
+            let t = DataType::parse(name).unwrap();
+            let dl = DLDataType::from(t);
+            assert_eq!(dl.to_string(), name);
+            assert_eq!(DataType::try_from(dl), Ok(t));
+        }
+        let complex = DLDataType::parse("complex64").unwrap();
+        assert!(DataType::try_from(complex)
+            .unwrap_err()
+            .contains("complex64"));
     }
 }

@@ -50,6 +50,7 @@ pub mod interp;
 pub mod json;
 pub mod kernels;
 mod printer;
+pub(crate) mod rewrite;
 pub mod stmt;
 pub mod verify;
 pub mod visit;

@@ -57,16 +57,6 @@ impl std::fmt::Debug for PackedFunc {
     }
 }
 
-fn panic_message(p: &(dyn StdAny + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
-}
-
 impl PackedFunc {
     /// Wraps a Rust closure that takes untyped arguments. `name` appears in error messages.
     ///
@@ -153,7 +143,7 @@ impl PackedFunc {
                 Ok(r) => r,
                 Err(p) => Err(PackedFuncError::Panicked {
                     name: self.0.name.clone(),
-                    message: panic_message(&*p),
+                    message: crate::util::panic_message(&*p),
                 }),
             },
             Imp::Foreign { call, handle, .. } => {
@@ -252,7 +242,7 @@ unsafe extern "C" fn rust_trampoline(
         Ok(Err(e)) => fail(e),
         Err(p) => fail(PackedFuncError::Panicked {
             name: inner.name.clone(),
-            message: panic_message(&*p),
+            message: crate::util::panic_message(&*p),
         }),
     }
 }

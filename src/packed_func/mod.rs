@@ -13,11 +13,13 @@
 //!   `TVMFFIErrorSetRaisedFromCStr(Parts)`.
 //! - [`any`] holds the values; [`function`] the function type, its trampoline to C and typed
 //!   calls; [`registry`] the global function table (`device_api.cpu`, `target.build.llvm`, ...);
-//!   [`module`] the [`Module`] trait; [`library`] the shared-library loader.
+//!   [`module`] the [`Module`] trait; [`context`] the table of context slots loaders fill;
+//!   [`dlpack`] DLPack's names (the one table of device codes, dtype names). The loader of
+//!   shared libraries is the runtime's ([`crate::runtime::LibraryModule`]): this module is the
+//!   ABI alone, at the bottom of the layering.
 //!
-//! `unsafe` code lives in `ffi.rs`, `any.rs` (reading the C union), `function.rs` (the foreign
-//! call and the trampoline) and `library.rs` (dlopen and context slots), each block with the
-//! invariant it relies on.
+//! `unsafe` code lives in `ffi.rs`, `any.rs` (reading the C union) and `function.rs` (the
+//! foreign call and the trampoline), each block with the invariant it relies on.
 //!
 //! # Example
 //!
@@ -35,10 +37,11 @@
 //! ```
 
 pub mod any;
+pub mod context;
+pub mod dlpack;
 pub mod error;
 pub mod ffi;
 pub mod function;
-pub mod library;
 pub mod module;
 pub mod registry;
 
@@ -46,5 +49,4 @@ pub use any::{Any, AnyView, FromAny, Value};
 pub use error::{ConversionError, PackedFuncError, PackedFuncResult};
 pub use ffi::{DLDataType, DLDevice, DLDeviceType, DLTensor, TVMFFIAny, TypeIndex};
 pub use function::{Arg, IntoArgs, PackedFunc, TypedFn};
-pub use library::{LibraryError, LibraryModule};
 pub use module::Module;

@@ -91,7 +91,7 @@ pub fn closest_names<'a>(name: &str, candidates: impl IntoIterator<Item = &'a st
     let limit = (name.chars().count() / 3).max(2);
     let mut scored: Vec<(usize, &str)> = candidates
         .into_iter()
-        .map(|c| (edit_distance(name, c), c))
+        .map(|c| (crate::util::edit_distance(name, c), c))
         .filter(|(d, _)| *d <= limit)
         .collect();
     scored.sort();
@@ -100,19 +100,4 @@ pub fn closest_names<'a>(name: &str, candidates: impl IntoIterator<Item = &'a st
         .take(3)
         .map(|(_, c)| c.to_owned())
         .collect()
-}
-
-/// Levenshtein distance over chars.
-pub fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }

@@ -13,9 +13,9 @@
 
 use std::collections::HashMap;
 
-use super::rewrite::{self, linear, rw_stmt, subst_stmt, Lin, Rewriter};
 use super::{for_, guard, imm, parts, Schedule, ScheduleResult};
 use crate::ir::builder::Reducer;
+use crate::ir::rewrite::{self, linear, rw_stmt, subst_stmt, Lin, Rewriter};
 use crate::ir::{
     BinOp, Buffer, DataType, Expr, ForKind, Stmt, StorageScope, ThreadTag, Var, VarId,
 };

@@ -11,18 +11,19 @@ use super::error::{TargetError, TargetResult};
 use super::kind::{Config, TargetKind, TargetKindBuilder};
 use super::value::TargetValue;
 
-/// DLPack device codes used by the built-in kinds.
+/// DLPack device codes used by the built-in kinds (from the one table, `packed_func::dlpack`).
 mod dev {
-    pub const CPU: i32 = 1;
-    pub const CUDA: i32 = 2;
-    pub const OPENCL: i32 = 4;
-    pub const VULKAN: i32 = 7;
-    pub const METAL: i32 = 8;
-    pub const ROCM: i32 = 10;
-    pub const EXT_DEV: i32 = 12;
-    pub const WEBGPU: i32 = 15;
-    pub const HEXAGON: i32 = 16;
-    pub const TRN: i32 = 18;
+    use crate::packed_func::DLDeviceType as D;
+    pub const CPU: i32 = D::CPU.0;
+    pub const CUDA: i32 = D::CUDA.0;
+    pub const OPENCL: i32 = D::OPENCL.0;
+    pub const VULKAN: i32 = D::VULKAN.0;
+    pub const METAL: i32 = D::METAL.0;
+    pub const ROCM: i32 = D::ROCM.0;
+    pub const EXT_DEV: i32 = D::EXT_DEV.0;
+    pub const WEBGPU: i32 = D::WEBGPU.0;
+    pub const HEXAGON: i32 = D::HEXAGON.0;
+    pub const TRN: i32 = D::TRN.0;
 }
 
 type S = String;

@@ -232,7 +232,7 @@ pub(crate) fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a s
     let lower = name.to_ascii_lowercase();
     let mut best: Option<(usize, &str)> = None;
     for c in candidates {
-        let d = edit_distance(&lower, &c.to_ascii_lowercase());
+        let d = crate::util::edit_distance(&lower, &c.to_ascii_lowercase());
         let limit = (c.len().max(name.len()) / 3).max(1);
         if d <= limit && best.is_none_or(|(bd, _)| d < bd) {
             best = Some((d, c));
@@ -242,29 +242,4 @@ pub(crate) fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a s
         Some((_, c)) => format!(" (did you mean `{c}`?)"),
         None => String::new(),
     }
-}
-
-/// Edit distance counting a swap of neighbours as one edit (optimal string alignment).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let w = b.len() + 1;
-    let mut d = vec![0usize; (a.len() + 1) * w];
-    for (j, cell) in d.iter_mut().enumerate().take(w) {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        d[i * w] = i;
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut v = (d[(i - 1) * w + j - 1] + cost)
-                .min(d[(i - 1) * w + j] + 1)
-                .min(d[i * w + j - 1] + 1);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                v = v.min(d[(i - 2) * w + j - 2] + 1);
-            }
-            d[i * w + j] = v;
-        }
-    }
-    d[a.len() * w + b.len()]
 }

@@ -3,10 +3,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use kiln::codegen::device;
 use kiln::codegen::ModuleRef;
+use kiln::device_api::DeviceType;
 use kiln::ir::{IRModule, Param, PrimFunc};
-use kiln::npy::{dtype_name, parse_dtype, NpyArray};
-use kiln::packed_func::{Any, AnyView, DLTensor, LibraryModule, Module};
+use kiln::npy::{parse_dtype, NpyArray};
+use kiln::packed_func::{Any, AnyView, DLDeviceType, DLTensor};
+use kiln::runtime::LibraryModule;
 use kiln::target::Target;
 
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -21,7 +24,7 @@ pub struct BuildArgs {
     /// The target (JSON, legacy string or tag).
     #[arg(long, short, default_value = DEFAULT_TARGET)]
     target: String,
-    /// The output: `.so`, `.o`, `.ll` or `.s`, by extension; with an `opencl` target also
+    /// The output: `.so`, `.o`, `.ll` or `.s`, by extension; with a device target also
     /// `.cl` (the kernels' OpenCL C source; `.so` embeds it beside the host code).
     #[arg(long, short)]
     output: PathBuf,
@@ -38,8 +41,9 @@ pub struct RunArgs {
     /// `1024x1024`, DTYPE default float32), an integer, a float, `true`/`false`. With an IR module
     /// and no arguments, tensors of constant shape are generated at random.
     args: Vec<String>,
-    /// The target used to compile an IR module. With `opencl`, tensors are copied to
-    /// `opencl:0`, the function runs there, and `--repeat` times it with device events.
+    /// The target used to compile an IR module. With a device target (`opencl`), tensors are
+    /// copied to its device 0, the function runs there, and `--repeat` times it with device
+    /// events.
     #[arg(long, short, default_value = DEFAULT_TARGET)]
     target: String,
     /// Call the function this many times and print the median, min and max time.
@@ -72,15 +76,20 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
             let opts = kiln::codegen::llvm::CodegenOptions::from_target(&target)?;
             kiln::codegen::llvm::export(&module, &opts, &a.output)?;
         }
-        "opencl" => {
-            kiln::codegen::opencl::OpenClModule::build(&module, &target)?.export(&a.output)?;
-        }
-        other => {
-            return Err(format!(
-                "`kiln build` writes files for target kinds `llvm` and `opencl`, found `{other}`"
-            )
-            .into())
-        }
+        kind => match device::codegen_for(kind) {
+            Some(cg) => device::HostDeviceModule::build(cg, &module, &target)?.export(&a.output)?,
+            None => {
+                let kinds: Vec<String> = std::iter::once("llvm")
+                    .chain(device::BUILTIN.iter().map(|c| c.kind()))
+                    .map(|k| format!("`{k}`"))
+                    .collect();
+                return Err(format!(
+                    "`kiln build` writes files for target kinds {}, found `{kind}`",
+                    kinds.join(", ")
+                )
+                .into());
+            }
+        },
     }
     eprintln!(
         "wrote {} ({} function(s), {:.1} ms) for {}",
@@ -216,17 +225,30 @@ fn target_line(target: &Target, given: &str) -> Result<String, kiln::Error> {
 /// `kiln run`.
 pub fn run_run(a: &RunArgs) -> CmdResult {
     let is_lib = a.module.extension().is_some_and(|e| e == "so");
-    let on_device;
+    // The device the function's tensors live on: the CPU, or the device of its kernels.
+    let on_device: Option<DeviceType>;
     let (rt, ir): (ModuleRef, Option<IRModule>) = if is_lib {
         // SAFETY: the user asked to run this library; loading it runs its initializers, as any
         // dlopen does (kiln checks it is an ELF shared object first).
         let lib = unsafe { LibraryModule::load(&a.module) }?;
-        on_device = lib.get_source("cl").is_some();
+        on_device = lib
+            .device()
+            .map(|d| {
+                DLDeviceType::from_name(d.kind())
+                    .map(DeviceType::from)
+                    .ok_or_else(|| {
+                        format!(
+                            "the library's kernels are of an unknown kind `{}`",
+                            d.kind()
+                        )
+                    })
+            })
+            .transpose()?;
         (std::sync::Arc::new(lib), None)
     } else {
         let module = read_module(&a.module)?;
         let target = Target::parse(&a.target)?;
-        on_device = target.kind_name() == "opencl";
+        on_device = device::codegen_for(target.kind_name()).map(|cg| cg.device_type().into());
         let t = Instant::now();
         let rt = kiln::codegen::build(&module, &target)?;
         eprintln!(
@@ -265,8 +287,8 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
             .ok_or("--check needs an IR module, not a library")?;
         interp_inputs = Some(to_interp(&args, p)?);
     }
-    if on_device {
-        return run_on_device(a, &f, &mut args, interp_inputs, pf);
+    if let Some(dev_type) = on_device {
+        return run_on_device(a, &f, dev_type, &mut args, interp_inputs, pf);
     }
     // Tensor views live as long as `args`; no array is moved while they are used.
     let dls: Vec<Option<DLTensor>> = args
@@ -315,18 +337,19 @@ fn spread(times: &mut [f64]) -> (f64, f64, f64) {
     (times[times.len() / 2], times[0], times[times.len() - 1])
 }
 
-/// Runs `f` on `opencl:0`: tensors copied in, one call (and `--repeat` more, timed with device
+/// Runs `f` on device 0 of `dev_type`: tensors copied in, one call (and `--repeat` more, timed with device
 /// events), synchronized, tensors copied back into `args`.
 fn run_on_device(
     a: &RunArgs,
     f: &kiln::packed_func::PackedFunc,
+    dev_type: DeviceType,
     args: &mut [Arg],
     interp_inputs: Option<Vec<kiln::ir::interp::InterpArg>>,
     pf: Option<PrimFunc>,
 ) -> CmdResult {
-    use kiln::device_api::{self, Device, DeviceType, Tensor};
-    let dev = Device::new(DeviceType::OPENCL, 0);
-    let api = device_api::get(DeviceType::OPENCL)?;
+    use kiln::device_api::{self, Device, Tensor};
+    let dev = Device::new(dev_type, 0);
+    let api = device_api::get(dev_type)?;
     api.check_device(dev)?;
     let stream = api.current_stream(dev);
     let mut host: Vec<Option<DLTensor>> = args
@@ -411,12 +434,7 @@ fn finish(
         if let Arg::Tensor(name, t) = x {
             let p = a.out.join(format!("{name}.npy"));
             t.write(&p)?;
-            println!(
-                "wrote {} ({} {:?})",
-                p.display(),
-                dtype_name(t.dtype),
-                t.shape
-            );
+            println!("wrote {} ({} {:?})", p.display(), t.dtype, t.shape);
         }
     }
     if let (Some(mut iargs), Some(p)) = (interp_inputs, pf) {

@@ -54,19 +54,9 @@ pub fn run_target(args: &TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn device_name(code: i32) -> String {
-    match code {
-        1 => "cpu".into(),
-        2 => "cuda".into(),
-        4 => "opencl".into(),
-        7 => "vulkan".into(),
-        8 => "metal".into(),
-        10 => "rocm".into(),
-        12 => "ext_dev".into(),
-        15 => "webgpu".into(),
-        16 => "hexagon".into(),
-        18 => "trn".into(),
-        other => other.to_string(),
-    }
+    kiln::packed_func::DLDeviceType(code)
+        .name()
+        .map_or_else(|| code.to_string(), str::to_owned)
 }
 
 /// Formats rows as a table whose columns are padded to their widest cell.

@@ -34,7 +34,7 @@ struct Handoff {
 
 impl Handoff {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.state)
     }
 
     /// Runs the task here if nobody took it yet.

@@ -304,7 +304,7 @@ impl LazyChecks {
     /// through the table of compute functions at `calls`.
     pub(crate) fn linkage(&self, calls: usize) -> Linkage {
         Linkage::Jit {
-            slots: crate::packed_func::library::context_symbols(),
+            slots: crate::packed_func::context::context_symbols(),
             check: (
                 kiln_jit_check_args as *const () as usize,
                 self as *const LazyChecks as usize,
@@ -319,7 +319,7 @@ impl LazyChecks {
             return Err("injected fault: compiling the checkers fails".into());
         }
         let linkage = Linkage::Checkers {
-            slots: crate::packed_func::library::context_symbols(),
+            slots: crate::packed_func::context::context_symbols(),
             suffix: self.suffix.clone(),
         };
         // The error path is cold: optimize it lightly.

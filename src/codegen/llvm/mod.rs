@@ -62,7 +62,7 @@ pub struct CodegenOptions {
     pub device_name: String,
     /// Whether this is the host code of a device target (`opencl`): tensors hold device
     /// handles, and each thread-bound loop nest is launched as a device kernel through the
-    /// device runtime (`kiln::device_api::kernels`). `false` for CPU code.
+    /// device runtime (`kiln::runtime::device_module`). `false` for CPU code.
     pub device_host: bool,
     /// With `device_host`: the `kiln-device/1` metadata (device source and kernel table) an
     /// exported library embeds as `__kiln_device_meta`.
@@ -625,7 +625,7 @@ fn runtime_glue(linkage: &Linkage, mt: &ModuleText, attrs: &str) -> String {
         // Kernel launches: the device runtime's service and this module's device module.
         slot(&mut s, "__KilnDeviceLaunch");
         slot(&mut s, "__kiln_device_module");
-        let missing = "this function launches device kernels, which need kiln's device runtime; this host did not provide it (the context slots `__KilnDeviceLaunch` and `__kiln_device_module` are empty): load the library with kiln (`kiln run`, `kiln::packed_func::library::LibraryModule::load`)";
+        let missing = "this function launches device kernels, which need kiln's device runtime; this host did not provide it (the context slots `__KilnDeviceLaunch` and `__kiln_device_module` are empty): load the library with kiln (`kiln run`, `kiln::runtime::LibraryModule::load`)";
         let len = missing.len() + 1;
         let _ = writeln!(
             s,
@@ -764,7 +764,7 @@ struct JitInner {
     _checks: Box<jit::LazyChecks>,
     /// The device module the host code launches kernels through (device targets only); its
     /// address is baked into the code, so it lives as long as the code.
-    _device: Option<Arc<crate::device_api::kernels::DeviceModule>>,
+    _device: Option<Arc<crate::runtime::DeviceModule>>,
 }
 
 /// A module compiled by the LLVM backend: its functions run in-process (JIT), and it can be
@@ -813,7 +813,7 @@ impl LlvmModule {
     pub(crate) fn jit_device(
         module: &IRModule,
         opts: &CodegenOptions,
-        device: Arc<crate::device_api::kernels::DeviceModule>,
+        device: Arc<crate::runtime::DeviceModule>,
     ) -> R<Self> {
         Self::jit_impl(module, opts, Tiering::from_env(), Some(device))
     }
@@ -822,12 +822,10 @@ impl LlvmModule {
         module: &IRModule,
         opts: &CodegenOptions,
         tiering: Tiering,
-        device: Option<Arc<crate::device_api::kernels::DeviceModule>>,
+        device: Option<Arc<crate::runtime::DeviceModule>>,
     ) -> R<Self> {
         let opts = opts.clone().resolved();
-        crate::codegen::parallel::register_runtime_symbols();
-        crate::device_api::init();
-        crate::device_api::kernels::register_runtime_symbols();
+        crate::runtime::init();
         let suffix = jit::unique_suffix();
         let ir = Arc::new(module.clone());
         let checks = Box::new(jit::LazyChecks::new(ir.clone(), &opts, &suffix));
@@ -973,7 +971,7 @@ fn compile_object(
 }
 
 /// Appends an exported library's device code and kernel table (`o.device_meta`), for kiln's
-/// loader (`device_api::kernels`), as the constant string `__kiln_device_meta`.
+/// loader (`runtime::device_module`), as the constant string `__kiln_device_meta`.
 fn add_device_meta(text: &mut String, o: &CodegenOptions) {
     if let Some(meta) = &o.device_meta {
         let len = meta.len() + 1;

@@ -123,7 +123,7 @@ impl Tiers {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.state)
     }
 
     /// The address the wrapper of function `i` calls.
@@ -242,7 +242,7 @@ struct Worker {
 
 impl Worker {
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        crate::util::lock(&self.queue)
     }
 
     fn serve(&self) {

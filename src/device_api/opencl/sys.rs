@@ -9,7 +9,10 @@
 //! Above the table sit owned handle types ([`Context`], [`Queue`], [`Mem`], [`Event`],
 //! [`Program`], [`Kernel`]) that release their object on drop and retain it on clone, and safe
 //! methods taking Rust values. The only methods left `unsafe` take host pointers that an
-//! asynchronous command reads or writes after the call returns.
+//! asynchronous command reads or writes after the call returns. Each entry point is declared
+//! once (`entry_points!`: the table's field, C name and type), and the methods that make one call
+//! and check its status are generated from their signature and that call (`cl_wrappers!`, whose
+//! one `unsafe` block states the invariant they rely on).
 //!
 //! Thread safety: OpenCL 1.2 (appendix A.2) makes every API call thread-safe except
 //! `clSetKernelArg` (and the deprecated `clSetCommandQueueProperty`), so handles are `Send` and
@@ -244,183 +247,151 @@ type Info2Fn =
 type RefFn = unsafe extern "C" fn(Handle) -> cl_int;
 type EventCallback = unsafe extern "C" fn(cl_event, cl_int, *mut c_void);
 
-/// The entry points kiln uses, resolved from the library.
-struct Fns {
-    get_platform_ids: unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int,
-    get_platform_info: InfoFn,
-    get_device_ids: unsafe extern "C" fn(
-        cl_platform_id,
-        cl_bitfield,
-        cl_uint,
-        *mut cl_device_id,
-        *mut cl_uint,
-    ) -> cl_int,
-    get_device_info: InfoFn,
-    create_context: unsafe extern "C" fn(
-        *const isize,
-        cl_uint,
-        *const cl_device_id,
-        Option<unsafe extern "C" fn(*const c_char, *const c_void, usize, *mut c_void)>,
-        *mut c_void,
-        *mut cl_int,
-    ) -> cl_context,
-    retain_context: RefFn,
-    release_context: RefFn,
-    create_command_queue: unsafe extern "C" fn(
-        cl_context,
-        cl_device_id,
-        cl_bitfield,
-        *mut cl_int,
-    ) -> cl_command_queue,
-    retain_command_queue: RefFn,
-    release_command_queue: RefFn,
-    create_buffer:
-        unsafe extern "C" fn(cl_context, cl_bitfield, usize, *mut c_void, *mut cl_int) -> cl_mem,
-    retain_mem_object: RefFn,
-    release_mem_object: RefFn,
-    enqueue_read_buffer: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        cl_bool,
-        usize,
-        usize,
-        *mut c_void,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    enqueue_write_buffer: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        cl_bool,
-        usize,
-        usize,
-        *const c_void,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    enqueue_read_buffer_rect: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        cl_bool,
-        *const usize,
-        *const usize,
-        *const usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        *mut c_void,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    enqueue_write_buffer_rect: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        cl_bool,
-        *const usize,
-        *const usize,
-        *const usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        *const c_void,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    enqueue_copy_buffer_rect: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        cl_mem,
-        *const usize,
-        *const usize,
-        *const usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    enqueue_copy_buffer: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        cl_mem,
-        usize,
-        usize,
-        usize,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    enqueue_fill_buffer: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        *const c_void,
-        usize,
-        usize,
-        usize,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    finish: RefFn,
-    flush: RefFn,
-    enqueue_marker_with_wait_list:
-        unsafe extern "C" fn(cl_command_queue, cl_uint, *const cl_event, *mut cl_event) -> cl_int,
-    enqueue_barrier_with_wait_list:
-        unsafe extern "C" fn(cl_command_queue, cl_uint, *const cl_event, *mut cl_event) -> cl_int,
-    wait_for_events: unsafe extern "C" fn(cl_uint, *const cl_event) -> cl_int,
-    get_event_info: InfoFn,
-    get_event_profiling_info: InfoFn,
-    retain_event: RefFn,
-    release_event: RefFn,
-    set_event_callback:
-        unsafe extern "C" fn(cl_event, cl_int, EventCallback, *mut c_void) -> cl_int,
-    create_user_event: unsafe extern "C" fn(cl_context, *mut cl_int) -> cl_event,
-    set_user_event_status: unsafe extern "C" fn(cl_event, cl_int) -> cl_int,
-    create_program_with_source: unsafe extern "C" fn(
-        cl_context,
-        cl_uint,
-        *const *const c_char,
-        *const usize,
-        *mut cl_int,
-    ) -> cl_program,
-    build_program: unsafe extern "C" fn(
-        cl_program,
-        cl_uint,
-        *const cl_device_id,
-        *const c_char,
-        Option<unsafe extern "C" fn(cl_program, *mut c_void)>,
-        *mut c_void,
-    ) -> cl_int,
-    get_program_info: InfoFn,
-    get_program_build_info: Info2Fn,
-    release_program: RefFn,
-    retain_program: RefFn,
-    create_kernel: unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel,
-    get_kernel_info: InfoFn,
-    get_kernel_work_group_info: Info2Fn,
-    get_kernel_arg_info:
-        unsafe extern "C" fn(cl_kernel, cl_uint, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
-    set_kernel_arg: unsafe extern "C" fn(cl_kernel, cl_uint, usize, *const c_void) -> cl_int,
-    release_kernel: RefFn,
-    enqueue_nd_range_kernel: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_kernel,
-        cl_uint,
-        *const usize,
-        *const usize,
-        *const usize,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
+/// Declares each entry point kiln uses once, with its field name, C name and C type: the typed
+/// table [`Fns`] and its loader [`Fns::load`], which resolves every field by its C name.
+macro_rules! entry_points {
+    ($($field:ident = $name:literal: $ty:ty;)*) => {
+        /// The entry points kiln uses, resolved from the library.
+        struct Fns {
+            $($field: $ty,)*
+        }
+
+        impl Fns {
+            /// Resolves every entry point from `lib`, opened from `path`.
+            ///
+            /// # Errors
+            /// The first entry point the library lacks.
+            ///
+            /// # Safety
+            /// - `lib` outlives the table (the function pointers point into it).
+            unsafe fn load(lib: &libloading::Library, path: &str) -> Result<Self, String> {
+                Ok(Self {
+                    $($field: {
+                        // SAFETY: the symbol is the OpenCL entry point of that name, whose C
+                        // signature (CL/cl.h, OpenCL 1.2) is the type of the field it is stored
+                        // in; the library outlives the table (caller).
+                        match unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) } {
+                            Ok(s) => *s,
+                            Err(e) => {
+                                return Err(format!(
+                                    "{path} has no `{}` (an OpenCL 1.2 loader is needed): {e}",
+                                    $name
+                                ))
+                            }
+                        }
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+entry_points! {
+    get_platform_ids = "clGetPlatformIDs":
+        unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int;
+    get_platform_info = "clGetPlatformInfo": InfoFn;
+    get_device_ids = "clGetDeviceIDs":
+        unsafe extern "C" fn(
+            cl_platform_id, cl_bitfield, cl_uint, *mut cl_device_id, *mut cl_uint,
+        ) -> cl_int;
+    get_device_info = "clGetDeviceInfo": InfoFn;
+    create_context = "clCreateContext":
+        unsafe extern "C" fn(
+            *const isize, cl_uint, *const cl_device_id,
+            Option<unsafe extern "C" fn(*const c_char, *const c_void, usize, *mut c_void)>,
+            *mut c_void, *mut cl_int,
+        ) -> cl_context;
+    retain_context = "clRetainContext": RefFn;
+    release_context = "clReleaseContext": RefFn;
+    create_command_queue = "clCreateCommandQueue":
+        unsafe extern "C" fn(
+            cl_context, cl_device_id, cl_bitfield, *mut cl_int,
+        ) -> cl_command_queue;
+    retain_command_queue = "clRetainCommandQueue": RefFn;
+    release_command_queue = "clReleaseCommandQueue": RefFn;
+    create_buffer = "clCreateBuffer":
+        unsafe extern "C" fn(cl_context, cl_bitfield, usize, *mut c_void, *mut cl_int) -> cl_mem;
+    retain_mem_object = "clRetainMemObject": RefFn;
+    release_mem_object = "clReleaseMemObject": RefFn;
+    enqueue_read_buffer = "clEnqueueReadBuffer":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_mem, cl_bool, usize, usize, *mut c_void, cl_uint, *const cl_event,
+            *mut cl_event,
+        ) -> cl_int;
+    enqueue_write_buffer = "clEnqueueWriteBuffer":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_mem, cl_bool, usize, usize, *const c_void, cl_uint,
+            *const cl_event, *mut cl_event,
+        ) -> cl_int;
+    enqueue_read_buffer_rect = "clEnqueueReadBufferRect":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_mem, cl_bool, *const usize, *const usize, *const usize, usize,
+            usize, usize, usize, *mut c_void, cl_uint, *const cl_event, *mut cl_event,
+        ) -> cl_int;
+    enqueue_write_buffer_rect = "clEnqueueWriteBufferRect":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_mem, cl_bool, *const usize, *const usize, *const usize, usize,
+            usize, usize, usize, *const c_void, cl_uint, *const cl_event, *mut cl_event,
+        ) -> cl_int;
+    enqueue_copy_buffer_rect = "clEnqueueCopyBufferRect":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_mem, cl_mem, *const usize, *const usize, *const usize, usize,
+            usize, usize, usize, cl_uint, *const cl_event, *mut cl_event,
+        ) -> cl_int;
+    enqueue_copy_buffer = "clEnqueueCopyBuffer":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_mem, cl_mem, usize, usize, usize, cl_uint, *const cl_event,
+            *mut cl_event,
+        ) -> cl_int;
+    enqueue_fill_buffer = "clEnqueueFillBuffer":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_mem, *const c_void, usize, usize, usize, cl_uint, *const cl_event,
+            *mut cl_event,
+        ) -> cl_int;
+    finish = "clFinish": RefFn;
+    flush = "clFlush": RefFn;
+    enqueue_marker_with_wait_list = "clEnqueueMarkerWithWaitList":
+        unsafe extern "C" fn(cl_command_queue, cl_uint, *const cl_event, *mut cl_event) -> cl_int;
+    enqueue_barrier_with_wait_list = "clEnqueueBarrierWithWaitList":
+        unsafe extern "C" fn(cl_command_queue, cl_uint, *const cl_event, *mut cl_event) -> cl_int;
+    wait_for_events = "clWaitForEvents": unsafe extern "C" fn(cl_uint, *const cl_event) -> cl_int;
+    get_event_info = "clGetEventInfo": InfoFn;
+    get_event_profiling_info = "clGetEventProfilingInfo": InfoFn;
+    retain_event = "clRetainEvent": RefFn;
+    release_event = "clReleaseEvent": RefFn;
+    set_event_callback = "clSetEventCallback":
+        unsafe extern "C" fn(cl_event, cl_int, EventCallback, *mut c_void) -> cl_int;
+    create_user_event = "clCreateUserEvent":
+        unsafe extern "C" fn(cl_context, *mut cl_int) -> cl_event;
+    set_user_event_status = "clSetUserEventStatus":
+        unsafe extern "C" fn(cl_event, cl_int) -> cl_int;
+    create_program_with_source = "clCreateProgramWithSource":
+        unsafe extern "C" fn(
+            cl_context, cl_uint, *const *const c_char, *const usize, *mut cl_int,
+        ) -> cl_program;
+    build_program = "clBuildProgram":
+        unsafe extern "C" fn(
+            cl_program, cl_uint, *const cl_device_id, *const c_char,
+            Option<unsafe extern "C" fn(cl_program, *mut c_void)>, *mut c_void,
+        ) -> cl_int;
+    get_program_info = "clGetProgramInfo": InfoFn;
+    get_program_build_info = "clGetProgramBuildInfo": Info2Fn;
+    release_program = "clReleaseProgram": RefFn;
+    retain_program = "clRetainProgram": RefFn;
+    create_kernel = "clCreateKernel":
+        unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel;
+    get_kernel_info = "clGetKernelInfo": InfoFn;
+    get_kernel_work_group_info = "clGetKernelWorkGroupInfo": Info2Fn;
+    get_kernel_arg_info = "clGetKernelArgInfo":
+        unsafe extern "C" fn(cl_kernel, cl_uint, cl_uint, usize, *mut c_void, *mut usize) -> cl_int;
+    set_kernel_arg = "clSetKernelArg":
+        unsafe extern "C" fn(cl_kernel, cl_uint, usize, *const c_void) -> cl_int;
+    release_kernel = "clReleaseKernel": RefFn;
+    enqueue_nd_range_kernel = "clEnqueueNDRangeKernel":
+        unsafe extern "C" fn(
+            cl_command_queue, cl_kernel, cl_uint, *const usize, *const usize, *const usize, cl_uint,
+            *const cl_event, *mut cl_event,
+        ) -> cl_int;
 }
 
 /// The loaded OpenCL library and its entry points.
@@ -452,69 +423,9 @@ fn open() -> Result<Cl, String> {
                 continue;
             }
         };
-        macro_rules! sym {
-            ($name:literal) => {
-                // SAFETY: the symbol is the OpenCL entry point of that name, whose C signature
-                // (CL/cl.h, OpenCL 1.2) is the type of the field it is stored in; the library
-                // outlives the table (both live in `Cl`, which is never dropped).
-                match unsafe { lib.get(concat!($name, "\0").as_bytes()) } {
-                    Ok(s) => *s,
-                    Err(e) => {
-                        return Err(format!(
-                            "{path} has no `{}` (an OpenCL 1.2 loader is needed): {e}",
-                            $name
-                        ))
-                    }
-                }
-            };
-        }
-        let fns = Fns {
-            get_platform_ids: sym!("clGetPlatformIDs"),
-            get_platform_info: sym!("clGetPlatformInfo"),
-            get_device_ids: sym!("clGetDeviceIDs"),
-            get_device_info: sym!("clGetDeviceInfo"),
-            create_context: sym!("clCreateContext"),
-            retain_context: sym!("clRetainContext"),
-            release_context: sym!("clReleaseContext"),
-            create_command_queue: sym!("clCreateCommandQueue"),
-            retain_command_queue: sym!("clRetainCommandQueue"),
-            release_command_queue: sym!("clReleaseCommandQueue"),
-            create_buffer: sym!("clCreateBuffer"),
-            retain_mem_object: sym!("clRetainMemObject"),
-            release_mem_object: sym!("clReleaseMemObject"),
-            enqueue_read_buffer: sym!("clEnqueueReadBuffer"),
-            enqueue_write_buffer: sym!("clEnqueueWriteBuffer"),
-            enqueue_read_buffer_rect: sym!("clEnqueueReadBufferRect"),
-            enqueue_write_buffer_rect: sym!("clEnqueueWriteBufferRect"),
-            enqueue_copy_buffer_rect: sym!("clEnqueueCopyBufferRect"),
-            enqueue_copy_buffer: sym!("clEnqueueCopyBuffer"),
-            enqueue_fill_buffer: sym!("clEnqueueFillBuffer"),
-            finish: sym!("clFinish"),
-            flush: sym!("clFlush"),
-            enqueue_marker_with_wait_list: sym!("clEnqueueMarkerWithWaitList"),
-            enqueue_barrier_with_wait_list: sym!("clEnqueueBarrierWithWaitList"),
-            wait_for_events: sym!("clWaitForEvents"),
-            get_event_info: sym!("clGetEventInfo"),
-            get_event_profiling_info: sym!("clGetEventProfilingInfo"),
-            retain_event: sym!("clRetainEvent"),
-            release_event: sym!("clReleaseEvent"),
-            set_event_callback: sym!("clSetEventCallback"),
-            create_user_event: sym!("clCreateUserEvent"),
-            set_user_event_status: sym!("clSetUserEventStatus"),
-            create_program_with_source: sym!("clCreateProgramWithSource"),
-            build_program: sym!("clBuildProgram"),
-            get_program_info: sym!("clGetProgramInfo"),
-            get_program_build_info: sym!("clGetProgramBuildInfo"),
-            release_program: sym!("clReleaseProgram"),
-            retain_program: sym!("clRetainProgram"),
-            create_kernel: sym!("clCreateKernel"),
-            get_kernel_info: sym!("clGetKernelInfo"),
-            get_kernel_work_group_info: sym!("clGetKernelWorkGroupInfo"),
-            get_kernel_arg_info: sym!("clGetKernelArgInfo"),
-            set_kernel_arg: sym!("clSetKernelArg"),
-            release_kernel: sym!("clReleaseKernel"),
-            enqueue_nd_range_kernel: sym!("clEnqueueNDRangeKernel"),
-        };
+        // SAFETY: the table and the library are kept together in `Cl`, which is never dropped
+        // (it lives in a process-wide `OnceLock`).
+        let fns = unsafe { Fns::load(&lib, path) }?;
         return Ok(Cl {
             fns,
             path,
@@ -574,6 +485,83 @@ fn info_value<T: Copy + Default>(
     Ok(v)
 }
 
+/// Generates the safe wrappers whose body is one call of a loaded entry point and the check of
+/// its status. Each is written as its signature, `=>`, a kind, the entry point's name (for the
+/// error), optional `let` statements, and the call `(self.cl.fns.<entry>)(<arguments>)` without
+/// the trailing out parameters that the kind supplies:
+///
+/// - `status`: the entry returns a status, which the wrapper checks ([`check`]).
+/// - `enqueue`: a command enqueued without a wait list; the kind appends the empty wait list and
+///   the out pointer of the command's event, and the wrapper returns the [`Event`] ([`ret`]).
+/// - `enqueue_waiting`: the same, with the wait list among the arguments.
+/// - `create`: the entry returns a new object and writes its status to the out pointer the kind
+///   appends; the wrapper returns the owned handle of its return type ([`ret`]).
+/// - `info` / `info_string`: a `clGet*Info` query, with the `(size, value, size returned)`
+///   triple appended, read as a fixed-size value ([`info_value`]) or as a string
+///   ([`info_bytes`], [`c_string`]).
+///
+/// The `// SAFETY:` comment over each invocation's call says what its arguments add to the
+/// invariant stated at the one `unsafe` block below.
+macro_rules! cl_wrappers {
+    () => {};
+    (@call $s:ident, $f:ident, ($($a:expr),*)) => {
+        // SAFETY: the invariant every wrapper relies on. The entry point's type is its C signature
+        // (checked by hand against CL/cl.h, OpenCL 1.2, in `entry_points!`), and `Cl`, which holds
+        // the table and keeps the library loaded, is never dropped. `$s` names a live OpenCL
+        // object: the handle types own a reference, released only on drop, and platform and root
+        // device ids live as long as the process; so does every handle passed as an argument, by
+        // reference to its owner. Pointer arguments are locals or borrowed values, slices and
+        // arrays valid for the duration of the call, with their lengths passed beside them; out
+        // pointers are the wrapper's own locals, and info queries pass NULL with a size of 0 or a
+        // buffer of the size given. Host memory that an enqueued command reads or writes after the
+        // call returns is the caller's contract of the `unsafe fn` wrappers. The comment over each
+        // invocation adds what its arguments need.
+        unsafe { ($s.cl.fns.$f)($($a),*) }
+    };
+    (@status $call:literal, $t:tt, $s:ident, $f:ident, ($($a:expr),*)) => {
+        check($call, cl_wrappers!(@call $s, $f, ($($a),*)))
+    };
+    (@enqueue $call:literal, $t:tt, $s:ident, $f:ident, ($($a:expr),*)) => {
+        cl_wrappers!(@enqueue_waiting $call, $t, $s, $f, ($($a,)* 0, std::ptr::null()))
+    };
+    (@enqueue_waiting $call:literal, $t:tt, $s:ident, $f:ident, ($($a:expr),*)) => {{
+        let mut ev: cl_event = std::ptr::null_mut();
+        let r = cl_wrappers!(@call $s, $f, ($($a,)* &mut ev));
+        ret($call, r, ev, |raw| Event { raw, cl: $s.cl })
+    }};
+    (@create $call:literal, $t:tt, $s:ident, $f:ident, ($($a:expr),*)) => {{
+        let mut err = CL_SUCCESS;
+        let raw = cl_wrappers!(@call $s, $f, ($($a,)* &mut err));
+        ret($call, err, raw, |raw| $t { raw, cl: $s.cl })
+    }};
+    (@info $call:literal, $t:tt, $s:ident, $f:ident, ($($a:expr),*)) => {
+        info_value($call, |n, v, r| cl_wrappers!(@call $s, $f, ($($a,)* n, v, r)))
+    };
+    (@info_string $call:literal, $t:tt, $s:ident, $f:ident, ($($a:expr),*)) => {
+        info_bytes($call, |n, v, r| cl_wrappers!(@call $s, $f, ($($a,)* n, v, r))).map(c_string)
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($params:tt)*) -> ClResult<$t:tt>
+        => $kind:ident $call:literal $(let $p:pat = $e:expr;)*
+        ($s:ident.cl.fns.$f:ident)($($a:expr),* $(,)?); $($rest:tt)*) => {
+        $(#[$m])*
+        $vis fn $name($($params)*) -> ClResult<$t> {
+            $(let $p = $e;)*
+            cl_wrappers!(@$kind $call, $t, $s, $f, ($($a),*))
+        }
+        cl_wrappers!($($rest)*);
+    };
+    ($(#[$m:meta])* $vis:vis unsafe fn $name:ident($($params:tt)*) -> ClResult<$t:tt>
+        => $kind:ident $call:literal $(let $p:pat = $e:expr;)*
+        ($s:ident.cl.fns.$f:ident)($($a:expr),* $(,)?); $($rest:tt)*) => {
+        $(#[$m])*
+        $vis unsafe fn $name($($params)*) -> ClResult<$t> {
+            $(let $p = $e;)*
+            cl_wrappers!(@$kind $call, $t, $s, $f, ($($a),*))
+        }
+        cl_wrappers!($($rest)*);
+    };
+}
+
 impl Cl {
     /// Every platform.
     ///
@@ -612,13 +600,10 @@ unsafe impl Send for Platform {}
 unsafe impl Sync for Platform {}
 
 impl Platform {
-    fn info(&self, param: cl_uint) -> ClResult<String> {
-        let f = self.cl.fns.get_platform_info;
-        info_bytes("clGetPlatformInfo", |n, v, r| {
+    cl_wrappers! {
+        fn info(&self, param: cl_uint) -> ClResult<String>
             // SAFETY: `v` is NULL (with n = 0) or a buffer of `n` bytes; `r` NULL or valid.
-            unsafe { f(self.id, param, n, v, r) }
-        })
-        .map(c_string)
+            => info_string "clGetPlatformInfo" (self.cl.fns.get_platform_info)(self.id, param);
     }
 
     /// `CL_PLATFORM_NAME`.
@@ -866,77 +851,45 @@ impl Context {
         ret("clCreateContext", err, raw, |raw| Self { raw, cl })
     }
 
-    /// An in-order command queue on `dev` with profiling enabled (`clCreateCommandQueue`).
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn queue(&self, dev: DeviceId) -> ClResult<Queue> {
-        let mut err = CL_SUCCESS;
-        // SAFETY: live context and one of its devices.
-        let raw = unsafe {
-            (self.cl.fns.create_command_queue)(
-                self.raw,
-                dev.id,
-                CL_QUEUE_PROFILING_ENABLE,
-                &mut err,
-            )
-        };
-        ret("clCreateCommandQueue", err, raw, |raw| Queue {
-            raw,
-            cl: self.cl,
-        })
-    }
+    cl_wrappers! {
+        /// An in-order command queue on `dev` with profiling enabled (`clCreateCommandQueue`).
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn queue(&self, dev: DeviceId) -> ClResult<Queue>
+            // SAFETY: live context and one of its devices.
+            => create "clCreateCommandQueue"
+            (self.cl.fns.create_command_queue)(self.raw, dev.id, CL_QUEUE_PROFILING_ENABLE);
 
-    /// A read-write buffer of `size` bytes.
-    ///
-    /// # Errors
-    /// Driver failures (`CL_INVALID_BUFFER_SIZE`, `CL_MEM_OBJECT_ALLOCATION_FAILURE`,
-    /// `CL_OUT_OF_RESOURCES`, `CL_OUT_OF_HOST_MEMORY`).
-    pub fn buffer(&self, size: usize) -> ClResult<Mem> {
-        let mut err = CL_SUCCESS;
-        // SAFETY: live context; no host pointer.
-        let raw = unsafe {
-            (self.cl.fns.create_buffer)(
-                self.raw,
-                CL_MEM_READ_WRITE,
-                size,
-                std::ptr::null_mut(),
-                &mut err,
-            )
-        };
-        ret("clCreateBuffer", err, raw, |raw| Mem { raw, cl: self.cl })
-    }
+        /// A read-write buffer of `size` bytes.
+        ///
+        /// # Errors
+        /// Driver failures (`CL_INVALID_BUFFER_SIZE`, `CL_MEM_OBJECT_ALLOCATION_FAILURE`,
+        /// `CL_OUT_OF_RESOURCES`, `CL_OUT_OF_HOST_MEMORY`).
+        pub fn buffer(&self, size: usize) -> ClResult<Mem>
+            // SAFETY: live context; no host pointer.
+            => create "clCreateBuffer"
+            (self.cl.fns.create_buffer)(self.raw, CL_MEM_READ_WRITE, size, std::ptr::null_mut());
 
-    /// A user event (`clCreateUserEvent`), complete once [`Event::complete_user`] is called.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn user_event(&self) -> ClResult<Event> {
-        let mut err = CL_SUCCESS;
-        // SAFETY: live context.
-        let raw = unsafe { (self.cl.fns.create_user_event)(self.raw, &mut err) };
-        ret("clCreateUserEvent", err, raw, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+        /// A user event (`clCreateUserEvent`), complete once [`Event::complete_user`] is called.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn user_event(&self) -> ClResult<Event>
+            // SAFETY: live context.
+            => create "clCreateUserEvent" (self.cl.fns.create_user_event)(self.raw);
 
-    /// A program from OpenCL C source (not built yet).
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn program(&self, source: &str) -> ClResult<Program> {
-        let ptr = source.as_ptr().cast::<c_char>();
-        let len = source.len();
-        let mut err = CL_SUCCESS;
-        // SAFETY: one string of `len` bytes (lengths given, so no NUL is needed); the driver
-        // copies it.
-        let raw =
-            unsafe { (self.cl.fns.create_program_with_source)(self.raw, 1, &ptr, &len, &mut err) };
-        ret("clCreateProgramWithSource", err, raw, |raw| Program {
-            raw,
-            cl: self.cl,
-        })
+        /// A program from OpenCL C source (not built yet).
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn program(&self, source: &str) -> ClResult<Program>
+            => create "clCreateProgramWithSource"
+            let ptr = source.as_ptr().cast::<c_char>();
+            let len = source.len();
+            // SAFETY: one string of `len` bytes (lengths given, so no NUL is needed); the driver
+            // copies it.
+            (self.cl.fns.create_program_with_source)(self.raw, 1, &ptr, &len);
     }
 }
 
@@ -973,349 +926,167 @@ impl Mem {
 }
 
 impl Queue {
-    /// `clEnqueueWriteBuffer`, non-blocking: `n` bytes from `host` to `mem + offset`.
-    ///
-    /// # Errors
-    /// Driver failures.
-    ///
-    /// # Safety
-    /// - `host` is readable for `n` bytes until the command completes (the queue is finished or
-    ///   an event after it has completed).
-    pub unsafe fn write(
-        &self,
-        mem: &Mem,
-        offset: usize,
-        n: usize,
-        host: *const u8,
-    ) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: live queue and buffer of one context; `host` valid for `n` bytes until the
-        // command completes (caller).
-        let r = unsafe {
-            (self.cl.fns.enqueue_write_buffer)(
-                self.raw,
-                mem.raw,
-                CL_FALSE,
-                offset,
-                n,
-                host.cast(),
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueWriteBuffer", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+    cl_wrappers! {
+        /// `clEnqueueWriteBuffer`, non-blocking: `n` bytes from `host` to `mem + offset`.
+        ///
+        /// # Errors
+        /// Driver failures.
+        ///
+        /// # Safety
+        /// - `host` is readable for `n` bytes until the command completes (the queue is finished
+        ///   or an event after it has completed).
+        pub unsafe fn write(&self, mem: &Mem, offset: usize, n: usize, host: *const u8)
+            -> ClResult<Event>
+            // SAFETY: live queue and buffer of one context; `host` valid for `n` bytes until the
+            // command completes (caller).
+            => enqueue "clEnqueueWriteBuffer"
+            (self.cl.fns.enqueue_write_buffer)(self.raw, mem.raw, CL_FALSE, offset, n, host.cast());
 
-    /// `clEnqueueReadBuffer`, non-blocking: `n` bytes from `mem + offset` to `host`.
-    ///
-    /// # Errors
-    /// Driver failures.
-    ///
-    /// # Safety
-    /// - `host` is writable for `n` bytes until the command completes, and nothing else reads
-    ///   or writes it meanwhile.
-    pub unsafe fn read(
-        &self,
-        mem: &Mem,
-        offset: usize,
-        n: usize,
-        host: *mut u8,
-    ) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: as the caller's contract.
-        let r = unsafe {
-            (self.cl.fns.enqueue_read_buffer)(
-                self.raw,
-                mem.raw,
-                CL_FALSE,
-                offset,
-                n,
-                host.cast(),
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueReadBuffer", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+        /// `clEnqueueReadBuffer`, non-blocking: `n` bytes from `mem + offset` to `host`.
+        ///
+        /// # Errors
+        /// Driver failures.
+        ///
+        /// # Safety
+        /// - `host` is writable for `n` bytes until the command completes, and nothing else reads
+        ///   or writes it meanwhile.
+        pub unsafe fn read(&self, mem: &Mem, offset: usize, n: usize, host: *mut u8)
+            -> ClResult<Event>
+            // SAFETY: as the caller's contract.
+            => enqueue "clEnqueueReadBuffer"
+            (self.cl.fns.enqueue_read_buffer)(self.raw, mem.raw, CL_FALSE, offset, n, host.cast());
 
-    /// `clEnqueueCopyBuffer`: `n` bytes from `src + src_off` to `dst + dst_off`.
-    ///
-    /// # Errors
-    /// Driver failures (`CL_MEM_COPY_OVERLAP` for overlapping ranges of one buffer).
-    pub fn copy(
-        &self,
-        src: &Mem,
-        dst: &Mem,
-        src_off: usize,
-        dst_off: usize,
-        n: usize,
-    ) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: live queue and buffers; the driver checks the ranges.
-        let r = unsafe {
-            (self.cl.fns.enqueue_copy_buffer)(
-                self.raw,
-                src.raw,
-                dst.raw,
-                src_off,
-                dst_off,
-                n,
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueCopyBuffer", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+        /// `clEnqueueCopyBuffer`: `n` bytes from `src + src_off` to `dst + dst_off`.
+        ///
+        /// # Errors
+        /// Driver failures (`CL_MEM_COPY_OVERLAP` for overlapping ranges of one buffer).
+        pub fn copy(&self, src: &Mem, dst: &Mem, src_off: usize, dst_off: usize, n: usize)
+            -> ClResult<Event>
+            // SAFETY: live queue and buffers; the driver checks the ranges.
+            => enqueue "clEnqueueCopyBuffer"
+            (self.cl.fns.enqueue_copy_buffer)(self.raw, src.raw, dst.raw, src_off, dst_off, n);
 
-    /// `clEnqueueWriteBufferRect`, non-blocking: `region` (bytes, rows, slices) from the host
-    /// rectangle at `host` to the buffer rectangle.
-    ///
-    /// # Errors
-    /// Driver failures.
-    ///
-    /// # Safety
-    /// - Every byte of the host rectangle (`host_rect` over `region` from `host`) is readable
-    ///   until the command completes.
-    pub unsafe fn write_rect(
-        &self,
-        mem: &Mem,
-        buf: Rect,
-        host: *const u8,
-        host_rect: Rect,
-        region: [usize; 3],
-    ) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: live queue and buffer; the three arrays hold 3 entries; the host rectangle is
-        // readable until completion (caller); the driver checks the buffer rectangle.
-        let r = unsafe {
+        /// `clEnqueueWriteBufferRect`, non-blocking: `region` (bytes, rows, slices) from the host
+        /// rectangle at `host` to the buffer rectangle.
+        ///
+        /// # Errors
+        /// Driver failures.
+        ///
+        /// # Safety
+        /// - Every byte of the host rectangle (`host_rect` over `region` from `host`) is readable
+        ///   until the command completes.
+        pub unsafe fn write_rect(
+            &self, mem: &Mem, buf: Rect, host: *const u8, host_rect: Rect, region: [usize; 3],
+        ) -> ClResult<Event>
+            // SAFETY: live queue and buffer; the three arrays hold 3 entries; the host rectangle
+            // is readable until completion (caller); the driver checks the buffer rectangle.
+            => enqueue "clEnqueueWriteBufferRect"
             (self.cl.fns.enqueue_write_buffer_rect)(
-                self.raw,
-                mem.raw,
-                CL_FALSE,
-                buf.origin.as_ptr(),
-                host_rect.origin.as_ptr(),
-                region.as_ptr(),
-                buf.row_pitch,
-                buf.slice_pitch,
-                host_rect.row_pitch,
-                host_rect.slice_pitch,
+                self.raw, mem.raw, CL_FALSE,
+                buf.origin.as_ptr(), host_rect.origin.as_ptr(), region.as_ptr(),
+                buf.row_pitch, buf.slice_pitch, host_rect.row_pitch, host_rect.slice_pitch,
                 host.cast(),
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueWriteBufferRect", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+            );
 
-    /// `clEnqueueReadBufferRect`, non-blocking: `region` from the buffer rectangle to the host
-    /// rectangle at `host`.
-    ///
-    /// # Errors
-    /// Driver failures.
-    ///
-    /// # Safety
-    /// - Every byte of the host rectangle is writable until the command completes, and nothing
-    ///   else accesses it meanwhile.
-    pub unsafe fn read_rect(
-        &self,
-        mem: &Mem,
-        buf: Rect,
-        host: *mut u8,
-        host_rect: Rect,
-        region: [usize; 3],
-    ) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: as `write_rect`, with the host rectangle writable (caller).
-        let r = unsafe {
+        /// `clEnqueueReadBufferRect`, non-blocking: `region` from the buffer rectangle to the
+        /// host rectangle at `host`.
+        ///
+        /// # Errors
+        /// Driver failures.
+        ///
+        /// # Safety
+        /// - Every byte of the host rectangle is writable until the command completes, and
+        ///   nothing else accesses it meanwhile.
+        pub unsafe fn read_rect(
+            &self, mem: &Mem, buf: Rect, host: *mut u8, host_rect: Rect, region: [usize; 3],
+        ) -> ClResult<Event>
+            // SAFETY: as `write_rect`, with the host rectangle writable (caller).
+            => enqueue "clEnqueueReadBufferRect"
             (self.cl.fns.enqueue_read_buffer_rect)(
-                self.raw,
-                mem.raw,
-                CL_FALSE,
-                buf.origin.as_ptr(),
-                host_rect.origin.as_ptr(),
-                region.as_ptr(),
-                buf.row_pitch,
-                buf.slice_pitch,
-                host_rect.row_pitch,
-                host_rect.slice_pitch,
+                self.raw, mem.raw, CL_FALSE,
+                buf.origin.as_ptr(), host_rect.origin.as_ptr(), region.as_ptr(),
+                buf.row_pitch, buf.slice_pitch, host_rect.row_pitch, host_rect.slice_pitch,
                 host.cast(),
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueReadBufferRect", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+            );
 
-    /// `clEnqueueCopyBufferRect`: `region` from the `src` rectangle to the `dst` rectangle.
-    ///
-    /// # Errors
-    /// Driver failures (`CL_MEM_COPY_OVERLAP` for overlapping rectangles of one buffer).
-    pub fn copy_rect(
-        &self,
-        src: &Mem,
-        dst: &Mem,
-        s: Rect,
-        d: Rect,
-        region: [usize; 3],
-    ) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: live queue and buffers; 3-entry arrays; the driver checks both rectangles.
-        let r = unsafe {
+        /// `clEnqueueCopyBufferRect`: `region` from the `src` rectangle to the `dst` rectangle.
+        ///
+        /// # Errors
+        /// Driver failures (`CL_MEM_COPY_OVERLAP` for overlapping rectangles of one buffer).
+        pub fn copy_rect(&self, src: &Mem, dst: &Mem, s: Rect, d: Rect, region: [usize; 3])
+            -> ClResult<Event>
+            // SAFETY: live queue and buffers; 3-entry arrays; the driver checks both rectangles.
+            => enqueue "clEnqueueCopyBufferRect"
             (self.cl.fns.enqueue_copy_buffer_rect)(
-                self.raw,
-                src.raw,
-                dst.raw,
-                s.origin.as_ptr(),
-                d.origin.as_ptr(),
-                region.as_ptr(),
-                s.row_pitch,
-                s.slice_pitch,
-                d.row_pitch,
-                d.slice_pitch,
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueCopyBufferRect", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+                self.raw, src.raw, dst.raw,
+                s.origin.as_ptr(), d.origin.as_ptr(), region.as_ptr(),
+                s.row_pitch, s.slice_pitch, d.row_pitch, d.slice_pitch,
+            );
 
-    /// `clEnqueueFillBuffer` with a one-byte pattern.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn fill(&self, mem: &Mem, value: u8, offset: usize, n: usize) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        let pattern = value;
-        // SAFETY: live queue and buffer; the pattern is copied by the call (OpenCL 1.2 §5.2.2:
-        // "the memory associated with pattern can be reused or freed after the function
-        // returns").
-        let r = unsafe {
+        /// `clEnqueueFillBuffer` with a one-byte pattern.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn fill(&self, mem: &Mem, value: u8, offset: usize, n: usize) -> ClResult<Event>
+            => enqueue "clEnqueueFillBuffer"
+            let pattern = value;
+            // SAFETY: live queue and buffer; the pattern is copied by the call (OpenCL 1.2
+            // §5.2.2: "the memory associated with pattern can be reused or freed after the
+            // function returns").
             (self.cl.fns.enqueue_fill_buffer)(
-                self.raw,
-                mem.raw,
-                (&pattern as *const u8).cast(),
-                1,
-                offset,
-                n,
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueFillBuffer", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+                self.raw, mem.raw, (&pattern as *const u8).cast(), 1, offset, n,
+            );
 
-    /// `clFinish`: blocks until every queued command has completed.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn finish(&self) -> ClResult<()> {
-        // SAFETY: live queue.
-        check("clFinish", unsafe { (self.cl.fns.finish)(self.raw) })
-    }
+        /// `clFinish`: blocks until every queued command has completed.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn finish(&self) -> ClResult<()>
+            // SAFETY: live queue.
+            => status "clFinish" (self.cl.fns.finish)(self.raw);
 
-    /// `clFlush`: submits the queued commands to the device.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn flush(&self) -> ClResult<()> {
-        // SAFETY: live queue.
-        check("clFlush", unsafe { (self.cl.fns.flush)(self.raw) })
-    }
+        /// `clFlush`: submits the queued commands to the device.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn flush(&self) -> ClResult<()>
+            // SAFETY: live queue.
+            => status "clFlush" (self.cl.fns.flush)(self.raw);
 
-    /// `clEnqueueMarkerWithWaitList` with no wait list: an event complete when everything queued
-    /// before it is.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn marker(&self) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: live queue; `ev` a valid out pointer.
-        let r = unsafe {
-            (self.cl.fns.enqueue_marker_with_wait_list)(self.raw, 0, std::ptr::null(), &mut ev)
-        };
-        ret("clEnqueueMarkerWithWaitList", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+        /// `clEnqueueMarkerWithWaitList` with no wait list: an event complete when everything
+        /// queued before it is.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn marker(&self) -> ClResult<Event>
+            // SAFETY: live queue; `ev` a valid out pointer.
+            => enqueue "clEnqueueMarkerWithWaitList"
+            (self.cl.fns.enqueue_marker_with_wait_list)(self.raw);
 
-    /// `clEnqueueBarrierWithWaitList`: commands queued after it wait for `events`.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn barrier(&self, events: &[&Event]) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        let (n, v) = wait_list(events);
-        // SAFETY: live queue; `v` holds `n` live events of the same context (callers keep
-        // events per device, and devices of one platform share a context).
-        let r = unsafe {
-            (self.cl.fns.enqueue_barrier_with_wait_list)(self.raw, n, list_ptr(&v), &mut ev)
-        };
-        ret("clEnqueueBarrierWithWaitList", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
-    }
+        /// `clEnqueueBarrierWithWaitList`: commands queued after it wait for `events`.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn barrier(&self, events: &[&Event]) -> ClResult<Event>
+            => enqueue_waiting "clEnqueueBarrierWithWaitList"
+            let (n, v) = wait_list(events);
+            // SAFETY: live queue; `v` holds `n` live events of the same context (callers keep
+            // events per device, and devices of one platform share a context).
+            (self.cl.fns.enqueue_barrier_with_wait_list)(self.raw, n, list_ptr(&v));
 
-    /// `clEnqueueNDRangeKernel` over `dims` axes (1..=3) with the kernel's arguments as set.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn launch(
-        &self,
-        kernel: &Kernel,
-        dims: usize,
-        global: &[usize; 3],
-        local: &[usize; 3],
-    ) -> ClResult<Event> {
-        let mut ev: cl_event = std::ptr::null_mut();
-        // SAFETY: live queue and kernel of one context; `global`/`local` hold 3 >= dims entries;
-        // the driver retains the kernel and its arguments for the queued command.
-        let r = unsafe {
+        /// `clEnqueueNDRangeKernel` over `dims` axes (1..=3) with the kernel's arguments as set.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn launch(&self, kernel: &Kernel, dims: usize, global: &[usize; 3], local: &[usize; 3])
+            -> ClResult<Event>
+            // SAFETY: live queue and kernel of one context; `global`/`local` hold 3 >= dims
+            // entries; the driver retains the kernel and its arguments for the queued command.
+            => enqueue "clEnqueueNDRangeKernel"
             (self.cl.fns.enqueue_nd_range_kernel)(
-                self.raw,
-                kernel.raw,
-                dims.clamp(1, 3) as cl_uint,
-                std::ptr::null(),
-                global.as_ptr(),
-                local.as_ptr(),
-                0,
-                std::ptr::null(),
-                &mut ev,
-            )
-        };
-        ret("clEnqueueNDRangeKernel", r, ev, |raw| Event {
-            raw,
-            cl: self.cl,
-        })
+                self.raw, kernel.raw, dims.clamp(1, 3) as cl_uint,
+                std::ptr::null(), global.as_ptr(), local.as_ptr(),
+            );
     }
 }
 
@@ -1337,46 +1108,40 @@ unsafe extern "C" fn event_trampoline(_ev: cl_event, status: cl_int, user_data: 
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cb(status))) {
         log::error!(
             "an OpenCL event callback panicked: {}",
-            crate::device_api::error::panic_message(&*p)
+            crate::util::panic_message(&*p)
         );
     }
 }
 
 impl Event {
-    /// `CL_EVENT_COMMAND_EXECUTION_STATUS`: `CL_COMPLETE` (0), a positive state, or a negative
-    /// error code of the failed command.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn status(&self) -> ClResult<cl_int> {
-        let f = self.cl.fns.get_event_info;
-        info_value("clGetEventInfo", |n, v, r| {
+    cl_wrappers! {
+        /// `CL_EVENT_COMMAND_EXECUTION_STATUS`: `CL_COMPLETE` (0), a positive state, or a
+        /// negative error code of the failed command.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn status(&self) -> ClResult<cl_int>
             // SAFETY: live event; `v` holds `n` bytes.
-            unsafe { f(self.raw, CL_EVENT_COMMAND_EXECUTION_STATUS, n, v, r) }
-        })
-    }
+            => info "clGetEventInfo"
+            (self.cl.fns.get_event_info)(self.raw, CL_EVENT_COMMAND_EXECUTION_STATUS);
 
-    /// `clWaitForEvents` on this event.
-    ///
-    /// # Errors
-    /// Driver failures (`CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST` when the command failed).
-    pub fn wait(&self) -> ClResult<()> {
-        // SAFETY: one live event.
-        check("clWaitForEvents", unsafe {
-            (self.cl.fns.wait_for_events)(1, &self.raw)
-        })
-    }
+        /// `clWaitForEvents` on this event.
+        ///
+        /// # Errors
+        /// Driver failures (`CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST` when the command
+        /// failed).
+        pub fn wait(&self) -> ClResult<()>
+            // SAFETY: one live event.
+            => status "clWaitForEvents" (self.cl.fns.wait_for_events)(1, &self.raw);
 
-    /// `CL_PROFILING_COMMAND_END`, in nanoseconds of the device clock.
-    ///
-    /// # Errors
-    /// `CL_PROFILING_INFO_NOT_AVAILABLE` when the driver keeps no timestamps for the command.
-    pub fn end_time_ns(&self) -> ClResult<u64> {
-        let f = self.cl.fns.get_event_profiling_info;
-        info_value("clGetEventProfilingInfo", |n, v, r| {
+        /// `CL_PROFILING_COMMAND_END`, in nanoseconds of the device clock.
+        ///
+        /// # Errors
+        /// `CL_PROFILING_INFO_NOT_AVAILABLE` when the driver keeps no timestamps for the command.
+        pub fn end_time_ns(&self) -> ClResult<u64>
             // SAFETY: live event; `v` holds `n` bytes.
-            unsafe { f(self.raw, CL_PROFILING_COMMAND_END, n, v, r) }
-        })
+            => info "clGetEventProfilingInfo"
+            (self.cl.fns.get_event_profiling_info)(self.raw, CL_PROFILING_COMMAND_END);
     }
 
     /// Runs `cb` on a driver thread when the event completes (or fails: the status says which),
@@ -1399,15 +1164,15 @@ impl Event {
         check("clSetEventCallback", r)
     }
 
-    /// Completes a user event (`clSetUserEventStatus(CL_COMPLETE)`).
-    ///
-    /// # Errors
-    /// Driver failures (`CL_INVALID_EVENT` for an event that is not a user event).
-    pub fn complete_user(&self) -> ClResult<()> {
-        // SAFETY: live event.
-        check("clSetUserEventStatus", unsafe {
-            (self.cl.fns.set_user_event_status)(self.raw, CL_COMPLETE)
-        })
+    cl_wrappers! {
+        /// Completes a user event (`clSetUserEventStatus(CL_COMPLETE)`).
+        ///
+        /// # Errors
+        /// Driver failures (`CL_INVALID_EVENT` for an event that is not a user event).
+        pub fn complete_user(&self) -> ClResult<()>
+            // SAFETY: live event.
+            => status "clSetUserEventStatus"
+            (self.cl.fns.set_user_event_status)(self.raw, CL_COMPLETE);
     }
 }
 
@@ -1436,17 +1201,21 @@ impl Program {
         }
     }
 
-    /// `CL_PROGRAM_BUILD_LOG` for `dev`.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn build_log(&self, dev: DeviceId) -> ClResult<String> {
-        let f = self.cl.fns.get_program_build_info;
-        info_bytes("clGetProgramBuildInfo", |n, v, r| {
+    cl_wrappers! {
+        /// `CL_PROGRAM_BUILD_LOG` for `dev`.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn build_log(&self, dev: DeviceId) -> ClResult<String>
             // SAFETY: live program, one of its devices; `v` holds `n` bytes.
-            unsafe { f(self.raw, dev.id, CL_PROGRAM_BUILD_LOG, n, v, r) }
-        })
-        .map(c_string)
+            => info_string "clGetProgramBuildInfo"
+            (self.cl.fns.get_program_build_info)(self.raw, dev.id, CL_PROGRAM_BUILD_LOG);
+
+        /// `CL_PROGRAM_KERNEL_NAMES`: the kernels of the built program, `;`-separated.
+        fn kernel_name_list(&self) -> ClResult<String>
+            // SAFETY: live, built program; `v` holds `n` bytes.
+            => info_string "clGetProgramInfo"
+            (self.cl.fns.get_program_info)(self.raw, CL_PROGRAM_KERNEL_NAMES);
     }
 
     /// The kernels of the built program (`CL_PROGRAM_KERNEL_NAMES`).
@@ -1454,12 +1223,7 @@ impl Program {
     /// # Errors
     /// Driver failures.
     pub fn kernel_names(&self) -> ClResult<Vec<String>> {
-        let f = self.cl.fns.get_program_info;
-        let s = info_bytes("clGetProgramInfo", |n, v, r| {
-            // SAFETY: live, built program; `v` holds `n` bytes.
-            unsafe { f(self.raw, CL_PROGRAM_KERNEL_NAMES, n, v, r) }
-        })
-        .map(c_string)?;
+        let s = self.kernel_name_list()?;
         Ok(s.split(';')
             .map(str::trim)
             .filter(|s| !s.is_empty())
@@ -1467,104 +1231,81 @@ impl Program {
             .collect())
     }
 
-    /// `clCreateKernel`.
-    ///
-    /// # Errors
-    /// Driver failures (`CL_INVALID_KERNEL_NAME`).
-    pub fn kernel(&self, name: &str) -> ClResult<Kernel> {
-        let cname = CString::new(name).map_err(|_| ClError {
-            call: "clCreateKernel",
-            code: -46,
-        })?;
-        let mut err = CL_SUCCESS;
-        // SAFETY: live, built program; NUL-terminated name.
-        let raw = unsafe { (self.cl.fns.create_kernel)(self.raw, cname.as_ptr(), &mut err) };
-        ret("clCreateKernel", err, raw, |raw| Kernel {
-            raw,
-            cl: self.cl,
-        })
+    cl_wrappers! {
+        /// `clCreateKernel`.
+        ///
+        /// # Errors
+        /// Driver failures (`CL_INVALID_KERNEL_NAME`).
+        pub fn kernel(&self, name: &str) -> ClResult<Kernel>
+            => create "clCreateKernel"
+            let cname = CString::new(name).map_err(|_| ClError {
+                call: "clCreateKernel",
+                code: -46,
+            })?;
+            // SAFETY: live, built program; NUL-terminated name.
+            (self.cl.fns.create_kernel)(self.raw, cname.as_ptr());
     }
 }
 
 impl Kernel {
-    /// `CL_KERNEL_NUM_ARGS`.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn num_args(&self) -> ClResult<u32> {
-        let f = self.cl.fns.get_kernel_info;
-        info_value("clGetKernelInfo", |n, v, r| {
+    cl_wrappers! {
+        /// `CL_KERNEL_NUM_ARGS`.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn num_args(&self) -> ClResult<u32>
             // SAFETY: live kernel; `v` holds `n` bytes.
-            unsafe { f(self.raw, CL_KERNEL_NUM_ARGS, n, v, r) }
-        })
-    }
+            => info "clGetKernelInfo" (self.cl.fns.get_kernel_info)(self.raw, CL_KERNEL_NUM_ARGS);
 
-    /// `CL_KERNEL_WORK_GROUP_SIZE` on `dev`: the largest work-group this kernel can run with.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn work_group_size(&self, dev: DeviceId) -> ClResult<usize> {
-        let f = self.cl.fns.get_kernel_work_group_info;
-        info_value("clGetKernelWorkGroupInfo", |n, v, r| {
+        /// `CL_KERNEL_WORK_GROUP_SIZE` on `dev`: the largest work-group this kernel can run with.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn work_group_size(&self, dev: DeviceId) -> ClResult<usize>
             // SAFETY: live kernel, a device of its program; `v` holds `n` bytes.
-            unsafe { f(self.raw, dev.id, CL_KERNEL_WORK_GROUP_SIZE, n, v, r) }
-        })
-    }
+            => info "clGetKernelWorkGroupInfo"
+            (self.cl.fns.get_kernel_work_group_info)(self.raw, dev.id, CL_KERNEL_WORK_GROUP_SIZE);
 
-    /// `CL_KERNEL_ARG_ADDRESS_QUALIFIER` of parameter `index` (`CL_KERNEL_ARG_ADDRESS_*`); needs a
-    /// program built with `-cl-kernel-arg-info`.
-    ///
-    /// # Errors
-    /// Driver failures (`CL_KERNEL_ARG_INFO_NOT_AVAILABLE`).
-    pub fn arg_address_qualifier(&self, index: u32) -> ClResult<u32> {
-        let f = self.cl.fns.get_kernel_arg_info;
-        info_value("clGetKernelArgInfo", |n, v, r| {
+        /// `CL_KERNEL_ARG_ADDRESS_QUALIFIER` of parameter `index` (`CL_KERNEL_ARG_ADDRESS_*`);
+        /// needs a program built with `-cl-kernel-arg-info`.
+        ///
+        /// # Errors
+        /// Driver failures (`CL_KERNEL_ARG_INFO_NOT_AVAILABLE`).
+        pub fn arg_address_qualifier(&self, index: u32) -> ClResult<u32>
             // SAFETY: live kernel; `v` holds `n` bytes.
-            unsafe { f(self.raw, index, CL_KERNEL_ARG_ADDRESS_QUALIFIER, n, v, r) }
-        })
-    }
+            => info "clGetKernelArgInfo"
+            (self.cl.fns.get_kernel_arg_info)(self.raw, index, CL_KERNEL_ARG_ADDRESS_QUALIFIER);
 
-    /// `CL_KERNEL_ARG_TYPE_NAME` of parameter `index` (`"float*"`).
-    ///
-    /// # Errors
-    /// Driver failures (`CL_KERNEL_ARG_INFO_NOT_AVAILABLE`).
-    pub fn arg_type_name(&self, index: u32) -> ClResult<String> {
-        let f = self.cl.fns.get_kernel_arg_info;
-        info_bytes("clGetKernelArgInfo", |n, v, r| {
+        /// `CL_KERNEL_ARG_TYPE_NAME` of parameter `index` (`"float*"`).
+        ///
+        /// # Errors
+        /// Driver failures (`CL_KERNEL_ARG_INFO_NOT_AVAILABLE`).
+        pub fn arg_type_name(&self, index: u32) -> ClResult<String>
             // SAFETY: live kernel; `v` is NULL (n = 0) or holds `n` bytes.
-            unsafe { f(self.raw, index, CL_KERNEL_ARG_TYPE_NAME, n, v, r) }
-        })
-        .map(c_string)
-    }
+            => info_string "clGetKernelArgInfo"
+            (self.cl.fns.get_kernel_arg_info)(self.raw, index, CL_KERNEL_ARG_TYPE_NAME);
 
-    /// Sets argument `index` to a buffer.
-    ///
-    /// # Errors
-    /// Driver failures.
-    pub fn set_arg_mem(&mut self, index: u32, mem: &Mem) -> ClResult<()> {
-        let raw: cl_mem = mem.raw;
-        // SAFETY: live kernel (exclusive: `&mut self`); the value is a `cl_mem` of the same
-        // context, read during the call.
-        let r = unsafe {
+        /// Sets argument `index` to a buffer.
+        ///
+        /// # Errors
+        /// Driver failures.
+        pub fn set_arg_mem(&mut self, index: u32, mem: &Mem) -> ClResult<()>
+            => status "clSetKernelArg"
+            let raw = mem.raw;
+            // SAFETY: live kernel (exclusive: `&mut self`); the value is a `cl_mem` of the same
+            // context, read during the call.
             (self.cl.fns.set_kernel_arg)(
-                self.raw,
-                index,
-                std::mem::size_of::<cl_mem>(),
-                (&raw as *const cl_mem).cast(),
-            )
-        };
-        check("clSetKernelArg", r)
-    }
+                self.raw, index, std::mem::size_of::<cl_mem>(), (&raw as *const cl_mem).cast(),
+            );
 
-    /// Sets argument `index` to the bytes of a scalar.
-    ///
-    /// # Errors
-    /// Driver failures (`CL_INVALID_ARG_SIZE` when the size does not match the parameter).
-    pub fn set_arg_bytes(&mut self, index: u32, bytes: &[u8]) -> ClResult<()> {
-        // SAFETY: live kernel (exclusive); `bytes` valid for its length, read during the call.
-        let r = unsafe {
-            (self.cl.fns.set_kernel_arg)(self.raw, index, bytes.len(), bytes.as_ptr().cast())
-        };
-        check("clSetKernelArg", r)
+        /// Sets argument `index` to the bytes of a scalar.
+        ///
+        /// # Errors
+        /// Driver failures (`CL_INVALID_ARG_SIZE` when the size does not match the parameter).
+        pub fn set_arg_bytes(&mut self, index: u32, bytes: &[u8]) -> ClResult<()>
+            // SAFETY: live kernel (exclusive); `bytes` valid for its length, read during the
+            // call.
+            => status "clSetKernelArg"
+            (self.cl.fns.set_kernel_arg)(self.raw, index, bytes.len(), bytes.as_ptr().cast());
     }
 }

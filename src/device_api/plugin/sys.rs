@@ -15,9 +15,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::PluginError;
-use crate::device_api::error::panic_message;
 use crate::packed_func::ffi::TVMFFISafeCallType;
 use crate::packed_func::PackedFunc;
+use crate::util::panic_message;
 
 /// `KILN_PLUGIN_ABI_MAJOR`.
 pub const KILN_PLUGIN_ABI_MAJOR: u32 = 1;
@@ -634,7 +634,7 @@ impl RawPlugin {
             reason: error_chain(&e),
         })?;
         let lib: libloading::Library = lib.into();
-        for (slot, addr) in crate::packed_func::library::context_symbols() {
+        for (slot, addr) in crate::packed_func::context::context_symbols() {
             let name = format!("{slot}\0");
             // SAFETY: a context slot is an exported `void*` variable; we only take its address.
             if let Ok(sym) = unsafe { lib.get::<*mut *mut c_void>(name.as_bytes()) } {

@@ -4,20 +4,19 @@
 //! no `libtvm_ffi`: the runtime services it calls (raising errors, and whatever kiln's code
 //! generator adds, such as the parallel launcher) are reached through *context slots*, exported
 //! zero-initialized `void*` variables named `__<CFunctionName>` that the loader fills right after
-//! `dlopen`. kiln fills every slot registered with [`register_context_symbol`]; tvm_ffi and TVM fill
-//! theirs the same way, so one library works in all of them.
+//! `dlopen`. kiln fills every slot registered in [`crate::packed_func::context`]; tvm_ffi and TVM
+//! fill theirs the same way, so one library works in all of them.
 //!
 //! A function taken from a library keeps the library loaded ([`PackedFunc`] holds an `Arc`).
 
-use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::Arc;
 
-use super::error::PackedFuncError;
-use super::ffi::{self, TVMFFISafeCallType};
-use super::function::PackedFunc;
-use super::module::Module;
+use super::device_module::{load_device_module, DeviceModule};
+use crate::packed_func::context::context_symbols;
+use crate::packed_func::ffi::TVMFFISafeCallType;
+use crate::packed_func::{Module, PackedFunc, PackedFuncError};
 
 /// The prefix of exported packed functions.
 pub const SYMBOL_PREFIX: &str = "__tvm_ffi_";
@@ -44,40 +43,6 @@ pub enum LibraryError {
     },
 }
 
-fn slots() -> &'static RwLock<BTreeMap<String, usize>> {
-    static SLOTS: OnceLock<RwLock<BTreeMap<String, usize>>> = OnceLock::new();
-    SLOTS.get_or_init(|| {
-        let mut m = BTreeMap::new();
-        let set: ffi::SetRaisedFromCStrFn = ffi::kiln_error_set_raised_from_cstr;
-        let parts: ffi::SetRaisedFromCStrPartsFn = ffi::kiln_error_set_raised_from_cstr_parts;
-        m.insert("__TVMFFIErrorSetRaisedFromCStr".to_owned(), set as usize);
-        m.insert(
-            "__TVMFFIErrorSetRaisedFromCStrParts".to_owned(),
-            parts as usize,
-        );
-        RwLock::new(m)
-    })
-}
-
-/// Registers a runtime service for the context slot `slot` (e.g. `__TVMBackendParallelLaunch`):
-/// every library loaded afterwards that exports the slot gets `addr` written into it.
-pub fn register_context_symbol(slot: &str, addr: usize) {
-    slots()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(slot.to_owned(), addr);
-}
-
-/// The registered context slots and their values.
-pub fn context_symbols() -> Vec<(String, usize)> {
-    slots()
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|(k, v)| (k.clone(), *v))
-        .collect()
-}
-
 /// A loaded shared library of packed functions.
 pub struct LibraryModule {
     path: PathBuf,
@@ -89,7 +54,7 @@ pub struct LibraryModule {
 /// has device code): what its functions keep alive.
 struct Loaded {
     lib: libloading::Library,
-    device: Option<Arc<crate::device_api::kernels::DeviceModule>>,
+    device: Option<Arc<DeviceModule>>,
 }
 
 impl std::fmt::Debug for LibraryModule {
@@ -134,9 +99,7 @@ impl LibraryModule {
     /// what it can (that it is an ELF shared object) before opening it.
     pub unsafe fn load(path: impl AsRef<Path>) -> Result<Self, LibraryError> {
         // The services generated code reaches through context slots must be registered first.
-        crate::codegen::parallel::register_runtime_symbols();
-        crate::device_api::init();
-        crate::device_api::kernels::register_runtime_symbols();
+        super::init();
         let path = path.as_ref().to_path_buf();
         // dlopen searches the system library path for a name without a `/` (`vadd.so` would
         // not mean the file in the current directory): always open an absolute path.
@@ -199,11 +162,9 @@ impl LibraryModule {
         let device = match meta {
             None => None,
             Some(m) => {
-                let dm = crate::device_api::kernels::load_device_module(&m).map_err(|reason| {
-                    LibraryError::Read {
-                        path: path.clone(),
-                        reason,
-                    }
+                let dm = load_device_module(&m).map_err(|reason| LibraryError::Read {
+                    path: path.clone(),
+                    reason,
                 })?;
                 // SAFETY: as for the context slots above: an exported, writable `void*`.
                 if let Ok(sym) = unsafe { lib.get::<*mut *mut c_void>(b"__kiln_device_module\0") } {
@@ -221,6 +182,11 @@ impl LibraryModule {
             lib: Arc::new(Loaded { lib, device }),
             names,
         })
+    }
+
+    /// The device module its host code launches kernels through, if it has device code.
+    pub fn device(&self) -> Option<&Arc<DeviceModule>> {
+        self.lib.device.as_ref()
     }
 
     /// The file this module was loaded from.
@@ -257,8 +223,7 @@ impl Module for LibraryModule {
 
     fn get_source(&self, format: &str) -> Option<String> {
         let d = self.lib.device.as_ref()?;
-        (format == d.kind() || format == "cl" && d.kind() == "opencl")
-            .then(|| d.source().to_owned())
+        d.answers(format).then(|| d.source().to_owned())
     }
 }
 

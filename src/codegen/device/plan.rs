@@ -1,4 +1,5 @@
-//! The host/device split, shared by every device code generator.
+//! The kernel plan: which loop nests of a function are device kernels, what each captures,
+//! and its launch extents.
 //!
 //! A function whose body contains thread-bound loop nests (`for` kind `thread_binding`) runs on
 //! two processors: each *outermost* thread-bound nest is a device kernel, and everything else
@@ -14,7 +15,7 @@
 
 use crate::ir::{Buffer, DataType, Expr, IRModule, PrimFunc, Stmt, StorageScope, Var};
 
-use super::{CodegenError, CodegenResult};
+use crate::codegen::{CodegenError, CodegenResult};
 
 /// What one kernel captures: a device buffer or a scalar.
 #[derive(Debug, Clone, PartialEq)]

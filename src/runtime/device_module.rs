@@ -1,9 +1,10 @@
-//! Device kernels at run time: the service that generated host code calls to launch a kernel.
+//! Device modules: the device half of a compiled module or a loaded library, and the table of
+//! backends that load device code.
 //!
 //! A module compiled for a device target (e.g. `opencl`) has two halves: host code (LLVM)
 //! that checks the arguments and runs the host part of each function, and device code (e.g.
 //! OpenCL C) holding the kernels. The host code launches kernel `k` by calling the context
-//! slot `__KilnDeviceLaunch` with the module's *device module* (the slot
+//! slot `__KilnDeviceLaunch` ([`super::launch`]) with the module's *device module* (the slot
 //! `__kiln_device_module`): a [`DeviceModule`], which knows each kernel's name and parameters,
 //! and forwards the launch to the backend's [`KernelLauncher`] (which builds the device code on
 //! first use and enqueues the kernel on the current stream of the device).
@@ -16,9 +17,12 @@
 //!
 //! A library exported by `kiln build` carries the device code and kernel table as the
 //! constant `__kiln_device_meta` (JSON, format `kiln-device/1`); kiln's loader reads it,
-//! creates the device module through the loader registered for its kind
-//! ([`register_device_module_loader`]) and fills the two slots. A host that does not fill them
-//! (plain C, tvm_ffi alone) gets a `RuntimeError` naming what is missing, never a crash.
+//! creates the device module through the [`KernelLoader`] registered for its kind
+//! ([`register_kernel_loader`]; the built-in backends are in one table, [`BUILTIN_LOADERS`])
+//! and fills the two slots. The JIT path makes its device module the same way
+//! ([`DeviceModule::load`]), so a compiled module and its exported library run the same code.
+//! A host that does not fill the slots (plain C, tvm_ffi alone) gets a `RuntimeError` naming
+//! what is missing, never a crash.
 //!
 //! Every argument is checked before the backend sees it: the launcher is told, for each
 //! buffer, the bytes the host's shape checks vouch for, and refuses a handle that is not a live
@@ -30,64 +34,11 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use serde_json::{json, Value};
 
-use super::{DevicePtr, DeviceResult};
-use crate::ir::DataType;
-
-/// One argument of a kernel launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelArg {
-    /// A device buffer: its handle, and the bytes the kernel may touch (the launcher checks the
-    /// allocation holds them).
-    Buffer {
-        /// The allocation (the `DLTensor::data` of a device tensor).
-        ptr: DevicePtr,
-        /// Bytes from the start of the allocation the kernel may access.
-        min_bytes: u64,
-    },
-    /// A scalar: its little-endian bytes (the first `size`).
-    Scalar {
-        /// The value's bytes.
-        bytes: [u8; 8],
-        /// 1, 2, 4 or 8.
-        size: usize,
-    },
-}
-
-/// What a kernel parameter is, as the device module records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelParamKind {
-    /// A buffer of this element type.
-    Buffer(DataType),
-    /// A scalar of this type (`bool` is passed as a 4-byte `int`).
-    Scalar(DataType),
-}
-
-/// One kernel of a device module.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelInfo {
-    /// The kernel's symbol in the device code.
-    pub name: String,
-    /// Its parameters, in order.
-    pub params: Vec<KernelParamKind>,
-}
-
-/// A backend's side of launching kernels from one device source.
-pub trait KernelLauncher: Send + Sync {
-    /// Enqueues kernel `name` on the calling thread's current stream of device `device_id`,
-    /// `global` work-items per axis in groups of `local`, without waiting.
-    ///
-    /// # Errors
-    /// A device that does not exist, a build failure (with the build log), a buffer that is not
-    /// a live allocation of at least `min_bytes` on that device, sizes over the device's limits.
-    fn launch(
-        &self,
-        device_id: usize,
-        name: &str,
-        args: &[KernelArg],
-        global: [usize; 3],
-        local: [usize; 3],
-    ) -> DeviceResult<()>;
-}
+use crate::device_api::kernel::{
+    KernelArg, KernelInfo, KernelLauncher, KernelLoader, KernelParamKind,
+};
+use crate::device_api::DevicePtr;
+use crate::packed_func::DLDataType;
 
 /// The device half of a compiled module: the kernel table and the backend that runs them.
 pub struct DeviceModule {
@@ -95,6 +46,7 @@ pub struct DeviceModule {
     source: String,
     kernels: Vec<KernelInfo>,
     launcher: Box<dyn KernelLauncher>,
+    formats: &'static [&'static str],
 }
 
 impl std::fmt::Debug for DeviceModule {
@@ -130,12 +82,39 @@ impl DeviceModule {
             source,
             kernels,
             launcher,
+            formats: &[],
         }
+    }
+
+    /// The device module of `source` (device code of target kind `kind`) with these kernels,
+    /// its launcher made by the loader registered for `kind`.
+    ///
+    /// # Errors
+    /// No loader for `kind` in this kiln, and the loader's errors.
+    pub fn load(kind: &str, source: String, kernels: Vec<KernelInfo>) -> Result<Self, String> {
+        let b = kernel_backend(kind)
+            .ok_or_else(|| format!("no device runtime for `{kind}` kernels in this kiln"))?;
+        let launcher = (b.load)(&source, &kernels)?;
+        let mut m = DeviceModule::new(kind, source, kernels, launcher);
+        m.formats = b.source_formats;
+        Ok(m)
     }
 
     /// The device code.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The names of its source besides its kind (`cl` for `opencl`); the first is the file
+    /// extension of the source.
+    pub fn source_formats(&self) -> &'static [&'static str] {
+        self.formats
+    }
+
+    /// Whether `get_source(format)` means this module's device source: the kind's name or one
+    /// of its source formats.
+    pub fn answers(&self, format: &str) -> bool {
+        format == self.kind || self.formats.contains(&format)
     }
 
     /// The target kind it was compiled for.
@@ -214,13 +193,10 @@ impl DeviceModule {
                     ptr: DevicePtr::from_raw(a.value as usize as *const c_void),
                     min_bytes: a.extra,
                 },
-                KernelParamKind::Scalar(t) => {
-                    let size = if t.is_bool() { 4 } else { t.bytes() };
-                    KernelArg::Scalar {
-                        bytes: a.value.to_le_bytes(),
-                        size,
-                    }
-                }
+                KernelParamKind::Scalar(_) => KernelArg::Scalar {
+                    bytes: a.value.to_le_bytes(),
+                    size: p.arg_size(),
+                },
             };
         }
         self.launcher
@@ -291,7 +267,8 @@ impl DeviceModule {
                 };
                 let t = t
                     .as_str()
-                    .and_then(DataType::parse)
+                    .and_then(DLDataType::parse)
+                    .filter(|t| t.lanes == 1 && matches!(t.bits, 8 | 16 | 32 | 64))
                     .ok_or_else(|| format!("device metadata: kernel `{name}`: bad type {t}"))?;
                 params.push(if is_buf {
                     KernelParamKind::Buffer(t)
@@ -308,25 +285,54 @@ impl DeviceModule {
     }
 }
 
-/// Creates the device module of a loaded library from its metadata `(source, kernels)`.
-pub type DeviceModuleLoader = fn(String, Vec<KernelInfo>) -> Result<DeviceModule, String>;
+/// A device-code backend of the runtime: the target kind whose code it loads, the names of
+/// that code (`get_source` formats; the first is its file extension), and its loader.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelBackend {
+    /// The target kind (`opencl`), also the device module's kind.
+    pub kind: &'static str,
+    /// The formats `get_source` answers with the device source (`cl`); the first is the file
+    /// extension an export writes it to.
+    pub source_formats: &'static [&'static str],
+    /// Makes the launcher of one source.
+    pub load: KernelLoader,
+}
 
-fn loaders() -> &'static RwLock<BTreeMap<String, DeviceModuleLoader>> {
-    static L: OnceLock<RwLock<BTreeMap<String, DeviceModuleLoader>>> = OnceLock::new();
+/// The backends kiln builds in that load device code, by target kind: adding a device
+/// backend with kernels adds one line here.
+pub const BUILTIN_LOADERS: &[KernelBackend] = &[KernelBackend {
+    kind: "opencl",
+    source_formats: &["cl"],
+    load: crate::device_api::opencl::load_kernels,
+}];
+
+fn loaders() -> &'static RwLock<BTreeMap<String, KernelBackend>> {
+    static L: OnceLock<RwLock<BTreeMap<String, KernelBackend>>> = OnceLock::new();
     L.get_or_init(|| {
-        let mut m = BTreeMap::new();
-        let opencl: DeviceModuleLoader = super::opencl::program::load_device_module;
-        m.insert("opencl".to_owned(), opencl);
+        let m = BUILTIN_LOADERS
+            .iter()
+            .map(|b| (b.kind.to_owned(), *b))
+            .collect();
         RwLock::new(m)
     })
 }
 
-/// Registers how libraries with device code of `kind` get their device module.
-pub fn register_device_module_loader(kind: &str, f: DeviceModuleLoader) {
+/// Registers how device code of a kind is loaded (a backend of your own; kiln's are in
+/// [`BUILTIN_LOADERS`]). A later registration for the same kind replaces the earlier one.
+pub fn register_kernel_loader(backend: KernelBackend) {
     loaders()
         .write()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(kind.to_owned(), f);
+        .insert(backend.kind.to_owned(), backend);
+}
+
+/// The registered backend of `kind`.
+pub fn kernel_backend(kind: &str) -> Option<KernelBackend> {
+    loaders()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(kind)
+        .copied()
 }
 
 /// The device module described by `meta` (`kiln-device/1` JSON).
@@ -335,81 +341,5 @@ pub fn register_device_module_loader(kind: &str, f: DeviceModuleLoader) {
 /// Malformed metadata, or no loader for its kind.
 pub fn load_device_module(meta: &str) -> Result<Arc<DeviceModule>, String> {
     let (kind, source, kernels) = DeviceModule::parse_meta(meta)?;
-    let f = loaders()
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&kind)
-        .copied()
-        .ok_or_else(|| format!("no device runtime for `{kind}` kernels in this kiln"))?;
-    f(source, kernels).map(Arc::new)
-}
-
-/// The launch service generated host code reaches through the context slot
-/// `__KilnDeviceLaunch`. Returns 0, or raises the error (tvm-ffi's error path) and returns -1.
-///
-/// # Safety
-/// - `module` is NULL or a `DeviceModule` that outlives the call (the host code passes the
-///   pointer kiln stored in its `__kiln_device_module` slot).
-/// - `args` points to `nargs` readable `RawKernelArg`s.
-pub unsafe extern "C" fn kiln_device_launch(
-    module: *const c_void,
-    kernel: i32,
-    device_id: i32,
-    args: *const RawKernelArg,
-    nargs: i32,
-    grid: *const i64,
-    block: *const i64,
-) -> i32 {
-    let r = std::panic::catch_unwind(|| {
-        if module.is_null() {
-            return Err("this library launches device kernels but its device module is missing (the context slot `__kiln_device_module` is empty)".to_owned());
-        }
-        // SAFETY: the caller passes a live DeviceModule (see `# Safety`).
-        let m = unsafe { &*(module as *const DeviceModule) };
-        let n = usize::try_from(nargs).unwrap_or(0);
-        let args = if n == 0 || args.is_null() {
-            &[][..]
-        } else {
-            // SAFETY: `args` points to `nargs` RawKernelArgs (see `# Safety`).
-            unsafe { std::slice::from_raw_parts(args, n) }
-        };
-        // SAFETY: generated code passes two arrays of 3 i64 extents.
-        let (g, b) = unsafe {
-            (
-                [*grid, *grid.add(1), *grid.add(2)],
-                [*block, *block.add(1), *block.add(2)],
-            )
-        };
-        m.launch_raw(
-            usize::try_from(kernel).unwrap_or(usize::MAX),
-            device_id,
-            args,
-            g,
-            b,
-        )
-    });
-    let msg = match r {
-        Ok(Ok(())) => return 0,
-        Ok(Err(m)) => m,
-        Err(_) => "kiln bug: a panic while launching a device kernel".to_owned(),
-    };
-    crate::packed_func::ffi::set_raised("RuntimeError", &msg);
-    -1
-}
-
-/// Registers the launch service as a context slot (idempotent).
-pub fn register_runtime_symbols() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        let f: unsafe extern "C" fn(
-            *const c_void,
-            i32,
-            i32,
-            *const RawKernelArg,
-            i32,
-            *const i64,
-            *const i64,
-        ) -> i32 = kiln_device_launch;
-        crate::packed_func::library::register_context_symbol("__KilnDeviceLaunch", f as usize);
-    });
+    DeviceModule::load(&kind, source, kernels).map(Arc::new)
 }

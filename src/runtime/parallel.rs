@@ -365,7 +365,7 @@ pub fn register_runtime_symbols() {
     ONCE.get_or_init(|| {
         let f: unsafe extern "C" fn(Option<ParallelLambda>, *mut c_void, i32) -> i32 =
             kiln_backend_parallel_launch;
-        crate::packed_func::library::register_context_symbol(
+        crate::packed_func::context::register_context_symbol(
             "__TVMBackendParallelLaunch",
             f as usize,
         );

@@ -12,12 +12,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{driver, lock, sys, OpenClDeviceApi};
+use super::{driver, sys, OpenClDeviceApi};
+use crate::device_api::api::noted;
 use crate::device_api::api::DeviceApi;
 use crate::device_api::device::{Device, DeviceType};
 use crate::device_api::error::{DeviceError, DeviceResult};
+use crate::util::lock;
 
-pub use crate::device_api::kernels::KernelArg;
+pub use crate::device_api::kernel::KernelArg;
+use crate::device_api::kernel::{KernelInfo, KernelLauncher};
 
 /// What a kernel parameter takes, from `clGetKernelArgInfo`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -93,7 +96,7 @@ impl OpenClProgram {
         let api = super::global()?;
         let dev = opencl(device_id);
         let r = self.built(&api, dev).map(|_| ());
-        noted(&api, r)
+        noted(&*api, r)
     }
 
     fn built(&self, api: &OpenClDeviceApi, dev: Device) -> DeviceResult<Arc<Built>> {
@@ -205,7 +208,7 @@ impl OpenClProgram {
     ) -> DeviceResult<()> {
         let api = super::global()?;
         let r = self.launch_on(&api, opencl(device_id), name, args, global, local);
-        noted(&api, r)
+        noted(&*api, r)
     }
 
     fn launch_on(
@@ -343,14 +346,7 @@ impl OpenClProgram {
     }
 }
 
-fn noted<T>(api: &OpenClDeviceApi, r: DeviceResult<T>) -> DeviceResult<T> {
-    if let Err(e) = &r {
-        api.set_last_error(e.to_string());
-    }
-    r
-}
-
-impl crate::device_api::kernels::KernelLauncher for OpenClProgram {
+impl KernelLauncher for OpenClProgram {
     fn launch(
         &self,
         device_id: usize,
@@ -363,16 +359,14 @@ impl crate::device_api::kernels::KernelLauncher for OpenClProgram {
     }
 }
 
-/// The device module of a library with OpenCL kernels (kiln's loader, `device_api::kernels`).
-pub(crate) fn load_device_module(
-    source: String,
-    kernels: Vec<crate::device_api::kernels::KernelInfo>,
-) -> Result<crate::device_api::kernels::DeviceModule, String> {
-    let program = OpenClProgram::new(source.clone());
-    Ok(crate::device_api::kernels::DeviceModule::new(
-        "opencl",
-        source,
-        kernels,
-        Box::new(program),
-    ))
+/// The launcher of OpenCL C `source`: the [`crate::device_api::kernel::KernelLoader`] of
+/// kind `opencl` (the driver builds the source per device on first launch).
+///
+/// # Errors
+/// None today: building is deferred to the first launch, which reports the build log.
+pub fn load_kernels(
+    source: &str,
+    _kernels: &[KernelInfo],
+) -> Result<Box<dyn KernelLauncher>, String> {
+    Ok(Box::new(OpenClProgram::new(source.to_owned())))
 }

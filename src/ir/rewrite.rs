@@ -1,5 +1,6 @@
-//! IR plumbing for the schedule primitives: post-order rewriting, substitution, affine index
-//! forms and a little constant folding.
+//! The IR rewriter: post-order rewriting, substitution, affine index forms and a little
+//! constant folding. The schedule primitives and the code generators' lowering passes
+//! (`codegen::partition`) share it, so it lives with the IR they both transform.
 
 use std::collections::HashMap;
 

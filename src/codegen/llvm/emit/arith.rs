@@ -1,0 +1,436 @@
+//! Arithmetic: binary operators (comparisons, logic, float and integer arithmetic), integer
+//! division with its zero check, float `min`/`max` with the IR's semantics, and casts
+//! (saturating float-to-integer conversions included).
+
+use crate::ir::{BinOp, DataType, Expr, TypeCode};
+
+use super::{float_const, is_signed, reg_ty, Emitter, Val, R};
+
+/// A float `min`/`max` with one constant operand that is not NaN: `(other operand, constant,
+/// its value rounded to the type)`. `min` and `max` are commutative in the IR's semantics.
+pub(super) fn minmax_by_constant<'e>(
+    op: BinOp,
+    a: &'e Expr,
+    b: &'e Expr,
+) -> Option<(&'e Expr, &'e Expr, f64)> {
+    if !matches!(op, BinOp::Min | BinOp::Max) {
+        return None;
+    }
+    let value = |e: &Expr| match e {
+        Expr::FloatImm { dtype, value } => {
+            let v = crate::ir::interp::round_to(*dtype, *value);
+            (!v.is_nan()).then_some(v)
+        }
+        _ => None,
+    };
+    if let Some(v) = value(b) {
+        return Some((a, b, v));
+    }
+    value(a).map(|v| (b, a, v))
+}
+
+fn float_width(ty: &str) -> u32 {
+    match ty {
+        "half" => 16,
+        "float" => 32,
+        _ => 64,
+    }
+}
+
+impl Emitter<'_> {
+    pub(super) fn binary(
+        &mut self,
+        op: BinOp,
+        t: DataType,
+        x: Val,
+        y: Val,
+        bexpr: &Expr,
+    ) -> R<Val> {
+        let ty = x.ty.clone();
+        let fm = self.fm();
+        if op.is_comparison() {
+            let pred = if t.code == TypeCode::Float || t.code == TypeCode::BFloat {
+                let p = match op {
+                    BinOp::Eq => "oeq",
+                    BinOp::Ne => "une",
+                    BinOp::Lt => "olt",
+                    BinOp::Le => "ole",
+                    BinOp::Gt => "ogt",
+                    _ => "oge",
+                };
+                return Ok(self.assign("i1", format!("fcmp {fm}{p} {}, {}", x.typed(), y.v)));
+            } else {
+                let s = is_signed(t);
+                match op {
+                    BinOp::Eq => "eq",
+                    BinOp::Ne => "ne",
+                    BinOp::Lt if s => "slt",
+                    BinOp::Le if s => "sle",
+                    BinOp::Gt if s => "sgt",
+                    BinOp::Ge if s => "sge",
+                    BinOp::Lt => "ult",
+                    BinOp::Le => "ule",
+                    BinOp::Gt => "ugt",
+                    _ => "uge",
+                }
+            };
+            return Ok(self.assign("i1", format!("icmp {pred} {}, {}", x.typed(), y.v)));
+        }
+        if t.code == TypeCode::Bool {
+            let o = match op {
+                BinOp::And | BinOp::Mul | BinOp::Min => "and",
+                BinOp::Or | BinOp::Max => "or",
+                _ => "xor",
+            };
+            return Ok(self.assign("i1", format!("{o} i1 {}, {}", x.v, y.v)));
+        }
+        if t.code == TypeCode::Float || t.code == TypeCode::BFloat {
+            let r = match op {
+                BinOp::Add => self.assign(&ty, format!("fadd {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Sub => self.assign(&ty, format!("fsub {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Mul => self.assign(&ty, format!("fmul {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Div => self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v)),
+                BinOp::Mod => self.assign(&ty, format!("frem {fm}{}, {}", x.typed(), y.v)),
+                BinOp::FloorDiv => {
+                    let q = self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v));
+                    self.call_intr("floor", &ty, &[q])
+                }
+                BinOp::FloorMod => {
+                    let q = self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v));
+                    let f = self.call_intr("floor", &ty, &[q]);
+                    let m = self.assign(&ty, format!("fmul {fm}{}, {}", f.typed(), y.v));
+                    self.assign(&ty, format!("fsub {fm}{}, {}", x.typed(), m.v))
+                }
+                BinOp::Min | BinOp::Max => self.fminmax(op == BinOp::Min, &ty, x, y),
+                _ => unreachable!("comparisons and logic handled above"),
+            };
+            return Ok(if t.code == TypeCode::BFloat {
+                self.round_bf16(r)
+            } else {
+                r
+            });
+        }
+        // Integers.
+        let s = is_signed(t);
+        Ok(match op {
+            BinOp::Add => self.assign(&ty, format!("add {}, {}", x.typed(), y.v)),
+            BinOp::Sub => self.assign(&ty, format!("sub {}, {}", x.typed(), y.v)),
+            BinOp::Mul => self.assign(&ty, format!("mul {}, {}", x.typed(), y.v)),
+            BinOp::Min | BinOp::Max => {
+                let p = match (op == BinOp::Min, s) {
+                    (true, true) => "slt",
+                    (true, false) => "ult",
+                    (false, true) => "sgt",
+                    (false, false) => "ugt",
+                };
+                let c = self.assign("i1", format!("icmp {p} {}, {}", x.typed(), y.v));
+                self.assign(
+                    &ty,
+                    format!("select i1 {}, {}, {}", c.v, x.typed(), y.typed()),
+                )
+            }
+            BinOp::Div | BinOp::Mod | BinOp::FloorDiv | BinOp::FloorMod => {
+                self.int_div(op, t, x, y, bexpr)?
+            }
+            BinOp::BitAnd => self.assign(&ty, format!("and {}, {}", x.typed(), y.v)),
+            BinOp::BitOr => self.assign(&ty, format!("or {}, {}", x.typed(), y.v)),
+            BinOp::BitXor => self.assign(&ty, format!("xor {}, {}", x.typed(), y.v)),
+            BinOp::Shl | BinOp::Shr => {
+                // The amount is taken modulo the width: never poison.
+                let k = self.assign(&ty, format!("and {}, {}", y.typed(), t.bits - 1));
+                let o = match (op, s) {
+                    (BinOp::Shl, _) => "shl",
+                    (_, true) => "ashr",
+                    _ => "lshr",
+                };
+                self.assign(&ty, format!("{o} {}, {}", x.typed(), k.v))
+            }
+            _ => unreachable!("logic ops on integers are rejected by the verifier"),
+        })
+    }
+
+    fn int_div(&mut self, op: BinOp, t: DataType, x: Val, y: Val, bexpr: &Expr) -> R<Val> {
+        let ty = x.ty.clone();
+        let s = is_signed(t);
+        let const_b = bexpr.as_int();
+        if const_b != Some(0) && const_b.is_none() {
+            let nz = self.assign("i1", format!("icmp ne {}, 0", y.typed()));
+            let msg = format!(
+                "integer division by zero ({t} `{}`) in `{}`",
+                op.name(),
+                self.fname
+            );
+            self.check(&nz.v, "RuntimeError", &msg);
+        } else if const_b == Some(0) {
+            let msg = format!(
+                "integer division by zero ({t} `{}`) in `{}`",
+                op.name(),
+                self.fname
+            );
+            self.raise("RuntimeError", &msg);
+            self.free_live();
+            self.line("ret i32 -1");
+            let dead = self.new_label("dead");
+            self.start_block(&dead);
+            return Ok(Val::new(ty, "0"));
+        }
+        if !s {
+            let o = if matches!(op, BinOp::Div | BinOp::FloorDiv) {
+                "udiv"
+            } else {
+                "urem"
+            };
+            return Ok(self.assign(&ty, format!("{o} {}, {}", x.typed(), y.v)));
+        }
+        // Signed: INT_MIN / -1 wraps (quotient INT_MIN, remainder 0) instead of being UB.
+        let (yd, m1) = if const_b.is_some() {
+            (y.clone(), None)
+        } else {
+            let m1 = self.assign("i1", format!("icmp eq {}, -1", y.typed()));
+            let yd = self.assign(&ty, format!("select i1 {}, {ty} 1, {}", m1.v, y.typed()));
+            (yd, Some(m1))
+        };
+        let q0 = self.assign(&ty, format!("sdiv {}, {}", x.typed(), yd.v));
+        let r0 = self.assign(&ty, format!("srem {}, {}", x.typed(), yd.v));
+        let (q, r) = match &m1 {
+            Some(m1) => {
+                let neg = self.assign(&ty, format!("sub {ty} 0, {}", x.v));
+                let q = self.assign(
+                    &ty,
+                    format!("select i1 {}, {ty} {}, {}", m1.v, neg.v, q0.typed()),
+                );
+                let r = self.assign(&ty, format!("select i1 {}, {ty} 0, {}", m1.v, r0.typed()));
+                (q, r)
+            }
+            None => (q0, r0),
+        };
+        Ok(match op {
+            BinOp::Div => q,
+            BinOp::Mod => r,
+            _ => {
+                // Floor: adjust when the remainder is non-zero and its sign differs from b's.
+                let rnz = self.assign("i1", format!("icmp ne {}, 0", r.typed()));
+                let rneg = self.assign("i1", format!("icmp slt {}, 0", r.typed()));
+                let bneg = self.assign("i1", format!("icmp slt {}, 0", y.typed()));
+                let diff = self.assign("i1", format!("xor i1 {}, {}", rneg.v, bneg.v));
+                let adj = self.assign("i1", format!("and i1 {}, {}", rnz.v, diff.v));
+                if op == BinOp::FloorDiv {
+                    let qm = self.assign(&ty, format!("sub {}, 1", q.typed()));
+                    self.assign(
+                        &ty,
+                        format!("select i1 {}, {}, {}", adj.v, qm.typed(), q.typed()),
+                    )
+                } else {
+                    let rb = self.assign(&ty, format!("add {}, {}", r.typed(), y.v));
+                    self.assign(
+                        &ty,
+                        format!("select i1 {}, {}, {}", adj.v, rb.typed(), r.typed()),
+                    )
+                }
+            }
+        })
+    }
+
+    /// `min(x, c)` / `max(x, c)` for a constant `c` (value `cv`, not NaN) with the IR's
+    /// semantics in one compare and one select, which vectorizes and keeps a reduction's
+    /// dependency chain short (relu and clip are `max(x, 0)`, `min(max(x, lo), hi)`): a NaN `x`
+    /// is returned; between equal operands only `max(-0, +0)` and `min(+0, -0)` differ from
+    /// "keep `x`", so `c = +0` for max and `c = -0` for min take the other ordered test.
+    /// `bt` is the predicate type (`i1` or `<n x i1>`).
+    pub(super) fn fminmax_const(&mut self, min: bool, bt: &str, x: Val, c: Val, cv: f64) -> Val {
+        let zero_sign_matters = cv == 0.0 && (cv.is_sign_negative() == min);
+        // (predicate, x when true) — x is kept when the predicate holds.
+        let pred = match (min, zero_sign_matters) {
+            (false, true) => "ugt",  // max(x, +0): x if x > 0 or NaN, else +0
+            (true, true) => "ult",   // min(x, -0): x if x < 0 or NaN, else -0
+            (false, false) => "uge", // max(x, c): x unless x < c
+            (true, false) => "ule",  // min(x, c): x unless x > c
+        };
+        let k = self.assign(bt, format!("fcmp {pred} {}, {}", x.typed(), c.v));
+        let ty = x.ty.clone();
+        self.assign(
+            &ty,
+            format!("select {bt} {}, {}, {}", k.v, x.typed(), c.typed()),
+        )
+    }
+
+    /// IEEE minimum/maximum: NaN if either is NaN, -0 below +0.
+    fn fminmax(&mut self, min: bool, ty: &str, x: Val, y: Val) -> Val {
+        let fm = self.fm();
+        let p = if min { "olt" } else { "ogt" };
+        let c = self.assign("i1", format!("fcmp {fm}{p} {}, {}", x.typed(), y.v));
+        if self.opts.fast_math == "fast"
+            || (self.opts.fast_math.contains("nnan") && self.opts.fast_math.contains("nsz"))
+        {
+            // No NaNs and no signed zeros: a compare and select (a min/max reduction for LLVM).
+            return self.assign(
+                ty,
+                format!("select {fm}i1 {}, {}, {}", c.v, x.typed(), y.typed()),
+            );
+        }
+        let eq = self.assign("i1", format!("fcmp oeq {}, {}", x.typed(), y.v));
+        let ibits = match ty {
+            "half" => "i16",
+            "float" => "i32",
+            _ => "i64",
+        };
+        let xb = self.assign(ibits, format!("bitcast {} to {ibits}", x.typed()));
+        let sgn = self.assign("i1", format!("icmp slt {ibits} {}, 0", xb.v));
+        let want = if min {
+            sgn.v.clone()
+        } else {
+            self.assign("i1", format!("xor i1 {}, true", sgn.v)).v
+        };
+        let tie = self.assign("i1", format!("and i1 {}, {}", eq.v, want));
+        let pick = self.assign("i1", format!("or i1 {}, {}", c.v, tie.v));
+        let r = self.assign(
+            ty,
+            format!("select i1 {}, {}, {}", pick.v, x.typed(), y.typed()),
+        );
+        let nan = self.assign("i1", format!("fcmp uno {}, {}", x.typed(), y.v));
+        let qnan = if ty == "half" {
+            "0xH7E00"
+        } else {
+            "0x7FF8000000000000"
+        };
+        self.assign(
+            ty,
+            format!("select i1 {}, {ty} {qnan}, {}", nan.v, r.typed()),
+        )
+    }
+
+    /// A saturating float→int conversion (NaN → 0, out of range → the limit) as a clamp, a
+    /// plain conversion and two selects, for `float`/`double` to a scalar integer, else `None`.
+    ///
+    /// Same results as `llvm.fpto[su]i.sat`, which LLVM 14's loop vectorizer does not widen
+    /// (a loop of it stays scalar: TOPI's `cast` ran at 2.4x TVM's time). The clamp
+    /// `min(max(x, lo), hi)` keeps the conversion in range: `lo` is the type's minimum (exact in
+    /// `float` and `double`), `hi` the largest float not above its maximum. When the maximum
+    /// itself is not a float, every `x >= 2^k` (the maximum + 1) selects the maximum. NaN, which
+    /// `maxnum` turns into `lo`, selects 0. No fast-math flags: they could drop the NaN test.
+    fn saturating_to_int(&mut self, ft: &str, tt: &str, to: DataType, x: &Val) -> Option<Val> {
+        let p = match ft {
+            "float" => 24,
+            "double" => 53,
+            _ => return None,
+        };
+        if to.lanes != 1 || !tt.starts_with('i') || to.bits > 64 || to.bits < 8 {
+            return None;
+        }
+        let signed = is_signed(to);
+        let k = u32::from(to.bits) - u32::from(signed); // 2^k = the maximum + 1
+        let lo = if signed { -(2f64.powi(k as i32)) } else { 0.0 };
+        let two_k = 2f64.powi(k as i32);
+        // The largest float below 2^k: 2^k - 1 when exact, else 2^k - 2^(k - p).
+        let (hi, exact) = if k <= p {
+            (two_k - 1.0, true)
+        } else {
+            (two_k - 2f64.powi(k as i32 - p as i32), false)
+        };
+        let fdt = if ft == "float" {
+            DataType::f32()
+        } else {
+            DataType::f64()
+        };
+        let sfx = Self::intr_suffix(ft);
+        for f in ["maxnum", "minnum"] {
+            self.m
+                .declares
+                .insert(format!("declare {ft} @llvm.{f}.{sfx}({ft}, {ft})"));
+        }
+        let a = self.assign(
+            ft,
+            format!(
+                "call {ft} @llvm.maxnum.{sfx}({}, {ft} {})",
+                x.typed(),
+                float_const(fdt, lo)
+            ),
+        );
+        let b = self.assign(
+            ft,
+            format!(
+                "call {ft} @llvm.minnum.{sfx}({}, {ft} {})",
+                a.typed(),
+                float_const(fdt, hi)
+            ),
+        );
+        let op = if signed { "fptosi" } else { "fptoui" };
+        let mut r = self.assign(tt, format!("{op} {} to {tt}", b.typed()));
+        if !exact {
+            let max = if signed {
+                ((1u64 << k) - 1).to_string()
+            } else {
+                // The all-ones pattern, as LLVM reads an unsigned maximum.
+                "-1".to_string()
+            };
+            let big = self.assign(
+                "i1",
+                format!("fcmp oge {}, {}", x.typed(), float_const(fdt, two_k)),
+            );
+            r = self.assign(
+                tt,
+                format!("select i1 {}, {tt} {max}, {}", big.v, r.typed()),
+            );
+        }
+        let nan = self.assign("i1", format!("fcmp uno {}, 0.0", x.typed()));
+        Some(self.assign(tt, format!("select i1 {}, {tt} 0, {}", nan.v, r.typed())))
+    }
+
+    pub(super) fn cast(&mut self, from: DataType, to: DataType, x: Val) -> Val {
+        let (ft, tt) = (reg_ty(from), reg_ty(to));
+        let from_float = matches!(from.code, TypeCode::Float | TypeCode::BFloat);
+        let to_float = matches!(to.code, TypeCode::Float | TypeCode::BFloat);
+        let v = if to.code == TypeCode::Bool {
+            if from.code == TypeCode::Bool {
+                return x;
+            }
+            if from_float {
+                return self.assign("i1", format!("fcmp une {}, 0.0", x.typed()));
+            }
+            return self.assign("i1", format!("icmp ne {}, 0", x.typed()));
+        } else if from_float && to_float {
+            let fw = float_width(&ft);
+            let tw = float_width(&tt);
+            if fw < tw {
+                self.assign(&tt, format!("fpext {} to {tt}", x.typed()))
+            } else if fw > tw {
+                self.assign(&tt, format!("fptrunc {} to {tt}", x.typed()))
+            } else {
+                x
+            }
+        } else if from_float {
+            if let Some(v) = self.saturating_to_int(&ft, &tt, to, &x) {
+                return v;
+            }
+            let sat = if is_signed(to) { "fptosi" } else { "fptoui" };
+            let name = format!("llvm.{sat}.sat.{tt}.{}", Self::intr_suffix(&ft));
+            self.m
+                .declares
+                .insert(format!("declare {tt} @{name}({ft})"));
+            self.assign(&tt, format!("call {tt} @{name}({})", x.typed()))
+        } else if to_float {
+            let op = if is_signed(from) { "sitofp" } else { "uitofp" };
+            self.assign(&tt, format!("{op} {} to {tt}", x.typed()))
+        } else {
+            let fb = if from.code == TypeCode::Bool {
+                1
+            } else {
+                u32::from(from.bits)
+            };
+            let tb = u32::from(to.bits);
+            if fb < tb {
+                let op = if is_signed(from) { "sext" } else { "zext" };
+                self.assign(&tt, format!("{op} {} to {tt}", x.typed()))
+            } else if fb > tb {
+                self.assign(&tt, format!("trunc {} to {tt}", x.typed()))
+            } else {
+                Val::new(tt, x.v)
+            }
+        };
+        if to.code == TypeCode::BFloat {
+            self.round_bf16(v)
+        } else {
+            v
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Scalar expressions: [`Emitter::expr`], the conversions between register and memory forms
+//! (bool as a byte, bf16 as its 16 bits), element addresses and index widening.
+
+use crate::ir::{BinOp, Buffer, DataType, Expr, TypeCode};
+
+use super::arith::minmax_by_constant;
+use super::{float_const, is_signed, mem_ty, reg_ty, unsupported, Emitter, Val, R};
+
+impl Emitter<'_> {
+    pub fn expr(&mut self, e: &Expr) -> R<Val> {
+        Ok(match e {
+            Expr::IntImm { dtype, value } => {
+                let ty = reg_ty(*dtype);
+                if dtype.code == TypeCode::Bool {
+                    Val::new(ty, if *value != 0 { "true" } else { "false" })
+                } else {
+                    // LLVM reads the literal at the type's width: truncate to it.
+                    let bits = u32::from(dtype.bits);
+                    let v = if bits >= 64 {
+                        *value
+                    } else {
+                        (*value << (64 - bits)) >> (64 - bits)
+                    };
+                    Val::new(ty, v.to_string())
+                }
+            }
+            Expr::FloatImm { dtype, value } => {
+                Val::new(reg_ty(*dtype), float_const(*dtype, *value))
+            }
+            Expr::Var(v) => {
+                self.vars.get(&v.id).cloned().ok_or_else(|| {
+                    unsupported(format!("variable `{}` is not bound here", v.name))
+                })?
+            }
+            Expr::Binary { op, a, b } => {
+                let t = a.dtype();
+                if let Some((var, c, cv)) = minmax_by_constant(*op, a, b) {
+                    let x = self.expr(var)?;
+                    let y = self.expr(c)?;
+                    let r = self.fminmax_const(*op == BinOp::Min, "i1", x, y, cv);
+                    return Ok(if t.code == TypeCode::BFloat {
+                        self.round_bf16(r)
+                    } else {
+                        r
+                    });
+                }
+                let x = self.expr(a)?;
+                let y = self.expr(b)?;
+                self.binary(*op, t, x, y, b)?
+            }
+            Expr::Not(a) => {
+                let x = self.expr(a)?;
+                self.assign("i1", format!("xor i1 {}, true", x.v))
+            }
+            Expr::Select { cond, t, f } => {
+                let c = self.expr(cond)?;
+                let x = self.expr(t)?;
+                let y = self.expr(f)?;
+                let ty = x.ty.clone();
+                self.assign(
+                    &ty,
+                    format!("select i1 {}, {}, {}", c.v, x.typed(), y.typed()),
+                )
+            }
+            Expr::Cast { dtype, value } => {
+                let from = value.dtype();
+                let x = self.expr(value)?;
+                self.cast(from, *dtype, x)
+            }
+            Expr::Load { buffer, indices } => {
+                self.host_access(buffer)?;
+                let addr = self.address(buffer, indices)?;
+                let mt = mem_ty(buffer.dtype);
+                let align = buffer.dtype.bytes().max(1);
+                let g = self.access_groups();
+                let raw = self.assign(&mt, format!("load {mt}, {mt}* {}, align {align}{g}", addr));
+                self.mem_to_reg(buffer.dtype, raw)
+            }
+            Expr::Let { var, value, body } => {
+                let v = self.expr(value)?;
+                let old = self.vars.insert(var.id, v);
+                let r = self.expr(body);
+                self.restore(var.id, old);
+                r?
+            }
+            Expr::Call { op, args } => {
+                let t = args.first().map(Expr::dtype).unwrap_or(DataType::f32());
+                let vals = args.iter().map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
+                self.intrinsic(*op, t, &vals)?
+            }
+            Expr::IfThenElse { cond, t, f } => {
+                // Branches and a phi: only the chosen arm runs (it may guard a load).
+                let c = self.expr(cond)?;
+                let th = self.new_label("ite_then");
+                let el = self.new_label("ite_else");
+                let end = self.new_label("ite_end");
+                self.line(format!("br i1 {}, label %{th}, label %{el}", c.v));
+                self.start_block(&th);
+                let x = self.expr(t)?;
+                let xb = self.cur_block.clone();
+                self.line(format!("br label %{end}"));
+                self.start_block(&el);
+                let y = self.expr(f)?;
+                let yb = self.cur_block.clone();
+                self.line(format!("br label %{end}"));
+                self.start_block(&end);
+                let ty = x.ty.clone();
+                self.assign(
+                    &ty,
+                    format!("phi {ty} [ {}, %{xb} ], [ {}, %{yb} ]", x.v, y.v),
+                )
+            }
+            Expr::Reinterpret { dtype, value } => {
+                let from = value.dtype();
+                let x = self.expr(value)?;
+                let m = self.reg_to_mem(from, x);
+                let (fmt_, tmt) = (mem_ty(from), mem_ty(*dtype));
+                let b = if fmt_ == tmt {
+                    Val::new(tmt, m.v)
+                } else {
+                    self.assign(&tmt, format!("bitcast {} to {tmt}", m.typed()))
+                };
+                self.mem_to_reg(*dtype, b)
+            }
+            Expr::CallExtern {
+                dtype,
+                symbol,
+                args,
+            } => {
+                let vals = args.iter().map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
+                let c_ty = |t: DataType| -> R<String> {
+                    let ext = match t.code {
+                        TypeCode::Bool => "zeroext ",
+                        TypeCode::Int if t.bits < 32 => "signext ",
+                        TypeCode::UInt if t.bits < 32 => "zeroext ",
+                        TypeCode::Float if t.bits >= 32 => "",
+                        TypeCode::Int | TypeCode::UInt => "",
+                        _ => {
+                            return Err(unsupported(format!(
+                                "call_extern `{symbol}`: {t} is not a C scalar type"
+                            )))
+                        }
+                    };
+                    Ok(format!("{ext}{}", reg_ty(t)))
+                };
+                let rt = reg_ty(*dtype);
+                let ret = c_ty(*dtype)?;
+                let mut params = Vec::new();
+                let mut call_args = Vec::new();
+                for (a, v) in args.iter().zip(&vals) {
+                    let pt = c_ty(a.dtype())?;
+                    call_args.push(format!("{pt} {}", v.v));
+                    params.push(pt);
+                }
+                let decl = format!("declare {ret} @{symbol}({})", params.join(", "));
+                let prefix = format!(" @{symbol}(");
+                if let Some(other) = self
+                    .m
+                    .declares
+                    .iter()
+                    .find(|d| d.contains(&prefix) && **d != decl)
+                {
+                    return Err(unsupported(format!(
+                        "call_extern `{symbol}` is declared twice with different signatures: `{other}` and `{decl}`"
+                    )));
+                }
+                self.m.declares.insert(decl);
+                self.assign(
+                    &rt,
+                    format!("call {ret} @{symbol}({})", call_args.join(", ")),
+                )
+            }
+        })
+    }
+
+    /// Rounds a bf16 value held in `float` to bf16 precision (nearest, ties to even; NaN kept).
+    pub(super) fn round_bf16(&mut self, x: Val) -> Val {
+        let bits = self.assign("i32", format!("bitcast float {} to i32", x.v));
+        let lsb0 = self.assign("i32", format!("lshr i32 {}, 16", bits.v));
+        let lsb = self.assign("i32", format!("and i32 {}, 1", lsb0.v));
+        let bias = self.assign("i32", format!("add i32 {}, 32767", lsb.v));
+        let sum = self.assign("i32", format!("add i32 {}, {}", bits.v, bias.v));
+        let r = self.assign("i32", format!("and i32 {}, -65536", sum.v));
+        let nan = self.assign("i1", format!("fcmp uno float {}, 0.0", x.v));
+        let q = self.assign("i32", format!("or i32 {}, 4194304", bits.v));
+        let qn = self.assign("i32", format!("and i32 {}, -65536", q.v));
+        let sel = self.assign(
+            "i32",
+            format!("select i1 {}, i32 {}, i32 {}", nan.v, qn.v, r.v),
+        );
+        self.assign("float", format!("bitcast i32 {} to float", sel.v))
+    }
+
+    fn mem_to_reg(&mut self, t: DataType, raw: Val) -> Val {
+        match t.code {
+            TypeCode::Bool => self.assign("i1", format!("icmp ne i8 {}, 0", raw.v)),
+            TypeCode::BFloat => {
+                let w = self.assign("i32", format!("zext i16 {} to i32", raw.v));
+                let s = self.assign("i32", format!("shl i32 {}, 16", w.v));
+                self.assign("float", format!("bitcast i32 {} to float", s.v))
+            }
+            _ => raw,
+        }
+    }
+
+    pub(super) fn reg_to_mem(&mut self, t: DataType, v: Val) -> Val {
+        match t.code {
+            TypeCode::Bool => self.assign("i8", format!("zext i1 {} to i8", v.v)),
+            TypeCode::BFloat => {
+                let r = self.round_bf16(v);
+                let b = self.assign("i32", format!("bitcast float {} to i32", r.v));
+                let s = self.assign("i32", format!("lshr i32 {}, 16", b.v));
+                self.assign("i16", format!("trunc i32 {} to i16", s.v))
+            }
+            _ => v,
+        }
+    }
+
+    /// The element address `buffer[indices]` as a typed pointer.
+    pub(super) fn address(&mut self, buffer: &Buffer, indices: &[Expr]) -> R<String> {
+        let base =
+            self.bufs.get(&buffer.data.id).cloned().ok_or_else(|| {
+                unsupported(format!("buffer `{}` is not bound here", buffer.name))
+            })?;
+        if indices.len() != buffer.shape.len() {
+            return Err(unsupported(format!(
+                "buffer `{}` has {} dimensions, indexed with {}",
+                buffer.name,
+                buffer.shape.len(),
+                indices.len()
+            )));
+        }
+        let mut off: Option<Val> = None;
+        match &buffer.strides {
+            Some(strides) => {
+                for (i, s) in indices.iter().zip(strides) {
+                    let iv = self.index64(i)?;
+                    let sv = self.index64(s)?;
+                    let p = self.assign("i64", format!("mul nsw i64 {}, {}", iv.v, sv.v));
+                    off = Some(match off {
+                        None => p,
+                        Some(o) => self.assign("i64", format!("add nsw i64 {}, {}", o.v, p.v)),
+                    });
+                }
+            }
+            None => {
+                // Dimensions whose indices split one value are merged (`codegen::index`).
+                for dim in crate::codegen::index::contiguous_dims(indices, &buffer.shape) {
+                    let iv = self.index64(dim.index)?;
+                    off = Some(match off {
+                        None => iv,
+                        Some(mut o) => {
+                            for e in &dim.extents {
+                                let ext = self.index64(e)?;
+                                o = self.assign("i64", format!("mul nsw i64 {}, {}", o.v, ext.v));
+                            }
+                            self.assign("i64", format!("add nsw i64 {}, {}", o.v, iv.v))
+                        }
+                    });
+                }
+            }
+        }
+        let off = off.unwrap_or_else(|| Val::new("i64", "0"));
+        let mt = mem_ty(buffer.dtype);
+        let p = self.assign(
+            &Self::ptr(&mt),
+            format!(
+                "getelementptr inbounds {mt}, {}, i64 {}",
+                base.typed(),
+                off.v
+            ),
+        );
+        Ok(p.v)
+    }
+
+    /// An index expression widened to i64.
+    pub fn index64(&mut self, e: &Expr) -> R<Val> {
+        let t = e.dtype();
+        let v = self.expr(e)?;
+        Ok(self.widen64(t, v))
+    }
+
+    pub fn widen64(&mut self, t: DataType, v: Val) -> Val {
+        if v.ty == "i64" {
+            return v;
+        }
+        let op = if is_signed(t) { "sext" } else { "zext" };
+        self.assign("i64", format!("{op} {} to i64", v.typed()))
+    }
+}

@@ -1,0 +1,309 @@
+//! Math intrinsics: calls of LLVM intrinsics (`llvm.<name>.<fN>`) and of libm, integer
+//! intrinsics, float predicates, and the float32 `fast_exp` polynomial shared by scalar and
+//! vector code.
+
+use crate::ir::{DataType, Intrinsic, TypeCode};
+
+use super::{float_const, is_signed, reg_ty, unsupported, Emitter, Val, R};
+
+impl Emitter<'_> {
+    pub(super) fn intr_suffix(ty: &str) -> &'static str {
+        match ty {
+            "half" => "f16",
+            "float" => "f32",
+            _ => "f64",
+        }
+    }
+
+    /// Calls `llvm.<name>.<fN>`.
+    pub(super) fn call_intr(&mut self, name: &str, ty: &str, args: &[Val]) -> Val {
+        let sfx = Self::intr_suffix(ty);
+        let params = vec![ty; args.len()].join(", ");
+        self.m
+            .declares
+            .insert(format!("declare {ty} @llvm.{name}.{sfx}({params})"));
+        let a = args.iter().map(Val::typed).collect::<Vec<_>>().join(", ");
+        let fm = self.fm();
+        self.assign(ty, format!("call {fm}{ty} @llvm.{name}.{sfx}({a})"))
+    }
+
+    /// Calls a libm function in float or double (half goes through float).
+    fn call_libm(&mut self, name: &str, ty: &str, args: &[Val]) -> Val {
+        let cty = if ty == "half" { "float" } else { ty }.to_owned();
+        let mut xs = Vec::new();
+        for x in args {
+            xs.push(if ty == "half" {
+                self.assign("float", format!("fpext half {} to float", x.v))
+            } else {
+                x.clone()
+            });
+        }
+        let fname = if cty == "float" {
+            format!("{name}f")
+        } else {
+            name.to_owned()
+        };
+        let params = vec![cty.as_str(); xs.len()].join(", ");
+        self.m
+            .declares
+            .insert(format!("declare {cty} @{fname}({params})"));
+        let a = xs
+            .iter()
+            .map(|x| format!("{cty} {}", x.v))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let r = self.assign(&cty, format!("call {cty} @{fname}({a})"));
+        if ty == "half" {
+            self.assign("half", format!("fptrunc float {} to half", r.v))
+        } else {
+            r
+        }
+    }
+
+    pub(super) fn intrinsic(&mut self, op: Intrinsic, t: DataType, a: &[Val]) -> R<Val> {
+        let ty = reg_ty(t);
+        if a.len() != op.arity() {
+            return Err(unsupported(format!(
+                "intrinsic `{}` takes {} arguments, got {}",
+                op.name(),
+                op.arity(),
+                a.len()
+            )));
+        }
+        if t.code != TypeCode::Float && t.code != TypeCode::BFloat {
+            if op == Intrinsic::Abs {
+                let neg = self.assign(&ty, format!("sub {ty} 0, {}", a[0].v));
+                let lt = if is_signed(t) {
+                    self.assign("i1", format!("icmp slt {}, 0", a[0].typed()))
+                } else {
+                    Val::new("i1", "false")
+                };
+                return Ok(self.assign(
+                    &ty,
+                    format!("select i1 {}, {}, {}", lt.v, neg.typed(), a[0].typed()),
+                ));
+            }
+            if op.is_integer() && t.is_int() {
+                let x = a[0].typed();
+                return Ok(match op {
+                    Intrinsic::BitwiseNot => self.assign(&ty, format!("xor {x}, -1")),
+                    Intrinsic::Clz => {
+                        self.m
+                            .declares
+                            .insert(format!("declare {ty} @llvm.ctlz.{ty}({ty}, i1)"));
+                        self.assign(&ty, format!("call {ty} @llvm.ctlz.{ty}({x}, i1 false)"))
+                    }
+                    _ => {
+                        self.m
+                            .declares
+                            .insert(format!("declare {ty} @llvm.ctpop.{ty}({ty})"));
+                        self.assign(&ty, format!("call {ty} @llvm.ctpop.{ty}({x})"))
+                    }
+                });
+            }
+            return Err(unsupported(format!("intrinsic `{}` on {t}", op.name())));
+        }
+        if op.is_predicate() {
+            let x = a[0].clone();
+            if op == Intrinsic::IsNan {
+                return Ok(self.assign("i1", format!("fcmp uno {}, {}", x.typed(), x.v)));
+            }
+            let rt = match ty.as_str() {
+                "half" => DataType::f16(),
+                "float" => DataType::f32(),
+                _ => DataType::f64(),
+            };
+            let inf = float_const(rt, f64::INFINITY);
+            let sfx = Self::intr_suffix(&ty);
+            self.m
+                .declares
+                .insert(format!("declare {ty} @llvm.fabs.{sfx}({ty})"));
+            let ab = self.assign(&ty, format!("call {ty} @llvm.fabs.{sfx}({})", x.typed()));
+            let p = if op == Intrinsic::IsInf { "oeq" } else { "one" };
+            return Ok(self.assign("i1", format!("fcmp {p} {}, {inf}", ab.typed())));
+        }
+        let fm = self.fm();
+        let one = float_const(
+            if ty == "half" {
+                DataType::f16()
+            } else if ty == "float" {
+                DataType::f32()
+            } else {
+                DataType::f64()
+            },
+            1.0,
+        );
+        let x = a[0].clone();
+        let r = match op {
+            Intrinsic::Exp | Intrinsic::FastExp
+                if t == DataType::f32() && (op == Intrinsic::FastExp || self.fast_exp()) =>
+            {
+                self.fast_exp_poly("float", "float", 1, x)
+            }
+            Intrinsic::Exp | Intrinsic::FastExp => self.call_intr("exp", &ty, &[x]),
+            Intrinsic::Log => self.call_intr("log", &ty, &[x]),
+            Intrinsic::Sqrt => self.call_intr("sqrt", &ty, &[x]),
+            Intrinsic::Rsqrt => {
+                let s = self.call_intr("sqrt", &ty, &[x]);
+                self.assign(&ty, format!("fdiv {fm}{ty} {one}, {}", s.v))
+            }
+            Intrinsic::Tanh => self.call_libm("tanh", &ty, &[x]),
+            Intrinsic::Erf => self.call_libm("erf", &ty, &[x]),
+            Intrinsic::Sigmoid => {
+                let n = self.assign(&ty, format!("fneg {fm}{}", x.typed()));
+                let e = self.call_intr("exp", &ty, &[n]);
+                let d = self.assign(&ty, format!("fadd {fm}{ty} {one}, {}", e.v));
+                self.assign(&ty, format!("fdiv {fm}{ty} {one}, {}", d.v))
+            }
+            Intrinsic::Pow => self.call_intr("pow", &ty, a),
+            Intrinsic::Abs => self.call_intr("fabs", &ty, &[x]),
+            Intrinsic::Floor => self.call_intr("floor", &ty, &[x]),
+            Intrinsic::Ceil => self.call_intr("ceil", &ty, &[x]),
+            Intrinsic::Round => self.call_intr("roundeven", &ty, &[x]),
+            Intrinsic::Fma => self.call_intr("fma", &ty, a),
+            Intrinsic::Copysign => self.call_intr("copysign", &ty, a),
+            Intrinsic::Trunc => self.call_intr("trunc", &ty, &[x]),
+            Intrinsic::Nearbyint => self.call_intr("nearbyint", &ty, &[x]),
+            Intrinsic::Sin => self.call_intr("sin", &ty, &[x]),
+            Intrinsic::Cos => self.call_intr("cos", &ty, &[x]),
+            Intrinsic::Log2 => self.call_intr("log2", &ty, &[x]),
+            Intrinsic::Log10 => self.call_intr("log10", &ty, &[x]),
+            Intrinsic::Exp2 => self.call_intr("exp2", &ty, &[x]),
+            Intrinsic::Tan => self.call_libm("tan", &ty, a),
+            Intrinsic::Asin => self.call_libm("asin", &ty, a),
+            Intrinsic::Acos => self.call_libm("acos", &ty, a),
+            Intrinsic::Atan => self.call_libm("atan", &ty, a),
+            Intrinsic::Atan2 => self.call_libm("atan2", &ty, a),
+            Intrinsic::Sinh => self.call_libm("sinh", &ty, a),
+            Intrinsic::Cosh => self.call_libm("cosh", &ty, a),
+            Intrinsic::Asinh => self.call_libm("asinh", &ty, a),
+            Intrinsic::Acosh => self.call_libm("acosh", &ty, a),
+            Intrinsic::Atanh => self.call_libm("atanh", &ty, a),
+            Intrinsic::Log1p => self.call_libm("log1p", &ty, a),
+            Intrinsic::Exp10 => self.call_libm("exp10", &ty, a),
+            Intrinsic::Expm1 => self.call_libm("expm1", &ty, a),
+            Intrinsic::Hypot => self.call_libm("hypot", &ty, a),
+            Intrinsic::BitwiseNot
+            | Intrinsic::Clz
+            | Intrinsic::Popcount
+            | Intrinsic::IsNan
+            | Intrinsic::IsInf
+            | Intrinsic::IsFinite => unreachable!("handled above"),
+        };
+        Ok(if t.code == TypeCode::BFloat {
+            self.round_bf16(r)
+        } else {
+            r
+        })
+    }
+
+    /// Whether `exp` on float32 may use the polynomial (fast math that allows approximations).
+    pub(super) fn fast_exp(&self) -> bool {
+        self.opts.fast_math == "fast"
+    }
+
+    /// `fast_exp(x)` in float32 (scalar `float` or vector `<n x float>` type `ty`): exactly the
+    /// sequence of [`crate::ir::approx::fast_exp_f32`] (clamp, Cody-Waite range reduction, a
+    /// degree-6 polynomial by fused multiply-adds, `2^k` in the exponent bits; a NaN input is
+    /// returned), so the result is the interpreter's bit for bit. Also `exp` under fast math.
+    pub(super) fn fast_exp_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
+        let vec = n > 1;
+        let c = |v: f64| -> String {
+            let s = float_const(DataType::f32(), v);
+            if vec {
+                Self::splat_const(n, sty, &s)
+            } else {
+                s
+            }
+        };
+        let (ity, bty) = if vec {
+            (format!("<{n} x i32>"), format!("<{n} x i1>"))
+        } else {
+            ("i32".to_owned(), "i1".to_owned())
+        };
+        let sfx = if vec {
+            format!("v{n}f32")
+        } else {
+            "f32".to_owned()
+        };
+        for f in ["fma", "floor"] {
+            let params = if f == "fma" {
+                format!("{ty}, {ty}, {ty}")
+            } else {
+                ty.to_owned()
+            };
+            self.m
+                .declares
+                .insert(format!("declare {ty} @llvm.{f}.{sfx}({params})"));
+        }
+        use crate::ir::approx::{FAST_EXP_HI, FAST_EXP_LO, FAST_EXP_POLY, LN2_HI, LN2_LO, LOG2_E};
+        // No fast-math flags here: the sequence is the IR's definition, bit for bit.
+        let hi = self.assign(&bty, format!("fcmp ogt {ty} {}, {}", x.v, c(FAST_EXP_HI)));
+        let x1 = self.assign(
+            ty,
+            format!(
+                "select {bty} {}, {ty} {}, {ty} {}",
+                hi.v,
+                c(FAST_EXP_HI),
+                x.v
+            ),
+        );
+        let lo = self.assign(&bty, format!("fcmp olt {ty} {}, {}", x1.v, c(FAST_EXP_LO)));
+        let x2 = self.assign(
+            ty,
+            format!(
+                "select {bty} {}, {ty} {}, {ty} {}",
+                lo.v,
+                c(FAST_EXP_LO),
+                x1.v
+            ),
+        );
+        // k = floor(x * log2(e) + 0.5)
+        let fx = self.assign(
+            ty,
+            format!(
+                "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                x2.v,
+                c(LOG2_E),
+                c(0.5)
+            ),
+        );
+        let k = self.assign(ty, format!("call {ty} @llvm.floor.{sfx}({ty} {})", fx.v));
+        let fma = |e: &mut Self, a: &str, b: &str, cc: &str| -> Val {
+            e.assign(
+                ty,
+                format!("call {ty} @llvm.fma.{sfx}({ty} {a}, {ty} {b}, {ty} {cc})"),
+            )
+        };
+        // r = x - k ln2 (ln2 in two parts)
+        let r1 = fma(self, &k.v, &c(-LN2_HI), &x2.v);
+        let r = fma(self, &k.v, &c(LN2_LO), &r1.v);
+        let mut p = fma(self, &c(FAST_EXP_POLY[0]), &r.v, &c(FAST_EXP_POLY[1]));
+        for &coef in &FAST_EXP_POLY[2..] {
+            p = fma(self, &p.v, &r.v, &c(coef));
+        }
+        let rr = self.assign(ty, format!("fmul {ty} {}, {}", r.v, r.v));
+        let y0 = fma(self, &p.v, &rr.v, &r.v);
+        let y = self.assign(ty, format!("fadd {ty} {}, {}", y0.v, c(1.0)));
+        let ki = self.assign(&ity, format!("fptosi {ty} {} to {ity}", k.v));
+        let (c127, c23) = if vec {
+            (
+                Self::splat_const(n, "i32", "127"),
+                Self::splat_const(n, "i32", "23"),
+            )
+        } else {
+            ("127".to_owned(), "23".to_owned())
+        };
+        let kb = self.assign(&ity, format!("add {ity} {}, {c127}", ki.v));
+        let sh = self.assign(&ity, format!("shl {ity} {}, {c23}", kb.v));
+        let scale = self.assign(ty, format!("bitcast {ity} {} to {ty}", sh.v));
+        let e = self.assign(ty, format!("fmul {ty} {}, {}", y.v, scale.v));
+        // A NaN input is the result (its k, converted above, is poison, which a select of the
+        // other arm never lets through).
+        let nan = self.assign(&bty, format!("fcmp uno {ty} {}, {}", x.v, x.v));
+        self.assign(
+            ty,
+            format!("select {bty} {}, {ty} {}, {ty} {}", nan.v, x.v, e.v),
+        )
+    }
+}

@@ -1,0 +1,352 @@
+//! Statements: [`Emitter::stmt`], conditionals, `return`, serial loops and their `llvm.loop`
+//! metadata, and allocations (on the stack, or in the workspace, freed on every exit).
+
+use std::fmt::Write as _;
+
+use crate::codegen::CodegenError;
+use crate::ir::{Buffer, Expr, ForKind, Stmt, StorageScope, TypeCode, Var};
+
+use super::{is_signed, mem_ty, reg_ty, unsupported, Emitter, Val, R};
+
+/// Local allocations up to this size live on the stack; larger ones use the workspace.
+const MAX_STACK_BYTES: i64 = 16 * 1024;
+
+impl Emitter<'_> {
+    pub fn stmt(&mut self, s: &Stmt) -> R<()> {
+        match s {
+            Stmt::Seq(v) => {
+                for s in v {
+                    self.stmt(s)?;
+                }
+            }
+            Stmt::Evaluate(e) => {
+                self.expr(e)?;
+            }
+            Stmt::Store {
+                buffer,
+                indices,
+                value,
+            } => {
+                self.host_access(buffer)?;
+                let v = self.expr(value)?;
+                let v = self.reg_to_mem(buffer.dtype, v);
+                let addr = self.address(buffer, indices)?;
+                let align = buffer.dtype.bytes().max(1);
+                let g = self.access_groups();
+                self.line(format!(
+                    "store {}, {}* {addr}, align {align}{g}",
+                    v.typed(),
+                    v.ty
+                ));
+            }
+            Stmt::Let { var, value, body } => {
+                let v = self.expr(value)?;
+                let old = self.vars.insert(var.id, v);
+                self.stmt(body)?;
+                self.restore(var.id, old);
+            }
+            Stmt::IfThenElse {
+                cond,
+                then_case,
+                else_case,
+            } => {
+                let c = self.expr(cond)?;
+                self.if_then_else(&c.v, "", then_case, else_case.as_deref(), Self::stmt)?;
+            }
+            Stmt::Assert { cond, message } => {
+                let c = self.expr(cond)?;
+                self.check(&c.v, "RuntimeError", message);
+            }
+            Stmt::Return(e) => self.ret(e)?,
+            Stmt::Barrier => {
+                return Err(CodegenError::Unsupported(
+                    "a barrier outside a device kernel (it belongs under threadIdx loops)".into(),
+                ))
+            }
+            Stmt::Allocate { buffer, body } => self.allocate(buffer, body)?,
+            Stmt::For {
+                var,
+                min,
+                extent,
+                kind,
+                body,
+            } => match kind {
+                ForKind::ThreadBinding(_) => self.launch_kernel(s)?,
+                ForKind::Parallel => self.parallel_for(var, min, extent, body)?,
+                ForKind::Vectorized if self.vector_for(var, min, extent, body)? => {}
+                ForKind::Unrolled if self.unrolled_for(var, min, extent, body)? => {}
+                _ => self.serial_for(var, min, extent, *kind, body)?,
+            },
+        }
+        Ok(())
+    }
+
+    /// `if cond { then } else { other }` with blocks named `<prefix>then<k>`..., each arm
+    /// emitted by `arm` (scalar or vector statements).
+    pub(super) fn if_then_else(
+        &mut self,
+        cond: &str,
+        prefix: &str,
+        then_case: &Stmt,
+        else_case: Option<&Stmt>,
+        mut arm: impl FnMut(&mut Self, &Stmt) -> R<()>,
+    ) -> R<()> {
+        let th = self.new_label(&format!("{prefix}then"));
+        let el = self.new_label(&format!("{prefix}else"));
+        let end = self.new_label(&format!("{prefix}endif"));
+        let other = if else_case.is_some() { &el } else { &end };
+        self.line(format!("br i1 {cond}, label %{th}, label %{other}"));
+        self.start_block(&th);
+        arm(self, then_case)?;
+        self.line(format!("br label %{end}"));
+        if let Some(e) = else_case {
+            self.start_block(&el);
+            arm(self, e)?;
+            self.line(format!("br label %{end}"));
+        }
+        self.start_block(&end);
+        Ok(())
+    }
+
+    fn ret(&mut self, e: &Expr) -> R<()> {
+        let slot = self.ret_slot.clone().ok_or_else(|| {
+            unsupported("`return` inside a parallel loop or in a function without a return type")
+        })?;
+        let t = e.dtype();
+        let v = self.expr(e)?;
+        let (index, bits) = match t.code {
+            TypeCode::Bool => {
+                let z = self.assign("i64", format!("zext i1 {} to i64", v.v));
+                (2, z.v)
+            }
+            TypeCode::Int | TypeCode::UInt => (1, self.widen64(t, v).v),
+            TypeCode::Float | TypeCode::BFloat => {
+                let d = if v.ty == "double" {
+                    v
+                } else {
+                    self.assign("double", format!("fpext {} to double", v.typed()))
+                };
+                let b = self.assign("i64", format!("bitcast double {} to i64", d.v));
+                (3, b.v)
+            }
+            TypeCode::Handle => {
+                let p = self.assign("i64", format!("ptrtoint {} to i64", v.typed()));
+                (4, p.v)
+            }
+        };
+        let ti = self.assign("i32*", format!("bitcast i8* {slot} to i32*"));
+        self.line(format!("store i32 {index}, i32* {}, align 8", ti.v));
+        let pad = self.assign(
+            "i8*",
+            format!("getelementptr inbounds i8, i8* {slot}, i64 4"),
+        );
+        let padp = self.assign("i32*", format!("bitcast i8* {} to i32*", pad.v));
+        self.line(format!("store i32 0, i32* {}, align 4", padp.v));
+        let val = self.assign(
+            "i8*",
+            format!("getelementptr inbounds i8, i8* {slot}, i64 8"),
+        );
+        let valp = self.assign("i64*", format!("bitcast i8* {} to i64*", val.v));
+        self.line(format!("store i64 {bits}, i64* {}, align 8", valp.v));
+        self.free_live();
+        self.line("ret i32 0");
+        let dead = self.new_label("after_return");
+        self.start_block(&dead);
+        Ok(())
+    }
+
+    fn loop_metadata(&mut self, kind: ForKind, group: Option<&str>) -> String {
+        match kind {
+            ForKind::Vectorized => {
+                let g = group.unwrap_or("!{}").to_owned();
+                let enable =
+                    self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.enable\", i1 true}}"));
+                let par = self.md(|n| format!("!{n} = !{{!\"llvm.loop.parallel_accesses\", {g}}}"));
+                let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{enable}, !{par}}}"));
+                format!(", !llvm.loop !{id}")
+            }
+            ForKind::Unrolled => {
+                let full = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.full\"}}"));
+                let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{full}}}"));
+                format!(", !llvm.loop !{id}")
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// `!llvm.loop` metadata that keeps a loop as it is: not vectorized, interleaved or unrolled.
+    pub(super) fn no_unroll_metadata(&mut self) -> String {
+        let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
+        let il = self.md(|n| format!("!{n} = !{{!\"llvm.loop.interleave.count\", i32 1}}"));
+        let un = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.disable\"}}"));
+        let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}, !{il}, !{un}}}"));
+        format!(", !llvm.loop !{id}")
+    }
+
+    fn serial_for(
+        &mut self,
+        var: &Var,
+        min: &Expr,
+        extent: &Expr,
+        kind: ForKind,
+        body: &Stmt,
+    ) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let lo = self.expr(min)?;
+        let n = self.expr(extent)?;
+        let end = self.assign(&ty, format!("add {}, {}", lo.typed(), n.v));
+        self.next_extent = extent.as_int();
+        self.counted_loop(var, lo, end, kind, body)
+    }
+
+    /// `for var in [lo, end)` (values of the loop variable's type); in streaming form when its
+    /// body writes a streamed output (`stream.rs`).
+    pub(super) fn counted_loop(
+        &mut self,
+        var: &Var,
+        lo: Val,
+        end: Val,
+        kind: ForKind,
+        body: &Stmt,
+    ) -> R<()> {
+        let extent = self.next_extent.take();
+        if matches!(kind, ForKind::Serial | ForKind::Parallel) {
+            if let Some((buffer, indices)) = self.stream_store(var, body, extent) {
+                return self.stream_loop(var, lo, end, body, &buffer, &indices);
+            }
+        }
+        self.plain_loop(var, lo, end, kind, body)
+    }
+
+    /// `for var in [lo, end)`, as written.
+    fn plain_loop(&mut self, var: &Var, lo: Val, end: Val, kind: ForKind, body: &Stmt) -> R<()> {
+        let ty = reg_ty(var.dtype);
+        let head = self.new_label("for_head");
+        let bodyl = self.new_label("for_body");
+        let latch = self.new_label("for_latch");
+        let exit = self.new_label("for_end");
+        let pre = self.cur_block.clone();
+        self.line(format!("br label %{head}"));
+        self.start_block(&head);
+        let i = self.tmp();
+        let next = self.tmp();
+        self.line(format!(
+            "{i} = phi {ty} [ {}, %{pre} ], [ {next}, %{latch} ]",
+            lo.v
+        ));
+        let s = is_signed(var.dtype);
+        let c = self.assign(
+            "i1",
+            format!("icmp {} {ty} {i}, {}", if s { "slt" } else { "ult" }, end.v),
+        );
+        self.line(format!("br i1 {}, label %{bodyl}, label %{exit}", c.v));
+        self.start_block(&bodyl);
+        let group = if kind == ForKind::Vectorized {
+            let g = self.md(|n| format!("!{n} = distinct !{{}}"));
+            let g = format!("!{g}");
+            self.groups.push(g.clone());
+            Some(g)
+        } else {
+            None
+        };
+        let old = self.vars.insert(var.id, Val::new(&ty, &i));
+        let r = self.stmt(body);
+        self.restore(var.id, old);
+        if group.is_some() {
+            self.groups.pop();
+        }
+        r?;
+        self.line(format!("br label %{latch}"));
+        self.start_block(&latch);
+        let nsw = if s { "nsw" } else { "nuw" };
+        self.line(format!("{next} = add {nsw} {ty} {i}, 1"));
+        let md = self.loop_metadata(kind, group.as_deref());
+        self.line(format!("br label %{head}{md}"));
+        self.start_block(&exit);
+        Ok(())
+    }
+
+    fn allocate(&mut self, buffer: &Buffer, body: &Stmt) -> R<()> {
+        let mt = mem_ty(buffer.dtype);
+        let elem = buffer.dtype.bytes().max(1) as i64;
+        let const_bytes = buffer.const_numel().and_then(|n| n.checked_mul(elem));
+        let on_stack = buffer.scope == StorageScope::Local
+            && matches!(const_bytes, Some(b) if b <= MAX_STACK_BYTES);
+        if self.opts.device_host && buffer.scope == StorageScope::Local && !on_stack {
+            return Err(unsupported(format!(
+                "function `{}`: host allocation `{}` must be `local` with a constant size of at most {MAX_STACK_BYTES} bytes (host code of a device target has no host workspace); use `workspace` for device memory",
+                self.fname, buffer.name
+            )));
+        }
+        let ptr;
+        if on_stack {
+            let n = buffer.const_numel().unwrap_or(1).max(1);
+            let a = format!("%alloca{}", self.label + 1);
+            self.label += 1;
+            let _ = writeln!(self.entry_allocas, "  {a} = alloca {mt}, i64 {n}, align 64");
+            ptr = a;
+            self.bufs
+                .insert(buffer.data.id, Val::new(Self::ptr(&mt), &ptr));
+            self.stmt(body)?;
+        } else {
+            let mut numel = Val::new("i64", "1");
+            for d in &buffer.shape {
+                let dv = self.index64(d)?;
+                numel = self.assign("i64", format!("mul i64 {}, {}", numel.v, dv.v));
+            }
+            let neg = self.assign("i1", format!("icmp sge i64 {}, 0", numel.v));
+            self.check(
+                &neg.v,
+                "RuntimeError",
+                &format!("allocation `{}` has a negative size", buffer.name),
+            );
+            let bytes = self.assign("i64", format!("mul i64 {}, {elem}", numel.v));
+            let raw = self.alloc_workspace(&bytes.v, buffer);
+            let ok = self.assign("i1", format!("icmp ne i8* {raw}, null"));
+            let msg = format!(
+                "cannot allocate workspace `{}` in `{}`",
+                buffer.name, self.fname
+            );
+            self.check(&ok.v, "RuntimeError", &msg);
+            let typed = self.assign(&Self::ptr(&mt), format!("bitcast i8* {raw} to {mt}*"));
+            self.bufs.insert(buffer.data.id, typed);
+            self.live_ws.push(raw.clone());
+            self.stmt(body)?;
+            self.live_ws.pop();
+            self.free_workspace(&raw);
+        }
+        self.bufs.remove(&buffer.data.id);
+        Ok(())
+    }
+
+    fn alloc_workspace(&mut self, nbytes: &str, buffer: &Buffer) -> String {
+        self.m.uses_workspace = true;
+        let code = buffer.dtype.code as u8;
+        let bits = buffer.dtype.bits;
+        let dt = self.opts.device_type;
+        let dev = self.device_id();
+        let r = self.assign(
+            "i8*",
+            format!("call i8* @__kiln_alloc_workspace(i32 {dt}, i32 {dev}, i64 {nbytes}, i32 {code}, i32 {bits})"),
+        );
+        r.v
+    }
+
+    pub(super) fn free_workspace(&mut self, p: &str) {
+        let dt = self.opts.device_type;
+        let dev = self.device_id();
+        self.line(format!(
+            "call void @__kiln_free_workspace(i32 {dt}, i32 {dev}, i8* {p})"
+        ));
+    }
+
+    /// The device id of the function's tensors: `%devid` in a device target's host code
+    /// (passed by the packed wrapper), 0 on the CPU.
+    fn device_id(&self) -> &'static str {
+        if self.opts.device_host {
+            "%devid"
+        } else {
+            "0"
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! Emitter-side unrolling and vectorization.
+//!
+//! `unrolled` loops with a small constant extent are unrolled here, so every index they feed is a
+//! constant before LLVM runs (local arrays indexed by them become registers in the first SROA).
+//! `vectorized` loops with a constant extent whose bodies are stores of lane-wise expressions are
+//! emitted as straight-line vector code, as TVM does with `Ramp`/`Broadcast`: contiguous accesses
+//! become vector loads and stores, lane-invariant subexpressions are computed once and broadcast,
+//! float arithmetic, `fma`, `min`/`max`, `sqrt` and (with fast math) `exp` are vector instructions,
+//! and anything else is computed lane by lane. Other vectorized loops (reductions into a scalar,
+//! nested loops) keep the loop form with `llvm.loop.vectorize.enable`, for LLVM's vectorizer.
+
+use std::collections::BTreeSet;
+
+use crate::ir::{BinOp, Buffer, DataType, Expr, Intrinsic, Stmt, TypeCode, Var, VarId};
+
+use super::arith::minmax_by_constant;
+use super::parallel::collect_vars;
+use super::streaming::STREAM_ALIGN;
+use super::{mem_ty, reg_ty, Emitter, Val, R};
+
+/// The most iterations unrolled by the emitter (larger loops get `llvm.loop.unroll.full`).
+const MAX_EMIT_UNROLL: i64 = 64;
+/// The most lanes of an emitter-vectorized loop.
+const MAX_EMIT_LANES: i64 = 64;
+
+/// A value in a vectorized loop body: the same in every lane, or one per lane.
+#[derive(Clone, Debug)]
+enum Lanes {
+    Uniform(Val),
+    Vector(Val),
+}
+
+fn expr_uses(e: &Expr, id: VarId) -> bool {
+    let mut s = BTreeSet::new();
+    collect_vars(&Stmt::Evaluate(e.clone()), &mut s);
+    s.contains(&id)
+}
+
+/// The coefficient of `id` in the integer expression `e`, if `e` is affine in it.
+pub(super) fn lane_coef(e: &Expr, id: VarId) -> Option<i64> {
+    if !expr_uses(e, id) {
+        return Some(0);
+    }
+    match e {
+        Expr::Var(v) if v.id == id => Some(1),
+        Expr::Binary { op, a, b } => {
+            let (ca, cb) = (lane_coef(a, id)?, lane_coef(b, id)?);
+            match op {
+                BinOp::Add => Some(ca + cb),
+                BinOp::Sub => Some(ca - cb),
+                BinOp::Mul if cb == 0 => Some(ca * b.as_int()?),
+                BinOp::Mul if ca == 0 => Some(cb * a.as_int()?),
+                _ => None,
+            }
+        }
+        Expr::Cast { dtype, value }
+            if matches!(dtype.code, TypeCode::Int | TypeCode::UInt)
+                && matches!(value.dtype().code, TypeCode::Int | TypeCode::UInt)
+                && dtype.bits >= value.dtype().bits =>
+        {
+            lane_coef(value, id)
+        }
+        _ => None,
+    }
+}
+
+fn vec_dtype_ok(t: DataType) -> bool {
+    matches!(
+        (t.code, t.bits),
+        (TypeCode::Float, 32) | (TypeCode::Float, 64)
+    )
+}
+
+/// Whether the emitter can vectorize a loop over `id` with body `s`.
+pub(super) fn vec_body_ok(s: &Stmt, id: VarId) -> bool {
+    fn loads_ok(e: &Expr) -> bool {
+        match e {
+            Expr::Load { buffer, indices } => {
+                vec_dtype_ok(buffer.dtype) && indices.iter().all(loads_ok)
+            }
+            Expr::Binary { a, b, .. } => loads_ok(a) && loads_ok(b),
+            Expr::Not(a) | Expr::Cast { value: a, .. } => loads_ok(a),
+            Expr::Select { cond, t, f } => loads_ok(cond) && loads_ok(t) && loads_ok(f),
+            Expr::Let { value, body, .. } => loads_ok(value) && loads_ok(body),
+            Expr::Call { args, .. } => args.iter().all(loads_ok),
+            // Branches and external calls stay in scalar loops.
+            Expr::IfThenElse { .. } | Expr::CallExtern { .. } => false,
+            Expr::Reinterpret { value, .. } => loads_ok(value),
+            _ => true,
+        }
+    }
+    match s {
+        Stmt::Seq(v) => v.iter().all(|s| vec_body_ok(s, id)),
+        Stmt::Store {
+            buffer,
+            indices,
+            value,
+        } => {
+            let idx_dep = indices.iter().any(|i| expr_uses(i, id));
+            // A store to one place from every lane is a reduction: not lane-wise.
+            vec_dtype_ok(buffer.dtype)
+                && (idx_dep || !expr_uses(value, id))
+                && loads_ok(value)
+                && indices.iter().all(loads_ok)
+        }
+        Stmt::Let { value, body, .. } => !expr_uses(value, id) && vec_body_ok(body, id),
+        Stmt::IfThenElse {
+            cond,
+            then_case,
+            else_case,
+        } => {
+            !expr_uses(cond, id)
+                && vec_body_ok(then_case, id)
+                && else_case.as_ref().is_none_or(|e| vec_body_ok(e, id))
+        }
+        _ => false,
+    }
+}
+
+impl Emitter<'_> {
+    /// Unrolls `for var in [min, min + extent)` when the extent is a small constant.
+    pub(super) fn unrolled_for(
+        &mut self,
+        var: &Var,
+        min: &Expr,
+        extent: &Expr,
+        body: &Stmt,
+    ) -> R<bool> {
+        let Some(n) = extent.as_int() else {
+            return Ok(false);
+        };
+        if n > MAX_EMIT_UNROLL {
+            return Ok(false);
+        }
+        let ty = reg_ty(var.dtype);
+        let lo = self.expr(min)?;
+        for k in 0..n.max(0) {
+            let i = self.assign(&ty, format!("add {}, {k}", lo.typed()));
+            let old = self.vars.insert(var.id, i);
+            let r = self.stmt(body);
+            self.restore(var.id, old);
+            r?;
+        }
+        Ok(true)
+    }
+
+    /// Emits a vectorized loop as vector code; `false` when its body is not lane-wise.
+    pub(super) fn vector_for(
+        &mut self,
+        var: &Var,
+        min: &Expr,
+        extent: &Expr,
+        body: &Stmt,
+    ) -> R<bool> {
+        let Some(n) = extent.as_int() else {
+            return Ok(false);
+        };
+        if !(2..=MAX_EMIT_LANES).contains(&n) || !vec_body_ok(body, var.id) {
+            return Ok(false);
+        }
+        let lo = self.expr(min)?;
+        self.vstmt(var, &lo, n, body)?;
+        Ok(true)
+    }
+
+    fn vty(n: i64, ty: &str) -> String {
+        format!("<{n} x {ty}>")
+    }
+
+    /// A constant vector with every lane `c` (an LLVM constant spelling).
+    pub(super) fn splat_const(n: i64, ty: &str, c: &str) -> String {
+        let one = format!("{ty} {c}");
+        format!("<{}>", vec![one; n as usize].join(", "))
+    }
+
+    fn broadcast(&mut self, n: i64, x: &Val) -> Val {
+        let vt = Self::vty(n, &x.ty);
+        let a = self.assign(
+            &vt,
+            format!("insertelement {vt} undef, {}, i32 0", x.typed()),
+        );
+        self.assign(
+            &vt,
+            format!(
+                "shufflevector {vt} {}, {vt} undef, <{n} x i32> zeroinitializer",
+                a.v
+            ),
+        )
+    }
+
+    fn as_vector(&mut self, n: i64, x: Lanes) -> Val {
+        match x {
+            Lanes::Vector(v) => v,
+            Lanes::Uniform(u) => self.broadcast(n, &u),
+        }
+    }
+
+    /// The loop variable's value in lane `l`.
+    fn lane_value(&mut self, var: &Var, lo: &Val, l: i64) -> Val {
+        let ty = reg_ty(var.dtype);
+        self.assign(&ty, format!("add {}, {l}", lo.typed()))
+    }
+
+    /// Computes `e` lane by lane and gathers the results into a vector.
+    fn scalarize(&mut self, var: &Var, lo: &Val, n: i64, e: &Expr) -> R<Lanes> {
+        let ty = reg_ty(e.dtype());
+        let vt = Self::vty(n, &ty);
+        let mut acc = Val::new(&vt, "undef");
+        for l in 0..n {
+            let i = self.lane_value(var, lo, l);
+            let old = self.vars.insert(var.id, i);
+            let x = self.expr(e);
+            self.restore(var.id, old);
+            let x = x?;
+            acc = self.assign(
+                &vt,
+                format!("insertelement {}, {}, i32 {l}", acc.typed(), x.typed()),
+            );
+        }
+        Ok(Lanes::Vector(acc))
+    }
+
+    /// The address of lane 0 of a contiguous access, or `None` when lanes are not adjacent.
+    fn contiguous(
+        &mut self,
+        var: &Var,
+        lo: &Val,
+        buffer: &Buffer,
+        indices: &[Expr],
+    ) -> R<Option<String>> {
+        if buffer.strides.is_some() || indices.is_empty() {
+            return Ok(None);
+        }
+        let last = indices.len() - 1;
+        for (d, i) in indices.iter().enumerate() {
+            let want = if d == last { 1 } else { 0 };
+            if lane_coef(i, var.id) != Some(want) {
+                return Ok(None);
+            }
+        }
+        let old = self.vars.insert(var.id, lo.clone());
+        let a = self.address(buffer, indices);
+        self.restore(var.id, old);
+        Ok(Some(a?))
+    }
+
+    fn vexpr(&mut self, var: &Var, lo: &Val, n: i64, e: &Expr) -> R<Lanes> {
+        if !expr_uses(e, var.id) {
+            return Ok(Lanes::Uniform(self.expr(e)?));
+        }
+        let t = e.dtype();
+        let fm = self.fm();
+        match e {
+            Expr::Load { buffer, indices } => {
+                if let Some(addr) = self.contiguous(var, lo, buffer, indices)? {
+                    let mt = mem_ty(buffer.dtype);
+                    let vt = Self::vty(n, &mt);
+                    let p =
+                        self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
+                    let align = buffer.dtype.bytes().max(1);
+                    let v = self.assign(&vt, format!("load {vt}, {vt}* {}, align {align}", p.v));
+                    return Ok(Lanes::Vector(v));
+                }
+                self.scalarize(var, lo, n, e)
+            }
+            Expr::Binary { op, a, b }
+                if vec_dtype_ok(t)
+                    && matches!(
+                        op,
+                        BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Min | BinOp::Max
+                    ) =>
+            {
+                if let Some((v, c, cv)) = minmax_by_constant(*op, a, b) {
+                    let x = self.vexpr(var, lo, n, v)?;
+                    let y = self.vexpr(var, lo, n, c)?;
+                    let x = self.as_vector(n, x);
+                    let y = self.as_vector(n, y);
+                    let bt = format!("<{n} x i1>");
+                    let r = self.fminmax_const(*op == BinOp::Min, &bt, x, y, cv);
+                    return Ok(Lanes::Vector(r));
+                }
+                let x = self.vexpr(var, lo, n, a)?;
+                let y = self.vexpr(var, lo, n, b)?;
+                let x = self.as_vector(n, x);
+                let y = self.as_vector(n, y);
+                let vt = x.ty.clone();
+                let v = match op {
+                    BinOp::Add => self.assign(&vt, format!("fadd {fm}{}, {}", x.typed(), y.v)),
+                    BinOp::Sub => self.assign(&vt, format!("fsub {fm}{}, {}", x.typed(), y.v)),
+                    BinOp::Mul => self.assign(&vt, format!("fmul {fm}{}, {}", x.typed(), y.v)),
+                    BinOp::Div => self.assign(&vt, format!("fdiv {fm}{}, {}", x.typed(), y.v)),
+                    _ => self.vminmax(*op == BinOp::Min, n, &reg_ty(t), x, y),
+                };
+                Ok(Lanes::Vector(v))
+            }
+            Expr::Call { op, args }
+                if vec_dtype_ok(t)
+                    && (matches!(op, Intrinsic::Fma | Intrinsic::Sqrt | Intrinsic::Abs)
+                        || (t == DataType::f32()
+                            && (*op == Intrinsic::FastExp
+                                || (*op == Intrinsic::Exp && self.fast_exp())))) =>
+            {
+                let mut vals = Vec::new();
+                for a in args {
+                    let x = self.vexpr(var, lo, n, a)?;
+                    vals.push(self.as_vector(n, x));
+                }
+                let sty = reg_ty(t);
+                let vt = Self::vty(n, &sty);
+                let sfx = format!("v{n}{}", Self::intr_suffix(&sty));
+                let v = match op {
+                    Intrinsic::Exp | Intrinsic::FastExp => {
+                        self.fast_exp_poly(&vt, &sty, n, vals[0].clone())
+                    }
+                    _ => {
+                        let name = match op {
+                            Intrinsic::Fma => "fma",
+                            Intrinsic::Sqrt => "sqrt",
+                            _ => "fabs",
+                        };
+                        let params = vec![vt.as_str(); vals.len()].join(", ");
+                        self.m
+                            .declares
+                            .insert(format!("declare {vt} @llvm.{name}.{sfx}({params})"));
+                        let a = vals.iter().map(Val::typed).collect::<Vec<_>>().join(", ");
+                        self.assign(&vt, format!("call {fm}{vt} @llvm.{name}.{sfx}({a})"))
+                    }
+                };
+                Ok(Lanes::Vector(v))
+            }
+            _ => self.scalarize(var, lo, n, e),
+        }
+    }
+
+    /// Lane-wise IEEE minimum/maximum (NaN if either is NaN, -0 below +0); with `nnan nsz` fast
+    /// math, a plain compare and select.
+    fn vminmax(&mut self, min: bool, n: i64, sty: &str, x: Val, y: Val) -> Val {
+        let vt = x.ty.clone();
+        let bt = format!("<{n} x i1>");
+        let p = if min { "olt" } else { "ogt" };
+        let fm = self.fm();
+        let c = self.assign(&bt, format!("fcmp {fm}{p} {}, {}", x.typed(), y.v));
+        let relaxed = self.opts.fast_math == "fast"
+            || (self.opts.fast_math.contains("nnan") && self.opts.fast_math.contains("nsz"));
+        if relaxed {
+            return self.assign(
+                &vt,
+                format!("select {fm}{bt} {}, {}, {}", c.v, x.typed(), y.typed()),
+            );
+        }
+        let ity = Self::vty(n, if sty == "float" { "i32" } else { "i64" });
+        let eq = self.assign(&bt, format!("fcmp oeq {}, {}", x.typed(), y.v));
+        let xb = self.assign(&ity, format!("bitcast {} to {ity}", x.typed()));
+        let sgn = self.assign(&bt, format!("icmp slt {ity} {}, zeroinitializer", xb.v));
+        let want = if min {
+            sgn.v.clone()
+        } else {
+            let ones = Self::splat_const(n, "i1", "true");
+            self.assign(&bt, format!("xor {bt} {}, {ones}", sgn.v)).v
+        };
+        let tie = self.assign(&bt, format!("and {bt} {}, {want}", eq.v));
+        let pick = self.assign(&bt, format!("or {bt} {}, {}", c.v, tie.v));
+        let r = self.assign(
+            &vt,
+            format!("select {bt} {}, {}, {}", pick.v, x.typed(), y.typed()),
+        );
+        let nan = self.assign(&bt, format!("fcmp uno {}, {}", x.typed(), y.v));
+        let q = Self::splat_const(n, sty, "0x7FF8000000000000");
+        self.assign(
+            &vt,
+            format!("select {bt} {}, {vt} {q}, {}", nan.v, r.typed()),
+        )
+    }
+
+    /// Emits a lane-wise statement for lanes `lo .. lo + n` of `var`.
+    pub(super) fn vstmt(&mut self, var: &Var, lo: &Val, n: i64, s: &Stmt) -> R<()> {
+        match s {
+            Stmt::Seq(v) => {
+                for s in v {
+                    self.vstmt(var, lo, n, s)?;
+                }
+            }
+            Stmt::Let {
+                var: lv,
+                value,
+                body,
+            } => {
+                let v = self.expr(value)?;
+                let old = self.vars.insert(lv.id, v);
+                self.vstmt(var, lo, n, body)?;
+                self.restore(lv.id, old);
+            }
+            Stmt::IfThenElse {
+                cond,
+                then_case,
+                else_case,
+            } => {
+                let c = self.expr(cond)?;
+                self.if_then_else(&c.v, "v", then_case, else_case.as_deref(), |e, s| {
+                    e.vstmt(var, lo, n, s)
+                })?;
+            }
+            Stmt::Store {
+                buffer,
+                indices,
+                value,
+            } => {
+                let v = self.vexpr(var, lo, n, value)?;
+                let v = self.as_vector(n, v);
+                let mt = mem_ty(buffer.dtype);
+                let align = buffer.dtype.bytes().max(1);
+                if let Some(addr) = self.contiguous(var, lo, buffer, indices)? {
+                    let vt = Self::vty(n, &mt);
+                    let p =
+                        self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
+                    if self.stream_buf == Some(buffer.data.id) {
+                        // The streaming loop's vector part: 64 bytes at a 64-byte boundary.
+                        let nt = self.md(|k| format!("!{k} = !{{i32 1}}"));
+                        self.line(format!(
+                            "store {}, {vt}* {}, align {STREAM_ALIGN}, !nontemporal !{nt}",
+                            v.typed(),
+                            p.v
+                        ));
+                    } else {
+                        self.line(format!("store {}, {vt}* {}, align {align}", v.typed(), p.v));
+                    }
+                } else {
+                    for l in 0..n {
+                        let x = self.assign(&mt, format!("extractelement {}, i32 {l}", v.typed()));
+                        let i = self.lane_value(var, lo, l);
+                        let old = self.vars.insert(var.id, i);
+                        let a = self.address(buffer, indices);
+                        self.restore(var.id, old);
+                        let a = a?;
+                        self.line(format!("store {}, {mt}* {a}, align {align}", x.typed()));
+                    }
+                }
+            }
+            _ => unreachable!("vec_body_ok admits only stores, lets, ifs and sequences"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! `cache_write`: accumulating a buffer's tile in a `local` (register) buffer.
+
+use std::collections::HashMap;
+
+use super::{for_, guard, imm, parts, Schedule, ScheduleResult};
+use crate::ir::rewrite::{self, linear, rw_stmt, Lin, Rewriter};
+use crate::ir::{Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
+
+impl Schedule {
+    /// Caches `buffer` over one iteration of loop `at`: the region the body of `at` reads and
+    /// writes (indices affine in the loops inside `at`, with constant bounds) gets a `local`
+    /// buffer `<buffer>_local`, loaded before the body and written back after it, guarded where
+    /// the region may pass the buffer's end. Returns the cache's name.
+    ///
+    /// # Errors
+    /// Non-affine indices, accesses with different offsets outside `at`, or symbolic inner
+    /// bounds.
+    pub fn cache_write(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
+        let target = self.find_buffer(buffer).ok_or_else(|| {
+            self.form(
+                "cache_write",
+                format!("found no parameter buffer `{buffer}`"),
+            )
+        })?;
+        let cname = self.fresh_buffer(&format!("{buffer}_local"));
+        let mut problem: Option<String> = None;
+        let prefix = self.fresh(&format!("{buffer}_c"), &[]);
+        self.edit(at, &mut |s, enc| {
+            let (var, min, extent, kind, body) = parts(s);
+            // Loops inside `at` with constant bounds.
+            let mut inner: HashMap<crate::ir::VarId, (i64, i64)> = HashMap::new();
+            collect_loops(body, &mut inner);
+            let (mut loads, mut stores) = (vec![], vec![]);
+            rewrite::accesses(body, buffer, &mut loads, &mut stores);
+            let all: Vec<&Vec<Expr>> = loads.iter().chain(&stores).collect();
+            if all.is_empty() {
+                problem = Some(format!("found no access to `{buffer}` in loop `{at}`"));
+                return Ok(s.clone());
+            }
+            let nd = target.ndim();
+            let mut base: Vec<Lin> = Vec::new();
+            let mut ext: Vec<i64> = Vec::new();
+            for d in 0..nd {
+                let mut outer: Option<Lin> = None;
+                let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+                for acc in &all {
+                    let Some(l) = linear(&acc[d]) else {
+                        problem = Some(format!("needs affine indices of `{buffer}`, found `{}`", acc[d]));
+                        return Ok(s.clone());
+                    };
+                    let o = l.without(|v| inner.contains_key(&v.id));
+                    let o0 = Lin { terms: o.terms.clone(), c: 0 };
+                    match &outer {
+                        None => outer = Some(o0),
+                        Some(p) if *p == o0 => {}
+                        Some(_) => {
+                            problem = Some(format!("needs every access of `{buffer}` in `{at}` to have the same outer offset"));
+                            return Ok(s.clone());
+                        }
+                    }
+                    let (mut a, mut b) = (o.c, o.c);
+                    for (v, k) in &l.terms {
+                        if let Some(&(mn, ex)) = inner.get(&v.id) {
+                            let (x, y) = (k * mn, k * (mn + ex - 1));
+                            a += x.min(y);
+                            b += x.max(y);
+                        }
+                    }
+                    lo = lo.min(a);
+                    hi = hi.max(b);
+                }
+                let mut o = outer.expect("some access");
+                o.c = lo;
+                base.push(o);
+                ext.push(hi - lo + 1);
+            }
+            let t = DataType::i64();
+            let cache = Buffer::new(&cname, target.dtype, ext.iter().map(|&e| imm(t, e)).collect())
+                .with_scope(StorageScope::Local);
+            // Ranges of the enclosing loops (and `at`) for the bounds check.
+            let mut ranges: HashMap<crate::ir::VarId, (i64, i64)> = HashMap::new();
+            for (v, mn, ex) in enc.iter().chain(std::iter::once(&(var.clone(), min.clone(), extent.clone()))) {
+                if let (Some(a), Some(b)) = (mn.as_int(), ex.as_int()) {
+                    ranges.insert(v.id, (a, b));
+                }
+            }
+            let in_bounds = |d: usize| -> bool {
+                let Some(limit) = target.shape[d].as_int() else { return false };
+                let mut hi = base[d].c + ext[d] - 1;
+                let mut lo = base[d].c;
+                for (v, k) in &base[d].terms {
+                    let Some(&(mn, ex)) = ranges.get(&v.id) else { return false };
+                    let (x, y) = (k * mn, k * (mn + ex - 1));
+                    hi += x.max(y);
+                    lo += x.min(y);
+                }
+                lo >= 0 && hi < limit
+            };
+            let guarded: Vec<bool> = (0..nd).map(|d| !in_bounds(d)).collect();
+            let base_e: Vec<Expr> = base.iter().map(|l| l.to_expr(t)).collect();
+            let copy = |to_cache: bool, tag: &str| -> Stmt {
+                let vars: Vec<Var> = (0..nd).map(|d| Var::new(&format!("{prefix}{tag}{d}"), t)).collect();
+                let r: Vec<Expr> = vars.iter().map(|v| Expr::Var(v.clone())).collect();
+                let gi: Vec<Expr> = (0..nd)
+                    .map(|d| {
+                        let g = rewrite::fold(base_e[d].clone() + r[d].clone());
+                        if target.shape[d].dtype() == t { g } else { g.cast(target.shape[d].dtype()) }
+                    })
+                    .collect();
+                let mut st = if to_cache {
+                    cache.store(r.clone(), target.load(gi.clone()))
+                } else {
+                    target.store(gi.clone(), cache.load(r.clone()))
+                };
+                let mut cond: Option<Expr> = None;
+                for d in 0..nd {
+                    if guarded[d] {
+                        let c = gi[d].clone().lt(target.shape[d].clone());
+                        cond = Some(match cond {
+                            None => c,
+                            Some(x) => x.and(c),
+                        });
+                    }
+                }
+                if let Some(c) = cond {
+                    st = guard(c, st);
+                }
+                for (d, v) in vars.into_iter().enumerate().rev() {
+                    let k = if d + 1 == nd { ForKind::Vectorized } else { ForKind::Unrolled };
+                    st = for_(v, imm(t, 0), imm(t, ext[d]), k, st);
+                }
+                st
+            };
+            struct Redirect<'a> {
+                name: &'a str,
+                cache: &'a Buffer,
+                base: &'a [Lin],
+            }
+            impl Redirect<'_> {
+                fn local(&self, ix: &[Expr]) -> Vec<Expr> {
+                    ix.iter()
+                        .zip(self.base)
+                        .map(|(i, b)| {
+                            let l = linear(i).expect("checked affine");
+                            let mut neg = b.clone();
+                            neg.terms.iter_mut().for_each(|(_, k)| *k = -*k);
+                            neg.c = -neg.c;
+                            let mut sum = l;
+                            for (v, k) in neg.terms {
+                                match sum.terms.iter_mut().find(|(w, _)| *w == v) {
+                                    Some((_, c)) => *c += k,
+                                    None => sum.terms.push((v, k)),
+                                }
+                            }
+                            sum.terms.retain(|(_, k)| *k != 0);
+                            sum.c += neg.c;
+                            sum.to_expr(DataType::i64())
+                        })
+                        .collect()
+                }
+            }
+            impl Rewriter for Redirect<'_> {
+                fn post_expr(&mut self, e: Expr) -> Expr {
+                    match &e {
+                        Expr::Load { buffer, indices } if buffer.name == self.name => {
+                            self.cache.load(self.local(indices))
+                        }
+                        _ => e,
+                    }
+                }
+                fn post_store(&mut self, buffer: Buffer, indices: Vec<Expr>, value: Expr) -> Stmt {
+                    if buffer.name == self.name {
+                        self.cache.store(self.local(&indices), value)
+                    } else {
+                        Stmt::Store { buffer, indices, value }
+                    }
+                }
+            }
+            let nbody = rw_stmt(
+                &mut Redirect { name: buffer, cache: &cache, base: &base },
+                body,
+            );
+            // The read-in is dead when the body's first statement overwrites the whole cache
+            // (the init of an accumulation, `C[i, j] = 0`) before anything reads it.
+            let read_in = if loads.is_empty() || overwrites_first(&nbody, &cache, &ext) {
+                vec![]
+            } else {
+                vec![copy(true, "r")]
+            };
+            let mut seq = read_in;
+            seq.push(nbody);
+            seq.push(copy(false, "w"));
+            Ok(for_(var.clone(), min.clone(), extent.clone(), kind, cache.allocate(Stmt::Seq(seq))))
+        })?;
+        match problem {
+            Some(m) => Err(self.form("cache_write", m)),
+            None => Ok(cname),
+        }
+    }
+}
+
+/// Whether the first thing `s` runs (through `Seq`s) writes every element of `cache`
+/// (extents `ext`) before anything reads it. That is a nest of loops with constant bounds (and
+/// `Seq`s, entered at their first statement) whose first statement run per iteration is one
+/// store to `cache` at indices that are distinct loop variables of the nest plus constants,
+/// each loop covering exactly `0..ext[d]` (or the index `0` where `ext[d]` is 1), whose value
+/// does not read `cache`, and every other access to `cache` inside the nest is at the same
+/// indices. Each iteration then writes its own element
+/// before it touches it, and no iteration touches another's (the init of an accumulation:
+/// `for i, j { C[i, j] = 0; for k { C[i, j] += .. } }`). The cache's earlier contents are dead.
+fn overwrites_first(s: &Stmt, cache: &Buffer, ext: &[i64]) -> bool {
+    let mut root = s;
+    while let Stmt::Seq(v) = root {
+        match v.first() {
+            Some(f) => root = f,
+            None => return false,
+        }
+    }
+    let mut nest: HashMap<crate::ir::VarId, (i64, i64)> = HashMap::new();
+    let mut s = root;
+    loop {
+        match s {
+            Stmt::Seq(v) => match v.first() {
+                Some(f) => s = f,
+                None => return false,
+            },
+            Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } => {
+                let (Some(a), Some(b)) = (min.as_int(), extent.as_int()) else {
+                    return false;
+                };
+                nest.insert(var.id, (a, b));
+                s = body;
+            }
+            _ => break,
+        }
+    }
+    let Stmt::Store {
+        buffer,
+        indices,
+        value,
+    } = s
+    else {
+        return false;
+    };
+    if buffer.name != cache.name || indices.len() != ext.len() {
+        return false;
+    }
+    let mut seen = Vec::new();
+    for (ix, &e) in indices.iter().zip(ext) {
+        let Some(l) = linear(ix) else { return false };
+        // A dimension of extent 1 is covered by the constant index 0.
+        if l.terms.is_empty() && l.c == 0 && e == 1 {
+            continue;
+        }
+        let [(v, 1)] = l.terms.as_slice() else {
+            return false;
+        };
+        let Some(&(mn, ex)) = nest.get(&v.id) else {
+            return false;
+        };
+        if seen.contains(&v.id) || mn + l.c != 0 || ex != e {
+            return false;
+        }
+        seen.push(v.id);
+    }
+    let (mut loads, mut stores) = (vec![], vec![]);
+    rewrite::accesses(
+        &Stmt::Evaluate(value.clone()),
+        &cache.name,
+        &mut loads,
+        &mut stores,
+    );
+    if !loads.is_empty() {
+        return false;
+    }
+    rewrite::accesses(root, &cache.name, &mut loads, &mut stores);
+    loads.iter().chain(&stores).all(|ix| ix == indices)
+}
+
+fn collect_loops(s: &Stmt, out: &mut HashMap<crate::ir::VarId, (i64, i64)>) {
+    crate::ir::visit::for_each_loop(s, |var, min, extent| {
+        if let (Some(a), Some(b)) = (min.as_int(), extent.as_int()) {
+            out.insert(var.id, (a, b));
+        }
+    });
+}
