@@ -17,6 +17,11 @@
 //! Thread safety: OpenCL 1.2 (appendix A.2) makes every API call thread-safe except
 //! `clSetKernelArg` (and the deprecated `clSetCommandQueueProperty`), so handles are `Send` and
 //! `Sync`, except [`Kernel`], whose argument setters take `&mut self`.
+//!
+//! Size: this file is over 1,000 lines on purpose. It is one concern, the C API and its owned
+//! handles, and about half of it is the documentation of what each entry point guarantees, the
+//! `error_name` table of OpenCL's status codes and the `// SAFETY:` reasoning; splitting it
+//! would spread the FFI (and its `unsafe`) over more files, which the layering forbids.
 
 #![allow(non_camel_case_types)]
 
