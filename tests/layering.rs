@@ -303,3 +303,58 @@ fn the_checker_sees_upward_imports_and_skips_comments_and_strings() {
         ["codegen", "ir", "device_api", "npy", "util", "error"]
     );
 }
+
+/// The files of the guide's `<!-- unsafe -->` table (paths relative to `src/`).
+fn documented_unsafe_files(root: &Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(root.join(GUIDE)).expect("reading the architecture guide");
+    let start = text
+        .find("<!-- unsafe -->")
+        .expect("docs/architecture.md has no `<!-- unsafe -->` table");
+    let end = text[start..]
+        .find("<!-- /unsafe -->")
+        .expect("the unsafe table is not closed with `<!-- /unsafe -->`")
+        + start;
+    text[start..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether the file has `unsafe` code (outside comments and string literals).
+fn has_unsafe(file: &Path) -> bool {
+    std::fs::read_to_string(file).unwrap().lines().any(|l| {
+        let code = code_of(l);
+        code.match_indices("unsafe").any(|(i, _)| {
+            let b = code.as_bytes();
+            let before = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+            let after = b
+                .get(i + "unsafe".len())
+                .is_none_or(|c| !(c.is_ascii_alphanumeric() || *c == b'_'));
+            before && after
+        })
+    })
+}
+
+#[test]
+fn unsafe_code_lives_only_in_the_documented_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let documented = documented_unsafe_files(root);
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let actual: BTreeSet<String> = files
+        .iter()
+        .filter(|f| has_unsafe(f))
+        .map(|f| f.strip_prefix(&src).unwrap().to_string_lossy().into_owned())
+        .collect();
+    let undocumented: Vec<_> = actual.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&actual).collect();
+    assert!(
+        undocumented.is_empty() && stale.is_empty(),
+        "the `unsafe` table of {GUIDE} is out of date:\n  files with unsafe code it does not list \
+         (use a safe wrapper, or add the file with its reason): {undocumented:?}\n  files it lists \
+         that have none (remove them): {stale:?}"
+    );
+}

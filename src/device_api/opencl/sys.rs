@@ -21,7 +21,7 @@
 //! Size: this file is over 1,000 lines on purpose. It is one concern, the C API and its owned
 //! handles, and about half of it is the documentation of what each entry point guarantees, the
 //! `error_name` table of OpenCL's status codes and the `// SAFETY:` reasoning; splitting it
-//! would spread the FFI (and its `unsafe`) over more files, which the layering forbids.
+//! would spread the FFI (and its `unsafe`) over more files.
 
 #![allow(non_camel_case_types)]
 
