@@ -233,25 +233,7 @@ fn run_files(b: &Backend) -> (usize, usize, Vec<String>) {
             }
             let mut args = make_args(case);
             let r = b.call(m, &case.function, &mut args);
-            let outcome = match (&case.error, r) {
-                (Some(want), Err(PackedFuncError::Raised { kind, message })) => {
-                    let w = want.strip_prefix("assertion failed: ").unwrap_or(want);
-                    if message.contains(w)
-                        || (want.starts_with("argument #") && kind == "ValueError")
-                    {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "expected an error like `{want}`, got {kind}: {message}"
-                        ))
-                    }
-                }
-                (Some(want), other) => {
-                    Err(format!("expected an error like `{want}`, got {other:?}"))
-                }
-                (None, Err(e)) => Err(format!("unexpected error: {e}")),
-                (None, Ok(ret)) => returned(case, &ret).and_then(|()| check_outputs(case, &args)),
-            };
+            let outcome = check_compiled_call(case, r, &args);
             match outcome {
                 Ok(()) => ran += 1,
                 Err(e) => failures.push(format!(
@@ -264,24 +246,6 @@ fn run_files(b: &Backend) -> (usize, usize, Vec<String>) {
         }
     }
     (ran, skipped, failures)
-}
-
-fn returned(case: &RunCase, ret: &Any) -> Result<(), String> {
-    let Some(r) = &case.returns else {
-        return Ok(());
-    };
-    let want = expected(dtype(&r.dtype), &r.value);
-    let got = match ret.value() {
-        kiln::packed_func::Value::Int(i) => Scalar::from_int(want.dtype(), i128::from(i)),
-        kiln::packed_func::Value::Bool(b) => Scalar::Bool(b),
-        kiln::packed_func::Value::Float(x) => Scalar::from_float(want.dtype(), x),
-        other => return Err(format!("returned {other:?}")),
-    };
-    if same(&got, &want) {
-        Ok(())
-    } else {
-        Err(format!("returned {got:?}, expected {want:?}"))
-    }
 }
 
 const BLOCKS: i64 = 3;

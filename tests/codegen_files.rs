@@ -27,7 +27,7 @@ use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
 use kiln::ir::interp::{HostBuffer, InterpArg, Scalar};
 use kiln::ir::IRModule;
 use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
-use kiln::packed_func::{Any, AnyView, DLDataType, DLDevice, DLTensor, Module, PackedFuncError};
+use kiln::packed_func::{Any, AnyView, DLDataType, DLDevice, DLTensor, Module};
 use runfile::*;
 use serde_json::Value;
 
@@ -101,40 +101,6 @@ fn run_compiled(m: &LlvmModule, case: &RunCase) -> Result<Option<()>, String> {
         .collect();
     let result = f.call(&views);
     drop(views);
-    match (&case.error, result) {
-        (Some(want), Err(PackedFuncError::Raised { kind, message })) => {
-            let want_msg = want.strip_prefix("assertion failed: ").unwrap_or(want);
-            let ok = message.contains(want_msg)
-                || (want.starts_with("argument #") && kind == "ValueError");
-            return if ok {
-                Ok(Some(()))
-            } else {
-                Err(format!(
-                    "expected an error like `{want}`, got {kind}: {message}"
-                ))
-            };
-        }
-        (Some(want), other) => {
-            return Err(format!("expected an error like `{want}`, got {other:?}"))
-        }
-        (None, Err(e)) => return Err(format!("unexpected error: {e}")),
-        (None, Ok(ret)) => {
-            if let Some(r) = &case.returns {
-                let want = expected(dtype(&r.dtype), &r.value);
-                let got = match ret.value() {
-                    kiln::packed_func::Value::Int(i) => {
-                        Scalar::from_int(want.dtype(), i128::from(i))
-                    }
-                    kiln::packed_func::Value::Bool(b) => Scalar::Bool(b),
-                    kiln::packed_func::Value::Float(x) => Scalar::from_float(want.dtype(), x),
-                    other => return Err(format!("returned {other:?}")),
-                };
-                if !same(&got, &want) {
-                    return Err(format!("returned {got:?}, expected {want:?}"));
-                }
-            }
-        }
-    }
     // Copy the compiled results back and compare like the interpreter's.
     for (a, s) in args.iter_mut().zip(&storage) {
         if let (InterpArg::Buffer(h), Some((words, _))) = (a, s) {
@@ -144,7 +110,7 @@ fn run_compiled(m: &LlvmModule, case: &RunCase) -> Result<Option<()>, String> {
             h.data.copy_from_slice(bytes);
         }
     }
-    check_outputs(case, &args).map(Some)
+    check_compiled_call(case, result, &args).map(Some)
 }
 
 fn host() -> CodegenOptions {

@@ -135,9 +135,14 @@ impl DLDataType {
     /// assert!(DLDataType::parse("float").is_none());
     /// ```
     pub fn parse(s: &str) -> Option<Self> {
-        let (base, lanes) = match s.split_once('x') {
-            Some((b, l)) => (b, l.parse::<u16>().ok().filter(|&l| l > 0)?),
-            None => (s, 1),
+        // `x` followed by the lanes, after the bits or `bool` (`complex64` has an `x` too).
+        let (base, lanes) = match s.rsplit_once('x') {
+            Some((b, l))
+                if b.ends_with(|c: char| c.is_ascii_digit()) || b == "bool" || b == "handle" =>
+            {
+                (b, l.parse::<u16>().ok().filter(|&l| l > 0)?)
+            }
+            _ => (s, 1),
         };
         if base == "bool" {
             return Some(DLDataType::new(DLDataTypeCode::BOOL, 8, lanes));

@@ -223,3 +223,47 @@ pub fn check_outputs(case: &RunCase, args: &[InterpArg]) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Checks what a compiled call of `case` gave: the expected error (its message, or a
+/// `ValueError` for an argument check), else the returned value and the outputs in `args`
+/// (already copied back from the compiled code's buffers).
+#[allow(dead_code)] // used by the codegen tests, not by ir_run
+pub fn check_compiled_call(
+    case: &RunCase,
+    result: Result<kiln::packed_func::Any, kiln::packed_func::PackedFuncError>,
+    args: &[InterpArg],
+) -> Result<(), String> {
+    use kiln::packed_func::{PackedFuncError, Value as V};
+    let ret = match (&case.error, result) {
+        (Some(want), Err(PackedFuncError::Raised { kind, message })) => {
+            let want_msg = want.strip_prefix("assertion failed: ").unwrap_or(want);
+            return if message.contains(want_msg)
+                || (want.starts_with("argument #") && kind == "ValueError")
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "expected an error like `{want}`, got {kind}: {message}"
+                ))
+            };
+        }
+        (Some(want), other) => {
+            return Err(format!("expected an error like `{want}`, got {other:?}"))
+        }
+        (None, Err(e)) => return Err(format!("unexpected error: {e}")),
+        (None, Ok(ret)) => ret,
+    };
+    if let Some(r) = &case.returns {
+        let want = expected(dtype(&r.dtype), &r.value);
+        let got = match ret.value() {
+            V::Int(i) => Scalar::from_int(want.dtype(), i128::from(i)),
+            V::Bool(b) => Scalar::Bool(b),
+            V::Float(x) => Scalar::from_float(want.dtype(), x),
+            other => return Err(format!("returned {other:?}")),
+        };
+        if !same(&got, &want) {
+            return Err(format!("returned {got:?}, expected {want:?}"));
+        }
+    }
+    check_outputs(case, args)
+}
