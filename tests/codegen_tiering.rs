@@ -9,6 +9,14 @@ use kiln::codegen::llvm::{optimizing, wait_all_optimized, CodegenOptions, LlvmMo
 use kiln::ir::{kernels, IRModule, PrimFunc};
 use kiln::packed_func::{AnyView, Module, PackedFunc};
 
+/// The background tier is one queue per process, and `optimizing()` / `wait_all_optimized()`
+/// speak of all of it: the tests of this file run one at a time, so that one test's jobs are
+/// never still queued while another asserts that nothing is (a race seen on a loaded machine).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn jit(f: PrimFunc, tiering: Tiering, opt_level: u32) -> LlvmModule {
     let m = IRModule::from_functions(vec![f]);
     m.verify().unwrap();
@@ -37,6 +45,7 @@ fn run_matmul(f: &PackedFunc) -> Vec<f32> {
 
 #[test]
 fn optimized_code_replaces_quick_code_and_results_do_not_change() {
+    let _serial = serial();
     let m = jit(kernels::vadd(), Tiering::Background, 3);
     let f = m.require_function("vadd").unwrap();
     check_vadd(&f, 1003);
@@ -60,6 +69,7 @@ fn optimized_code_replaces_quick_code_and_results_do_not_change() {
 
 #[test]
 fn only_high_opt_levels_start_with_quick_code() {
+    let _serial = serial();
     // Compiled once, optimized before `jit` returns.
     for (tiering, level) in [
         (Tiering::Off, 3),
@@ -83,6 +93,7 @@ fn only_high_opt_levels_start_with_quick_code() {
 
 #[test]
 fn calls_racing_the_swap_stay_correct() {
+    let _serial = serial();
     for _ in 0..3 {
         let m = jit(kernels::vadd(), Tiering::Background, 3);
         let f = m.require_function("vadd").unwrap();
@@ -110,6 +121,7 @@ fn calls_racing_the_swap_stay_correct() {
 
 #[test]
 fn argument_errors_are_raised_in_both_tiers() {
+    let _serial = serial();
     let m = jit(kernels::vadd(), Tiering::Background, 3);
     let f = m.require_function("vadd").unwrap();
     let wrong = |f: &PackedFunc| {
@@ -126,6 +138,7 @@ fn argument_errors_are_raised_in_both_tiers() {
 
 #[test]
 fn modules_dropped_before_their_optimized_code_are_harmless() {
+    let _serial = serial();
     // Dropped at once: the job is skipped, or its code discarded.
     for _ in 0..10 {
         drop(jit(kernels::vadd(), Tiering::Background, 3));
