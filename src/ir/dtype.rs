@@ -123,57 +123,14 @@ impl DataType {
     /// Parses the canonical name (`float32`, `int64`, `uint8`, `bool`, `handle`, `bfloat16`,
     /// `float32x4`). Returns `None` for anything else.
     pub fn parse(s: &str) -> Option<DataType> {
-        let (base, lanes) = match s.split_once('x') {
-            Some((b, l)) if !l.is_empty() && l.bytes().all(|c| c.is_ascii_digit()) => {
-                let lanes: u16 = l.parse().ok()?;
-                (b, lanes)
-            }
-            Some(_) => return None,
-            None => (s, 1),
-        };
-        let t = match base {
-            "bool" => DataType::bool(),
-            "handle" => DataType::handle(),
-            _ => {
-                let (code, digits) = if let Some(d) = base.strip_prefix("uint") {
-                    (TypeCode::UInt, d)
-                } else if let Some(d) = base.strip_prefix("int") {
-                    (TypeCode::Int, d)
-                } else if let Some(d) = base.strip_prefix("bfloat") {
-                    (TypeCode::BFloat, d)
-                } else if let Some(d) = base.strip_prefix("float") {
-                    (TypeCode::Float, d)
-                } else {
-                    return None;
-                };
-                if digits.is_empty()
-                    || !digits.bytes().all(|c| c.is_ascii_digit())
-                    || digits.starts_with('0')
-                {
-                    return None;
-                }
-                DataType::new(code, digits.parse().ok()?, 1)
-            }
-        };
-        let t = t.with_lanes(lanes);
-        t.is_valid().then_some(t)
+        DLDataType::parse(s).and_then(|t| DataType::try_from(t).ok())
     }
 }
 
+/// DLPack's spelling ([`DLDataType`]'s `Display`): one table of names for both.
 impl fmt::Display for DataType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.code {
-            TypeCode::Bool => f.write_str("bool")?,
-            TypeCode::Handle => f.write_str("handle")?,
-            TypeCode::Int => write!(f, "int{}", self.bits)?,
-            TypeCode::UInt => write!(f, "uint{}", self.bits)?,
-            TypeCode::Float => write!(f, "float{}", self.bits)?,
-            TypeCode::BFloat => write!(f, "bfloat{}", self.bits)?,
-        }
-        if self.lanes != 1 {
-            write!(f, "x{}", self.lanes)?;
-        }
-        Ok(())
+        fmt::Display::fmt(&DLDataType::from(*self), f)
     }
 }
 

@@ -124,8 +124,9 @@ impl DLDataType {
     }
 
     /// Reads what [`Display`](fmt::Display) writes: `float32`, `int64`, `bool`, `handle`,
-    /// `float32x4`, `boolx8`. Bits and lanes must be positive; nothing else is checked (`int7`
-    /// is a valid DLPack dtype).
+    /// `float32x4`, `boolx8`. Bits and lanes must be positive decimal numbers, bits without a
+    /// leading zero; nothing else is checked (`int7` is a valid DLPack dtype; the IR's
+    /// `DataType::parse` narrows this to its types).
     ///
     /// ```
     /// use kiln::packed_func::DLDataType;
@@ -140,7 +141,7 @@ impl DLDataType {
             Some((b, l))
                 if b.ends_with(|c: char| c.is_ascii_digit()) || b == "bool" || b == "handle" =>
             {
-                (b, l.parse::<u16>().ok().filter(|&l| l > 0)?)
+                (b, digits(l)?.parse::<u16>().ok().filter(|&l| l > 0)?)
             }
             _ => (s, 1),
         };
@@ -152,9 +153,13 @@ impl DLDataType {
         }
         let (code, bits) = DTYPE_BASES.iter().find_map(|(c, name)| {
             let rest = base.strip_prefix(name)?;
-            (!rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())).then_some((*c, rest))
+            Some((*c, digits(rest)?))
         })?;
-        let bits = bits.parse::<u8>().ok().filter(|&b| b > 0)?;
+        // The canonical spelling only: no leading zero (`int08`).
+        let bits = bits
+            .parse::<u8>()
+            .ok()
+            .filter(|&b| b > 0 && !bits.starts_with('0'))?;
         Some(DLDataType::new(code, bits, lanes))
     }
 
@@ -162,6 +167,11 @@ impl DLDataType {
     pub const fn bytes(self) -> usize {
         (self.bits as usize * self.lanes as usize).div_ceil(8)
     }
+}
+
+/// `s` if it is a non-empty run of ASCII digits (no sign, which `str::parse` would accept).
+fn digits(s: &str) -> Option<&str> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then_some(s)
 }
 
 #[cfg(test)]
