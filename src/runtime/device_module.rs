@@ -95,9 +95,13 @@ impl DeviceModule {
         let b = kernel_backend(kind)
             .ok_or_else(|| format!("no device runtime for `{kind}` kernels in this kiln"))?;
         let launcher = (b.load)(&source, &kernels)?;
-        let mut m = DeviceModule::new(kind, source, kernels, launcher);
-        m.formats = b.source_formats;
-        Ok(m)
+        Ok(DeviceModule {
+            kind: kind.to_owned(),
+            source,
+            kernels,
+            launcher,
+            formats: b.source_formats,
+        })
     }
 
     /// The device code.
@@ -342,4 +346,150 @@ pub fn kernel_backend(kind: &str) -> Option<KernelBackend> {
 pub fn load_device_module(meta: &str) -> Result<Arc<DeviceModule>, String> {
     let (kind, source, kernels) = DeviceModule::parse_meta(meta)?;
     DeviceModule::load(&kind, source, kernels).map(Arc::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device_api::DeviceResult;
+    use std::sync::Mutex;
+
+    /// A launcher that records what it was asked to launch.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(usize, String, Vec<KernelArg>, [usize; 3], [usize; 3])>>);
+
+    impl KernelLauncher for Arc<Recorder> {
+        fn launch(
+            &self,
+            device_id: usize,
+            name: &str,
+            args: &[KernelArg],
+            global: [usize; 3],
+            local: [usize; 3],
+        ) -> DeviceResult<()> {
+            crate::util::lock(&self.0).push((device_id, name.into(), args.to_vec(), global, local));
+            Ok(())
+        }
+    }
+
+    fn t(s: &str) -> DLDataType {
+        DLDataType::parse(s).unwrap()
+    }
+
+    fn module() -> (DeviceModule, Arc<Recorder>) {
+        let rec = Arc::new(Recorder::default());
+        let k = KernelInfo {
+            name: "f_kernel0".into(),
+            params: vec![
+                KernelParamKind::Buffer(t("float32")),
+                KernelParamKind::Scalar(t("bool")),
+                KernelParamKind::Scalar(t("int16")),
+            ],
+        };
+        (
+            DeviceModule::new("test", "src".into(), vec![k], Box::new(rec.clone())),
+            rec,
+        )
+    }
+
+    fn raw(value: u64, extra: u64) -> RawKernelArg {
+        RawKernelArg { value, extra }
+    }
+
+    #[test]
+    fn raw_launches_become_checked_launches_with_dlpack_sizes() {
+        let (m, rec) = module();
+        let args = [raw(0x1000, 64), raw(1, 0), raw(7, 0)];
+        m.launch_raw(0, 2, &args, [3, 1, 1], [32, 1, 1]).unwrap();
+        let calls = crate::util::lock(&rec.0);
+        let (dev, name, a, global, local) = &calls[0];
+        assert_eq!(
+            (*dev, name.as_str(), *global, *local),
+            (2, "f_kernel0", [96, 1, 1], [32, 1, 1])
+        );
+        assert!(matches!(a[0], KernelArg::Buffer { min_bytes: 64, .. }));
+        // bool is passed as a 4-byte int, int16 as 2 bytes.
+        assert!(matches!(a[1], KernelArg::Scalar { size: 4, .. }));
+        assert!(matches!(a[2], KernelArg::Scalar { size: 2, .. }));
+    }
+
+    #[test]
+    fn bad_raw_launches_are_errors_that_say_what_is_wrong() {
+        let (m, rec) = module();
+        let args = [raw(0x1000, 64), raw(1, 0), raw(7, 0)];
+        let e = m.launch_raw(1, 0, &args, [1; 3], [1; 3]).unwrap_err();
+        assert!(e.contains("has 1 kernels, kernel #1 was launched"), "{e}");
+        let e = m.launch_raw(0, 0, &args[..2], [1; 3], [1; 3]).unwrap_err();
+        assert!(
+            e.contains("`f_kernel0` takes 3 arguments, 2 were passed"),
+            "{e}"
+        );
+        let e = m.launch_raw(0, -1, &args, [1; 3], [1; 3]).unwrap_err();
+        assert!(e.contains("device id -1 is negative"), "{e}");
+        let e = m
+            .launch_raw(0, 0, &args, [i64::MAX, 1, 1], [2, 1, 1])
+            .unwrap_err();
+        assert!(
+            e.contains("blockIdx.x 9223372036854775807 × threadIdx.x 2 work-items overflow"),
+            "{e}"
+        );
+        // An empty grid runs nothing, like a loop without iterations.
+        m.launch_raw(0, 0, &args, [0, 1, 1], [32, 1, 1]).unwrap();
+        assert!(crate::util::lock(&rec.0).is_empty());
+    }
+
+    #[test]
+    fn metadata_reads_back_what_it_writes() {
+        let (m, _) = module();
+        let text = DeviceModule::meta_json("opencl", "kernel src", m.kernels());
+        let (kind, source, kernels) = DeviceModule::parse_meta(&text).unwrap();
+        assert_eq!((kind.as_str(), source.as_str()), ("opencl", "kernel src"));
+        assert_eq!(kernels, m.kernels());
+    }
+
+    #[test]
+    fn malformed_metadata_is_refused_with_what_was_expected() {
+        let ok = |params: &str| {
+            format!(
+                r#"{{"format": "kiln-device/1", "kind": "opencl", "source": "", "kernels": [{{"name": "k", "params": {params}}}]}}"#
+            )
+        };
+        for (text, want) in [
+            ("not json".to_owned(), "device metadata is not JSON"),
+            (
+                r#"{"format": "kiln-device/2"}"#.to_owned(),
+                "expected format `kiln-device/1`, found \"kiln-device/2\"",
+            ),
+            (
+                r#"{"format": "kiln-device/1", "kind": 4}"#.to_owned(),
+                "`kind` must be a string",
+            ),
+            (
+                r#"{"format": "kiln-device/1", "kind": "opencl", "source": ""}"#.to_owned(),
+                "`kernels` must be an array",
+            ),
+            (
+                ok(r#"[{"buffer": "float33"}]"#),
+                "kernel `k`: bad type \"float33\"",
+            ),
+            (
+                ok(r#"[{"scalar": "float32x4"}]"#),
+                "kernel `k`: bad type \"float32x4\"",
+            ),
+            (
+                ok(r#"[{"buffer": "float32", "scalar": "int32"}]"#),
+                "a parameter must be {\"buffer\": T} or {\"scalar\": T}",
+            ),
+            (ok("3"), "kernel `k` has no `params`"),
+        ] {
+            let e = DeviceModule::parse_meta(&text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let meta = DeviceModule::meta_json("nosuchkind", "", &[]);
+        let e = load_device_module(&meta).unwrap_err();
+        assert!(
+            e.contains("no device runtime for `nosuchkind` kernels"),
+            "{e}"
+        );
+    }
 }
