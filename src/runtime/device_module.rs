@@ -354,9 +354,12 @@ mod tests {
     use crate::device_api::DeviceResult;
     use std::sync::Mutex;
 
+    /// One recorded launch: device id, kernel, arguments, global and local sizes.
+    type Launch = (usize, String, Vec<KernelArg>, [usize; 3], [usize; 3]);
+
     /// A launcher that records what it was asked to launch.
     #[derive(Default)]
-    struct Recorder(Mutex<Vec<(usize, String, Vec<KernelArg>, [usize; 3], [usize; 3])>>);
+    struct Recorder(Mutex<Vec<Launch>>);
 
     impl KernelLauncher for Arc<Recorder> {
         fn launch(

@@ -8,7 +8,7 @@ use kiln::codegen::ModuleRef;
 use kiln::device_api::DeviceType;
 use kiln::ir::{IRModule, Param, PrimFunc};
 use kiln::npy::{parse_dtype, NpyArray};
-use kiln::packed_func::{Any, AnyView, DLDeviceType, DLTensor};
+use kiln::packed_func::{Any, AnyView, DLTensor};
 use kiln::runtime::LibraryModule;
 use kiln::target::Target;
 
@@ -231,18 +231,10 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
         // SAFETY: the user asked to run this library; loading it runs its initializers, as any
         // dlopen does (kiln checks it is an ELF shared object first).
         let lib = unsafe { LibraryModule::load(&a.module) }?;
+        // The device its kernels' kind names (a DLPack name, or a registered backend's).
         on_device = lib
             .device()
-            .map(|d| {
-                DLDeviceType::from_name(d.kind())
-                    .map(DeviceType::from)
-                    .ok_or_else(|| {
-                        format!(
-                            "the library's kernels are of an unknown kind `{}`",
-                            d.kind()
-                        )
-                    })
-            })
+            .map(|d| DeviceType::from_name(d.kind()))
             .transpose()?;
         (std::sync::Arc::new(lib), None)
     } else {

@@ -31,7 +31,6 @@ pub fn host_options(cg: &dyn DeviceCodegen, target: &Target) -> CodegenResult<Co
 /// A module compiled for a device target: host functions in-process (JIT), kernels loaded by
 /// the device runtime (built by the driver on first launch).
 pub struct HostDeviceModule {
-    kind: &'static str,
     host: LlvmModule,
     device: Arc<DeviceModule>,
     ir: IRModule,
@@ -41,7 +40,7 @@ pub struct HostDeviceModule {
 impl std::fmt::Debug for HostDeviceModule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostDeviceModule")
-            .field("kind", &self.kind)
+            .field("kind", &self.device.kind())
             .field("host", &self.host)
             .field("device", &self.device)
             .finish()
@@ -61,17 +60,17 @@ impl HostDeviceModule {
     ) -> CodegenResult<Self> {
         let code = device_code(cg, module, target)?;
         let mut opts = host_options(cg, target)?;
-        let device = DeviceModule::load(cg.kind(), code.source.clone(), code.kernels.clone())
+        let device = DeviceModule::load(cg.kind(), code.source, code.kernels)
             .map_err(CodegenError::Unsupported)?;
         let device = Arc::new(device);
         let host = LlvmModule::jit_device(module, &opts, device.clone())?;
+        // Only an export embeds the metadata; the JIT has the device module itself.
         opts.device_meta = Some(DeviceModule::meta_json(
-            cg.kind(),
-            &code.source,
-            &code.kernels,
+            device.kind(),
+            device.source(),
+            device.kernels(),
         ));
         Ok(HostDeviceModule {
-            kind: cg.kind(),
             host,
             device,
             ir: module.clone(),
@@ -112,7 +111,7 @@ impl HostDeviceModule {
 
 impl Module for HostDeviceModule {
     fn type_key(&self) -> &str {
-        self.kind
+        self.device.kind()
     }
 
     fn get_function(&self, name: &str) -> Option<PackedFunc> {
