@@ -1,5 +1,5 @@
 //! Schedule primitives for device kernels (`bind`, `cache_read_shared`, `block_reduce`) and the
-//! OpenCL example kernels (`examples/kernels/opencl/*.json`): each verifies, computes in the
+//! OpenCL and CUDA example kernels (`examples/kernels/{opencl,cuda}/*.json`): each verifies, computes in the
 //! interpreter (lock-step threads, shared-memory race detector) what the unscheduled program
 //! computes, and the full-size kernels fit the `opencl` target's default limits.
 
@@ -347,6 +347,43 @@ fn opencl_examples_are_the_scheduled_kernels() {
         back.verify().unwrap();
         device::check_device_limits(&back.functions[0], 256, 16384).unwrap();
     }
+}
+
+#[test]
+fn cuda_examples_are_the_scheduled_kernels() {
+    // `KILN_BLESS=1` regenerates examples/kernels/cuda/*.json from `kiln::schedule::kernels`.
+    for f in [
+        sk::cuda_vadd(),
+        sk::cuda_matmul(),
+        sk::cuda_rowsum(),
+        sk::cuda_softmax(),
+    ] {
+        let m = IRModule::from_functions(vec![f.unwrap()]);
+        m.verify().unwrap();
+        let name = &m.functions[0].name;
+        let text = m.to_json_string() + "\n";
+        ir_common::check_snapshot(&format!("examples/kernels/cuda/{name}.json"), &text);
+        let back = IRModule::from_json_str(&text).unwrap();
+        back.verify().unwrap();
+        // The `cuda` target's defaults: 1024 threads, 48 KiB of shared memory.
+        device::check_device_limits(&back.functions[0], 1024, 48 * 1024).unwrap();
+    }
+}
+
+#[test]
+fn cuda_matmul_computes_what_plain_rust_does() {
+    let (m, n, k) = (128usize, 256usize, 16usize);
+    let sh = vec![
+        vec![m as i64, k as i64],
+        vec![k as i64, n as i64],
+        vec![m as i64, n as i64],
+    ];
+    let f = sk::cuda_matmul_sized(m as i64, n as i64, k as i64).unwrap();
+    let x = inputs(&sh);
+    // Same k order as the Rust loop, products rounded alike: bit-exact.
+    assert_eq!(interp_last(&f, &sh), rust_matmul(&x[0], &x[1], m, n, k));
+    let err = sk::cuda_matmul_sized(64, 128, 8).unwrap_err().to_string();
+    assert!(err.contains("multiples of 128"), "{err}");
 }
 
 /// `s` without its barriers (`keep(k)` decides for the `k`-th one, in node order).

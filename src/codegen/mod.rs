@@ -17,6 +17,8 @@
 
 #[cfg(feature = "llvm")]
 pub mod cache;
+#[cfg(feature = "llvm")]
+pub mod cuda;
 pub mod device;
 #[cfg(feature = "llvm")]
 pub(crate) mod index;

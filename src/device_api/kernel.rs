@@ -58,6 +58,9 @@ pub struct KernelInfo {
     pub name: String,
     /// Its parameters, in order.
     pub params: Vec<KernelParamKind>,
+    /// Bytes of dynamic shared memory each block of the kernel gets at launch (CUDA's
+    /// `extern __shared__`; 0 for kernels whose shared memory is all static, and on OpenCL).
+    pub dyn_shared_bytes: u64,
 }
 
 /// A backend's side of launching kernels from one device source.

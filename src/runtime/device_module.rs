@@ -221,7 +221,11 @@ impl DeviceModule {
                         KernelParamKind::Scalar(t) => json!({"scalar": t.to_string()}),
                     })
                     .collect();
-                json!({"name": k.name, "params": ps})
+                let mut k_json = json!({"name": k.name, "params": ps});
+                if k.dyn_shared_bytes > 0 {
+                    k_json["dyn_shared_bytes"] = json!(k.dyn_shared_bytes);
+                }
+                k_json
             })
             .collect();
         json!({"format": "kiln-device/1", "kind": kind, "source": source, "kernels": ks})
@@ -280,9 +284,16 @@ impl DeviceModule {
                     KernelParamKind::Scalar(t)
                 });
             }
+            let dyn_shared_bytes = match k.get("dyn_shared_bytes") {
+                None => 0,
+                Some(n) => n.as_u64().ok_or_else(|| {
+                    format!("device metadata: kernel `{name}`: `dyn_shared_bytes` must be a non-negative integer, found {n}")
+                })?,
+            };
             kernels.push(KernelInfo {
                 name: name.to_owned(),
                 params,
+                dyn_shared_bytes,
             });
         }
         Ok((kind, source, kernels))
@@ -382,6 +393,7 @@ mod tests {
     fn module() -> (DeviceModule, Arc<Recorder>) {
         let rec = Arc::new(Recorder::default());
         let k = KernelInfo {
+            dyn_shared_bytes: 0,
             name: "f_kernel0".into(),
             params: vec![
                 KernelParamKind::Buffer(t("float32")),

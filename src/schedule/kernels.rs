@@ -25,6 +25,11 @@
 //! | [`opencl_matmul_sized`] | 64 x 64 blocks of `C` per work-group, 16 x 16 threads with 4 x 4 register tiles; 64 x 16 tiles of `A` and 16 x 64 of `B` staged in shared memory per `k` step of 16 |
 //! | [`opencl_rowsum_sized`] | a work-group per row; strided per-thread partial sums, a tree reduction in shared memory |
 //! | [`opencl_softmax_sized`] | a work-group per row; block reductions for the max and the sum, `exp` and the scaling with one column in 256 per thread |
+//!
+//! The `cuda_*` functions are the kernels for the `cuda` target (`examples/kernels/cuda/*.json`,
+//! same bless command): vadd, rowsum and softmax are the schedules above (256 threads per block
+//! suits both), and [`cuda_matmul_sized`] is the same matmul schedule with CUDA's SGEMM blocking
+//! (128 x 128 blocks of `C`, 8 x 8 register tiles, `k` by 8).
 
 use super::{AxisMap, Schedule, ScheduleResult};
 use crate::ir::builder::{call, for_range, Reducer};
@@ -414,11 +419,63 @@ pub fn opencl_vadd() -> ScheduleResult<PrimFunc> {
 /// # Errors
 /// Sizes that are not multiples of the tiles.
 pub fn opencl_matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
-    let (tile, kt) = (OPENCL_MATMUL_TILE, OPENCL_MATMUL_KTILE);
+    gpu_matmul(
+        "opencl_matmul_sized",
+        m,
+        n,
+        k,
+        OPENCL_MATMUL_TILE,
+        OPENCL_MATMUL_KTILE,
+    )
+}
+
+/// Rows and columns of `C` per block of [`cuda_matmul_sized`] (16 x 16 threads, each an 8 x 8
+/// register tile: 64 accumulators, well within a CUDA thread's 255 registers).
+pub const CUDA_MATMUL_TILE: i64 = 128;
+/// The `k` step of [`cuda_matmul_sized`]: `A` (128 x 8) and `B` (8 x 128) tiles in shared
+/// memory, 8 KiB.
+pub const CUDA_MATMUL_KTILE: i64 = 8;
+
+/// `matmul(A[m,k], B[k,n], C[m,n])` for the `cuda` target: the schedule of
+/// [`opencl_matmul_sized`] with the classic CUDA SGEMM blocking, 128 x 128 blocks of `C` per
+/// thread block, 16 x 16 threads with 8 x 8 register tiles, `k` by 8. `m` and `n` must be
+/// multiples of [`CUDA_MATMUL_TILE`], `k` of [`CUDA_MATMUL_KTILE`].
+///
+/// # Errors
+/// Sizes that are not multiples of the tiles.
+pub fn cuda_matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
+    gpu_matmul(
+        "cuda_matmul_sized",
+        m,
+        n,
+        k,
+        CUDA_MATMUL_TILE,
+        CUDA_MATMUL_KTILE,
+    )
+}
+
+/// The CUDA benchmark matmul, 1024 x 1024 x 1024.
+///
+/// # Errors
+/// None in practice.
+pub fn cuda_matmul() -> ScheduleResult<PrimFunc> {
+    cuda_matmul_sized(1024, 1024, 1024)
+}
+
+/// A GPU matmul: `tile` x `tile` blocks of `C` per block of 16 x 16 threads, each thread a
+/// `tile / 16` square register tile; `k` by `kt`, both input tiles staged in shared memory.
+fn gpu_matmul(
+    what: &'static str,
+    m: i64,
+    n: i64,
+    k: i64,
+    tile: i64,
+    kt: i64,
+) -> ScheduleResult<PrimFunc> {
     let mut s = Schedule::new(plain::matmul_sized(m, n, k));
     if m % tile != 0 || n % tile != 0 || k % kt != 0 {
         return Err(s.form(
-            "opencl_matmul_sized",
+            what,
             format!("needs m and n multiples of {tile} and k of {kt}, found {m} x {n} x {k}"),
         ));
     }
@@ -448,6 +505,32 @@ pub fn opencl_matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
         s.unroll(l)?;
     }
     s.finish()
+}
+
+/// `vadd` for the `cuda` target: the schedule of [`opencl_vadd`] (256 threads per block).
+///
+/// # Errors
+/// None in practice.
+pub fn cuda_vadd() -> ScheduleResult<PrimFunc> {
+    opencl_vadd()
+}
+
+/// `rowsum` for the `cuda` target: the schedule of [`opencl_rowsum_sized`] (a block of 256
+/// threads per row, a tree reduction in shared memory), 4096 x 4096.
+///
+/// # Errors
+/// None in practice.
+pub fn cuda_rowsum() -> ScheduleResult<PrimFunc> {
+    opencl_rowsum_sized(4096, 4096)
+}
+
+/// `softmax` for the `cuda` target: the schedule of [`opencl_softmax_sized`], 4096 x 4096;
+/// its `exp` is libdevice's `__nv_expf`.
+///
+/// # Errors
+/// None in practice.
+pub fn cuda_softmax() -> ScheduleResult<PrimFunc> {
+    opencl_softmax_sized(4096, 4096)
 }
 
 /// The OpenCL benchmark matmul, 1024 x 1024 x 1024.

@@ -70,7 +70,28 @@ pub trait DeviceCodegen: Send + Sync {
         module: &IRModule,
         plans: &[KernelPlan],
         target: &Target,
-    ) -> CodegenResult<String>;
+    ) -> CodegenResult<DeviceSource>;
+}
+
+/// What a device code generator emits for the kernels of a module.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceSource {
+    /// The device source the runtime loads (OpenCL C, PTX).
+    pub source: String,
+    /// Other views of the device code that `get_source` answers by name (CUDA: `ll`, the
+    /// kernels' LLVM IR).
+    pub other_formats: Vec<(&'static str, String)>,
+    /// Bytes of dynamic shared memory of each kernel, in plan order (empty: none uses any).
+    pub dyn_shared_bytes: Vec<u64>,
+}
+
+impl From<String> for DeviceSource {
+    fn from(source: String) -> Self {
+        DeviceSource {
+            source,
+            ..Default::default()
+        }
+    }
 }
 
 /// A device's launch limits, as a target states them.
@@ -98,7 +119,8 @@ impl DeviceLimits {
 
 /// kiln's device code generators. Adding one is one line here.
 #[cfg(feature = "llvm")]
-pub const BUILTIN: &[&dyn DeviceCodegen] = &[&super::opencl::OpenClCodegen];
+pub const BUILTIN: &[&dyn DeviceCodegen] =
+    &[&super::opencl::OpenClCodegen, &super::cuda::CudaCodegen];
 /// kiln's device code generators (none without the `llvm` feature: host code needs LLVM).
 #[cfg(not(feature = "llvm"))]
 pub const BUILTIN: &[&dyn DeviceCodegen] = &[];
@@ -116,6 +138,8 @@ pub struct DeviceCode {
     pub plans: Vec<KernelPlan>,
     /// The device source.
     pub source: String,
+    /// Other views of the device code, by `get_source` format ([`DeviceSource`]).
+    pub other_formats: Vec<(&'static str, String)>,
     /// The kernel table the runtime launches from.
     pub kernels: Vec<KernelInfo>,
 }
@@ -136,11 +160,15 @@ pub fn device_code(
             .map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     }
     let plans = plan_module(module)?;
-    let source = cg.emit(module, &plans, target)?;
-    let kernels = kernel_infos(&plans);
+    let emitted = cg.emit(module, &plans, target)?;
+    let mut kernels = kernel_infos(&plans);
+    for (k, bytes) in kernels.iter_mut().zip(&emitted.dyn_shared_bytes) {
+        k.dyn_shared_bytes = *bytes;
+    }
     Ok(DeviceCode {
         plans,
-        source,
+        source: emitted.source,
+        other_formats: emitted.other_formats,
         kernels,
     })
 }
@@ -151,6 +179,7 @@ pub fn kernel_infos(plans: &[KernelPlan]) -> Vec<KernelInfo> {
         .iter()
         .map(|p| KernelInfo {
             name: p.name.clone(),
+            dyn_shared_bytes: 0,
             params: p
                 .params
                 .iter()

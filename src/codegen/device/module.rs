@@ -33,6 +33,8 @@ pub fn host_options(cg: &dyn DeviceCodegen, target: &Target) -> CodegenResult<Co
 pub struct HostDeviceModule {
     host: LlvmModule,
     device: Arc<DeviceModule>,
+    /// Other views of the device code (`ll` of CUDA kernels), by `get_source` format.
+    other_formats: Vec<(&'static str, String)>,
     ir: IRModule,
     opts: CodegenOptions,
 }
@@ -73,6 +75,7 @@ impl HostDeviceModule {
         Ok(HostDeviceModule {
             host,
             device,
+            other_formats: code.other_formats,
             ir: module.clone(),
             opts,
         })
@@ -125,6 +128,8 @@ impl Module for HostDeviceModule {
     fn get_source(&self, format: &str) -> Option<String> {
         if format.is_empty() || self.device.answers(format) {
             Some(self.source().to_owned())
+        } else if let Some((_, text)) = self.other_formats.iter().find(|(f, _)| *f == format) {
+            Some(text.clone())
         } else {
             self.host.get_source(format)
         }

@@ -14,6 +14,7 @@ pub mod fault;
 mod fault;
 mod helper;
 mod jit;
+pub mod nvptx;
 mod options;
 mod packed;
 pub mod stream;
@@ -40,6 +41,7 @@ use crate::packed_func::{ffi::TVMFFISafeCallType, Module, PackedFunc};
 use super::CodegenError;
 pub use emit::Linkage;
 use emit::{fn_attrs, EmitOptions, Emitter, ModuleText, Val};
+pub(crate) use emit::{shared_layout as shared_layout_of, STATIC_SHARED_LIMIT};
 pub(crate) use export::compile_text;
 pub use export::export;
 use export::{compile_object, compile_to, optimized_ll};
@@ -55,6 +57,7 @@ fn init_llvm() {
         let cfg = InitializationConfig::default();
         LlvmTarget::initialize_x86(&cfg);
         LlvmTarget::initialize_aarch64(&cfg);
+        LlvmTarget::initialize_nvptx(&cfg);
         // `initialize_native` also sets up the host's asm printer, which emitting objects needs.
         let _ = LlvmTarget::initialize_native(&cfg);
         // Innermost loops start on a 64-byte boundary (LLVM's default is 16): where a hot loop
@@ -145,6 +148,7 @@ fn generate<const N: usize>(
         },
         device_host: o.device_host,
         stream_store_bytes: o.stream_store_bytes,
+        nvptx: false,
     };
     let mut mt = ModuleText::default();
     let mut metadata = vec![

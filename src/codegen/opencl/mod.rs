@@ -20,7 +20,7 @@ use crate::ir::IRModule;
 use crate::packed_func::DLDeviceType;
 use crate::target::Target;
 
-use super::device::{DeviceCodegen, DeviceLimits, HostDeviceModule, KernelPlan};
+use super::device::{DeviceCodegen, DeviceLimits, DeviceSource, HostDeviceModule, KernelPlan};
 use super::CodegenResult;
 
 /// The OpenCL C code generator of the device layer.
@@ -44,9 +44,14 @@ impl DeviceCodegen for OpenClCodegen {
         }
     }
 
-    fn emit(&self, module: &IRModule, plans: &[KernelPlan], _: &Target) -> CodegenResult<String> {
+    fn emit(
+        &self,
+        module: &IRModule,
+        plans: &[KernelPlan],
+        _: &Target,
+    ) -> CodegenResult<DeviceSource> {
         let noalias = |func: &str| module.get(func).is_some_and(|f| f.attrs.noalias);
-        emit::source(plans, &noalias)
+        emit::source(plans, &noalias).map(DeviceSource::from)
     }
 }
 

@@ -151,8 +151,19 @@ impl Emitter<'_> {
 
     fn int_div(&mut self, op: BinOp, t: DataType, x: Val, y: Val, bexpr: &Expr) -> R<Val> {
         let ty = x.ty.clone();
-        let s = is_signed(t);
         let const_b = bexpr.as_int();
+        if self.opts.nvptx {
+            // A kernel cannot raise: a zero divisor gives 0 (computed with divisor 1).
+            if const_b == Some(0) {
+                return Ok(Val::new(ty, "0"));
+            }
+            if const_b.is_none() {
+                let z = self.assign("i1", format!("icmp eq {}, 0", y.typed()));
+                let y1 = self.assign(&ty, format!("select i1 {}, {ty} 1, {}", z.v, y.typed()));
+                let r = self.int_div_nonzero(op, t, x, y1, None)?;
+                return Ok(self.assign(&ty, format!("select i1 {}, {ty} 0, {}", z.v, r.typed())));
+            }
+        }
         if const_b != Some(0) && const_b.is_none() {
             let nz = self.assign("i1", format!("icmp ne {}, 0", y.typed()));
             let msg = format!(
@@ -174,6 +185,20 @@ impl Emitter<'_> {
             self.start_block(&dead);
             return Ok(Val::new(ty, "0"));
         }
+        self.int_div_nonzero(op, t, x, y, const_b)
+    }
+
+    /// `x op y` for a divisor that is not zero (`const_b`: its value if constant).
+    fn int_div_nonzero(
+        &mut self,
+        op: BinOp,
+        t: DataType,
+        x: Val,
+        y: Val,
+        const_b: Option<i64>,
+    ) -> R<Val> {
+        let ty = x.ty.clone();
+        let s = is_signed(t);
         if !s {
             let o = if matches!(op, BinOp::Div | BinOp::FloorDiv) {
                 "udiv"

@@ -127,6 +127,11 @@ impl Emitter<'_> {
                 symbol,
                 args,
             } => {
+                if self.opts.nvptx && !symbol.starts_with("__nv_") {
+                    return Err(self.not_in_kernel(&format!(
+                        "call_extern `{symbol}` calls a host function; a kernel can call libdevice (`__nv_*`) only"
+                    )));
+                }
                 let vals = args.iter().map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
                 let c_ty = |t: DataType| -> R<String> {
                     let ext = match t.code {
@@ -191,7 +196,7 @@ impl Emitter<'_> {
         self.assign("float", format!("bitcast i32 {} to float", sel.v))
     }
 
-    fn mem_to_reg(&mut self, t: DataType, raw: Val) -> Val {
+    pub(super) fn mem_to_reg(&mut self, t: DataType, raw: Val) -> Val {
         match t.code {
             TypeCode::Bool => self.assign("i1", format!("icmp ne i8 {}, 0", raw.v)),
             TypeCode::BFloat => {

@@ -17,6 +17,16 @@ impl Emitter<'_> {
 
     /// Calls `llvm.<name>.<fN>`.
     pub(super) fn call_intr(&mut self, name: &str, ty: &str, args: &[Val]) -> Val {
+        if self.opts.nvptx && super::kernel::needs_libdevice(name) {
+            return self.call_libm(name, ty, args);
+        }
+        // LLVM 14's NVPTX backend cannot select `roundeven` (it aborts); `rint` rounds the same
+        // way in the default rounding mode, which a kernel never changes.
+        let name = if self.opts.nvptx && name == "roundeven" {
+            "rint"
+        } else {
+            name
+        };
         let sfx = Self::intr_suffix(ty);
         let params = vec![ty; args.len()].join(", ");
         self.m
@@ -38,7 +48,9 @@ impl Emitter<'_> {
                 x.clone()
             });
         }
-        let fname = if cty == "float" {
+        let fname = if self.opts.nvptx {
+            super::kernel::libdevice_name(name, &cty)
+        } else if cty == "float" {
             format!("{name}f")
         } else {
             name.to_owned()

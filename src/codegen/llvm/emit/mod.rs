@@ -40,11 +40,14 @@
 //! - `streaming.rs`: loops that write a streamed output, with non-temporal stores (the backend's
 //!   `stream.rs` has the rule);
 //! - `launch.rs`: the host code of a device target: the host-access check and the launch of a
-//!   thread-bound nest as a device kernel.
+//!   thread-bound nest as a device kernel;
+//! - `kernel.rs`: the other side of a launch, a thread-bound nest as an NVPTX kernel
+//!   ([`kernel_module`]): thread ids, shared memory in address space 3, barriers, libdevice math.
 
 mod arith;
 mod expr;
 mod intrinsic;
+mod kernel;
 mod launch;
 mod parallel;
 mod stmt;
@@ -55,6 +58,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use crate::ir::{DataType, TypeCode, VarId};
+
+pub(crate) use kernel::{kernel_module, shared_layout, STATIC_SHARED_LIMIT};
 
 use super::super::CodegenError;
 
@@ -146,6 +151,10 @@ pub struct EmitOptions {
     /// Outputs of at least this many bytes are written with streaming stores (x86; `None`:
     /// never); see `stream.rs`.
     pub stream_store_bytes: Option<u64>,
+    /// The code is the body of an NVPTX kernel (`kernel.rs`): thread-bound loops read the
+    /// thread's ids, `shared` allocations are address space 3, math goes to libdevice, and
+    /// nothing raises an error (a kernel has no error path).
+    pub nvptx: bool,
 }
 
 /// An LLVM value: its type and its spelling (`%t3`, `42`, `0x3FF0000000000000`).
@@ -288,6 +297,9 @@ pub(crate) struct Emitter<'m> {
     /// The constant extent of the serial loop `counted_loop` is about to emit, if known (set
     /// by `serial_for`, taken by `counted_loop`).
     next_extent: Option<i64>,
+    /// In an NVPTX kernel whose shared memory is dynamic: each `shared` allocation's byte
+    /// offset in it (`kernel.rs`).
+    dyn_shared: Option<HashMap<VarId, u64>>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -324,6 +336,7 @@ impl<'m> Emitter<'m> {
             md_next,
             stream_buf: None,
             next_extent: None,
+            dyn_shared: None,
         }
     }
 

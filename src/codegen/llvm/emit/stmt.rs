@@ -53,6 +53,18 @@ impl Emitter<'_> {
                 let c = self.expr(cond)?;
                 self.if_then_else(&c.v, "", then_case, else_case.as_deref(), Self::stmt)?;
             }
+            Stmt::Assert { message, .. } if self.opts.nvptx => {
+                return Err(self.not_in_kernel(&format!(
+                    "`assert` (\"{message}\") inside a kernel: a kernel cannot raise an error; check on the host, before the kernel"
+                )))
+            }
+            Stmt::Return(_) if self.opts.nvptx => {
+                return Err(self.not_in_kernel("`return` inside a kernel"))
+            }
+            Stmt::Barrier if self.opts.nvptx => self.kernel_barrier(),
+            Stmt::Allocate { buffer, body } if self.opts.nvptx => {
+                self.kernel_allocate(buffer, body)?
+            }
             Stmt::Assert { cond, message } => {
                 let c = self.expr(cond)?;
                 self.check(&c.v, "RuntimeError", message);
@@ -71,7 +83,16 @@ impl Emitter<'_> {
                 kind,
                 body,
             } => match kind {
+                ForKind::ThreadBinding(tag) if self.opts.nvptx => {
+                    self.thread_index(var, min, *tag, body)?
+                }
                 ForKind::ThreadBinding(_) => self.launch_kernel(s)?,
+                ForKind::Parallel if self.opts.nvptx => {
+                    return Err(self.not_in_kernel(&format!(
+                        "a `parallel` loop (`{}`) inside a kernel; bind it to a thread axis or make it serial",
+                        var.name
+                    )))
+                }
                 ForKind::Parallel => self.parallel_for(var, min, extent, body)?,
                 ForKind::Vectorized if self.vector_for(var, min, extent, body)? => {}
                 ForKind::Unrolled if self.unrolled_for(var, min, extent, body)? => {}

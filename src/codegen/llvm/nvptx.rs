@@ -1,0 +1,110 @@
+//! LLVM's NVPTX backend: NVPTX kernels ([`emit::kernel_module`]) to PTX text.
+//!
+//! The kernel module is parsed, libdevice is linked in when the kernels call it (its functions
+//! made `available_externally`, as TVM does, so that only what the optimizer inlines stays and
+//! the PTX holds the kernels alone), optimized at O3 by the NVPTX target machine's pipeline
+//! (which resolves libdevice's `__nvvm_reflect` queries; the module asks for IEEE denormals,
+//! `nvvm-reflect-ftz` 0) and printed as PTX assembly.
+//!
+//! Target machines come from the backend's pool, keyed like host ones by triple, CPU
+//! (`sm_86`) and features (`+ptx75`).
+
+use std::path::Path;
+
+use inkwell::module::Linkage as LlvmLinkage;
+
+use super::*;
+
+/// The NVPTX target triple kiln compiles kernels for (64-bit addresses).
+pub const NVPTX_TRIPLE: &str = "nvptx64-nvidia-cuda";
+
+/// A kernel module compiled to PTX.
+#[derive(Debug, Clone)]
+pub struct Ptx {
+    /// The PTX assembly (`.version`, `.target`, one `.entry` per kernel).
+    pub ptx: String,
+    /// The optimized LLVM IR it came from (libdevice's inlined functions included).
+    pub ll: String,
+}
+
+/// Compiles the NVPTX kernels of `plans` (kernels of `module`) for `cpu` (`sm_80`) and
+/// `features` (empty: the CPU's default PTX version), linking `libdevice` when the kernels
+/// call it.
+///
+/// # Errors
+/// What a kernel cannot do; kernels that need libdevice when `libdevice` is `None`, with how
+/// to provide it (`libdevice_help`); an unreadable libdevice; LLVM failures.
+pub fn compile_ptx(
+    module: &IRModule,
+    plans: &[crate::codegen::device::KernelPlan],
+    cpu: &str,
+    features: &str,
+    libdevice: Result<&Path, &str>,
+) -> R<Ptx> {
+    let km = emit::kernel_module(module, plans, cpu, features)?;
+    let libdevice = if km.libdevice {
+        Some(libdevice.map_err(|why| {
+            CodegenError::Unsupported(format!(
+                "the kernels call math functions that CUDA provides in libdevice (exp, log, sin, pow, tanh, erf, ...), and {why}"
+            ))
+        })?)
+    } else {
+        None
+    };
+    let o = CodegenOptions {
+        triple: NVPTX_TRIPLE.into(),
+        cpu: cpu.into(),
+        features: features.into(),
+        opt_level: 3,
+        fast_math: String::new(),
+        device_type: crate::packed_func::DLDeviceType::CUDA.0,
+        device_name: "cuda".into(),
+        device_host: false,
+        device_meta: None,
+        stream_store_bytes: None,
+    };
+    jit::with_target_machine(&o, |tm| {
+        let ctx = Context::create();
+        jit::route_diagnostics(&ctx);
+        let m = parse_and_optimize(&ctx, &km.text, &o, Passes::None, tm)?;
+        if let Some(path) = libdevice {
+            let lib = LlvmIrModule::parse_bitcode_from_path(path, &ctx).map_err(|e| {
+                CodegenError::Llvm(format!(
+                    "cannot read libdevice `{}`: {}",
+                    path.display(),
+                    e.to_string()
+                ))
+            })?;
+            lib.set_triple(&tm.get_triple());
+            lib.set_data_layout(&tm.get_target_data().get_data_layout());
+            m.link_in_module(lib).map_err(|e| {
+                CodegenError::Llvm(format!(
+                    "linking libdevice `{}` failed: {}",
+                    path.display(),
+                    e.to_string()
+                ))
+            })?;
+            let mut f = m.get_first_function();
+            while let Some(func) = f {
+                let is_lib = func.get_name().to_bytes().starts_with(b"__nv_");
+                if is_lib && func.count_basic_blocks() > 0 {
+                    func.set_linkage(LlvmLinkage::AvailableExternally);
+                }
+                f = func.get_next_function();
+            }
+        }
+        let pbo = PassBuilderOptions::create();
+        pbo.set_loop_unrolling(true);
+        m.run_passes("default<O3>", tm, pbo).map_err(|e| {
+            CodegenError::Llvm(format!("LLVM optimization failed: {}", e.to_string()))
+        })?;
+        let ll = m.print_to_string().to_string();
+        let buf = tm
+            .write_to_memory_buffer(&m, FileType::Assembly)
+            .map_err(|e| {
+                CodegenError::Llvm(format!("LLVM PTX emission failed: {}", e.to_string()))
+            })?;
+        let ptx = String::from_utf8_lossy(buf.as_slice()).into_owned();
+        Ok(Ptx { ptx, ll })
+    })?
+}
