@@ -14,7 +14,8 @@ pub struct TargetArgs {
     #[arg(long)]
     pub host: Option<String>,
     /// Print the target as code generation sees it on this machine: `"mcpu": "native"`
-    /// replaced by the host CPU and `mattr` by its features (then the `mattr` given).
+    /// replaced by the host CPU and `mattr` by its features (then the `mattr` given); for
+    /// `cuda`, a note on stderr says which PTX architecture and ISA the kernels get.
     #[arg(long)]
     pub resolve: bool,
 }
@@ -50,7 +51,14 @@ pub fn run_target(args: &TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.resolve {
         t = t.resolve_native()?;
     }
-    emit(&format!("{t}\n"))
+    emit(&format!("{t}\n"))?;
+    // What the CUDA code generator makes of the target's arch (LLVM 14 writes PTX up to sm_86).
+    #[cfg(feature = "llvm")]
+    if args.resolve && matches!(t.kind_name(), "cuda" | "nvptx") {
+        let arch = kiln::codegen::cuda::PtxArch::of(&t)?;
+        eprintln!("note: {}", arch.describe());
+    }
+    Ok(())
 }
 
 fn device_name(code: i32) -> String {
