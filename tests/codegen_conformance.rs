@@ -38,6 +38,9 @@ use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt,
 use kiln::packed_func::{Any, AnyView, PackedFuncError};
 use kiln::target::Target;
 
+/// A check of a device source: `Err` with what is wrong.
+type SourceCheck = fn(&str) -> Result<(), String>;
+
 /// A code generator under test.
 #[derive(Debug, Clone, Copy)]
 pub struct Backend {
@@ -52,7 +55,7 @@ pub struct Backend {
     /// A check of every device source the backend builds, run with or without a device
     /// (CUDA: ptxas for sm_80 and sm_90), so that code for a device CI does not have is
     /// still validated by the vendor's own assembler.
-    check_source: Option<fn(&str) -> Result<(), String>>,
+    check_source: Option<SourceCheck>,
 }
 
 impl Backend {

@@ -28,6 +28,8 @@ struct BackendReport {
     name: String,
     code: i32,
     devices: Vec<DeviceReport>,
+    /// Why a backend has no device (no driver, no platform), as its device 0 says.
+    absent: Option<String>,
 }
 
 fn report(name: &str, api: &dyn DeviceApi) -> Result<BackendReport, Box<dyn std::error::Error>> {
@@ -44,10 +46,27 @@ fn report(name: &str, api: &dyn DeviceApi) -> Result<BackendReport, Box<dyn std:
             memory: api.memory_stats(device).ok(),
         });
     }
+    let absent = if count == 0 {
+        api.check_device(Device::new(api.device_type(), 0))
+            .err()
+            .map(|e| {
+                // The reason, without "invalid device cuda:0: ".
+                let text = e.to_string();
+                match text.strip_prefix("invalid device ") {
+                    Some(rest) => rest
+                        .split_once(": ")
+                        .map_or(text.clone(), |(_, r)| r.to_owned()),
+                    None => text,
+                }
+            })
+    } else {
+        None
+    };
     Ok(BackendReport {
         name: name.to_owned(),
         code: api.device_type().0,
         devices,
+        absent,
     })
 }
 
@@ -81,6 +100,7 @@ fn to_json(reports: &[BackendReport]) -> serde_json::Value {
                 "code": b.code,
                 "device_count": b.devices.len(),
                 "devices": devices,
+                "absent": b.absent,
             })
         })
         .collect();
@@ -139,12 +159,14 @@ pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
         "name".to_owned(),
         "code".to_owned(),
         "devices".to_owned(),
+        "note".to_owned(),
     ]];
     for b in &reports {
         rows.push(vec![
             b.name.clone(),
             b.code.to_string(),
             b.devices.len().to_string(),
+            b.absent.clone().unwrap_or_default(),
         ]);
     }
     print_table(&rows);
