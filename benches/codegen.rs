@@ -168,7 +168,10 @@ fn main() {
 
 /// vadd for CUDA: to PTX, and to a module (host JIT + PTX).
 fn ptx_build() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/kernels/cuda/vadd.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/kernels/cuda/vadd.json"
+    );
     let m = IRModule::from_json_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let t = Target::parse(r#"{"kind": "cuda", "arch": "sm_90"}"#).unwrap();
     let time = |n: usize, f: &dyn Fn()| {

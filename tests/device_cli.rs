@@ -83,11 +83,11 @@ fn devices_with_an_unknown_backend_fails_and_lists_the_known_ones() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown device `cdua`"), "{err}");
     assert!(err.contains("cpu"), "{err}");
-    let out = kiln(&["devices", "cuda"]);
+    let out = kiln(&["devices", "rocm"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("no backend is registered for device type `cuda`"),
+        err.contains("no backend is registered for device type `rocm`"),
         "{err}"
     );
 }

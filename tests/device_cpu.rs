@@ -125,14 +125,14 @@ fn a_copy_to_an_unregistered_device_type_says_no_backend_is_registered() {
     let a = Tensor::from_slice(&[1u8, 2], &[2], Device::cpu()).unwrap();
     let mut shape = [2i64];
     let mut b = *a.as_dltensor();
-    b.device = Device::new(device_api::DeviceType::CUDA, 0).to_dl();
+    b.device = Device::new(device_api::DeviceType::ROCM, 0).to_dl();
     b.shape = shape.as_mut_ptr();
     // SAFETY: rejected before any memory is touched.
     let e = unsafe { device_api::copy_data_from_to(a.as_dltensor(), &b, StreamHandle::DEFAULT) }
         .unwrap_err();
     assert!(
         e.to_string()
-            .contains("no backend is registered for device type `cuda` (2); registered: cpu"),
+            .contains("no backend is registered for device type `rocm` (10); registered: cpu"),
         "{e}"
     );
 }

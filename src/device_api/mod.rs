@@ -21,6 +21,7 @@
 //!   `__TVMBackendFreeWorkspace` that generated code calls.
 //! - [`CpuDeviceApi`] is the host; [`NullDeviceApi`] a device without hardware for tests;
 //!   [`OpenClDeviceApi`] any OpenCL 1.2+ driver, loaded at run time ([`opencl`]);
+//!   [`CudaDeviceApi`] NVIDIA GPUs through the CUDA driver API, loaded at run time ([`cuda`]);
 //!   [`plugin`] loads vendor backends from shared libraries (`include/kiln/device_plugin.h`).
 //! - [`kernel`] is what a backend implements to run device code: a [`kernel::KernelLauncher`]
 //!   per device source, and the launch arguments it receives (DLPack types, device pointers).
@@ -35,7 +36,8 @@
 //!
 //! `unsafe` code lives in `cpu/memory.rs` (allocator and host copies), `null/memory.rs` (host
 //! side of its copies), `opencl/sys.rs` (the OpenCL C API; `opencl/memory.rs` forwards the copy
-//! contract to it), `plugin/sys.rs` (the plugin ABI) and `plugin/memory.rs` (host side of staged
+//! contract to it), `cuda/sys.rs` (the CUDA driver API; `cuda/memory.rs` hands it checked copy
+//! ranges, `cuda/module.rs` checked kernel parameters), `plugin/sys.rs` (the plugin ABI) and `plugin/memory.rs` (host side of staged
 //! copies), and outside the backends in `tensor.rs` (slice views and DLPack), `copy.rs`, `api.rs`
 //! and `registry.rs` (reading a `DLTensor`'s shape and strides, forwarding the copy contract).
 //!
@@ -57,6 +59,7 @@
 pub mod api;
 mod copy;
 pub mod cpu;
+pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod kernel;
@@ -71,6 +74,7 @@ pub mod workspace;
 
 pub use api::{is_compact, AttrKind, AttrValue, DeviceApi, ALLOC_ALIGNMENT};
 pub use cpu::CpuDeviceApi;
+pub use cuda::CudaDeviceApi;
 pub use device::{Device, DeviceType};
 pub use error::{DeviceError, DeviceResult};
 pub use memory::{data_size, DeviceMemoryApi, DevicePtr, HostCallback, MemRegion, MemoryStats};

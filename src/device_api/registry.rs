@@ -40,10 +40,10 @@ fn write() -> RwLockWriteGuard<'static, Vec<Entry>> {
     table().write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Registers the built-in backends (the CPU, OpenCL), the `device_api.<name>` globals and the runtime
-/// context slots (`__TVMBackendAllocWorkspace`, `__TVMBackendFreeWorkspace`). Idempotent and
-/// cheap after the first call; every lookup here calls it, so calling it is only needed before
-/// loading a library that uses the slots.
+/// Registers the built-in backends (the CPU, OpenCL, CUDA), the `device_api.<name>` globals and
+/// the runtime context slots (`__TVMBackendAllocWorkspace`, `__TVMBackendFreeWorkspace`).
+/// Idempotent and cheap after the first call; every lookup here calls it, so calling it is only
+/// needed before loading a library that uses the slots.
 pub fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
@@ -62,6 +62,14 @@ pub fn init() {
             api: opencl,
         });
         register_global("opencl", DeviceType::OPENCL);
+        // So is CUDA; it loads the driver and finds its devices (maybe none) on first use.
+        let cuda: Arc<dyn DeviceApi> = super::cuda::instance();
+        write().push(Entry {
+            name: "cuda".to_owned(),
+            code: DeviceType::CUDA,
+            api: cuda,
+        });
+        register_global("cuda", DeviceType::CUDA);
         crate::packed_func::context::register_context_symbol(
             "__TVMBackendAllocWorkspace",
             workspace::backend_alloc_workspace_ptr(),
@@ -203,9 +211,9 @@ fn registered_names(t: &[Entry]) -> Vec<String> {
 /// The backend of device type `t`.
 ///
 /// # Errors
-/// [`DeviceError::NoBackend`] for a known type without a backend (e.g. `cuda` in a CPU-only
-/// process), [`DeviceError::UnknownDevice`] for a code nobody knows; both list the registered
-/// backends.
+/// [`DeviceError::NoBackend`] for a known type without a backend (e.g. `rocm`, which kiln has
+/// no backend for), [`DeviceError::UnknownDevice`] for a code nobody knows; both list the
+/// registered backends.
 pub fn get(t: DeviceType) -> DeviceResult<Arc<dyn DeviceApi>> {
     init();
     let table = read();

@@ -315,11 +315,18 @@ pub struct KernelBackend {
 
 /// The backends kiln builds in that load device code, by target kind: adding a device
 /// backend with kernels adds one line here.
-pub const BUILTIN_LOADERS: &[KernelBackend] = &[KernelBackend {
-    kind: "opencl",
-    source_formats: &["cl"],
-    load: crate::device_api::opencl::load_kernels,
-}];
+pub const BUILTIN_LOADERS: &[KernelBackend] = &[
+    KernelBackend {
+        kind: "opencl",
+        source_formats: &["cl"],
+        load: crate::device_api::opencl::load_kernels,
+    },
+    KernelBackend {
+        kind: "cuda",
+        source_formats: &["ptx"],
+        load: crate::device_api::cuda::load_kernels,
+    },
+];
 
 fn loaders() -> &'static RwLock<BTreeMap<String, KernelBackend>> {
     static L: OnceLock<RwLock<BTreeMap<String, KernelBackend>>> = OnceLock::new();

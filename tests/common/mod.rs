@@ -195,6 +195,33 @@ pub fn opencl_device(
     None
 }
 
+/// `cuda:0` and its backend when a CUDA device exists (the real driver, `libcuda.so.1`, unless
+/// `KILN_CUDA_DRIVER` names another library). Without one, prints a visible
+/// `skipping: no CUDA device (...) [test]` line and returns `None` (the caller returns), except
+/// under `KILN_REQUIRE_CUDA=1` (a machine with a GPU), where this panics.
+pub fn cuda_device(
+    test: &str,
+) -> Option<(
+    std::sync::Arc<kiln::device_api::CudaDeviceApi>,
+    kiln::device_api::Device,
+)> {
+    use kiln::device_api::{cuda, Device, DeviceApi, DeviceType};
+    let why = match cuda::global() {
+        Ok(api) if api.device_count().unwrap_or(0) > 0 => {
+            return Some((api, Device::new(DeviceType::CUDA, 0)))
+        }
+        Ok(_) => "the CUDA backend has no device".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    assert_ne!(
+        std::env::var("KILN_REQUIRE_CUDA").as_deref(),
+        Ok("1"),
+        "KILN_REQUIRE_CUDA=1 but there is no CUDA device: {why}"
+    );
+    eprintln!("skipping: no CUDA device ({why}) [{test}]");
+    None
+}
+
 impl HostArray {
     /// A copy of an interpreter buffer (compact), in 8-byte-aligned storage.
     pub fn from_host_buffer(b: &kiln::ir::interp::HostBuffer) -> Self {
@@ -293,4 +320,86 @@ pub fn jit_last(
         dls.iter().map(kiln::packed_func::AnyView::from).collect();
     pf.call(&views).unwrap();
     arrays.last().unwrap().to_f32()
+}
+
+/// NVIDIA's PTX assembler: `KILN_PTXAS`, else `ptxas` on `PATH`. `None` when there is none
+/// (a `skipping:` line is printed once), and a panic instead under `KILN_REQUIRE_PTXAS=1`
+/// (CI installs it from the `nvidia-cuda-nvcc-cu12` wheel).
+pub fn ptxas() -> Option<PathBuf> {
+    static PTXAS: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    PTXAS
+        .get_or_init(|| {
+            let found = std::env::var_os("KILN_PTXAS")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("PATH").and_then(|p| {
+                        std::env::split_paths(&p)
+                            .map(|d| d.join("ptxas"))
+                            .find(|c| c.is_file())
+                    })
+                })
+                .filter(|p| {
+                    Command::new(p)
+                        .arg("--version")
+                        .output()
+                        .is_ok_and(|o| o.status.success())
+                });
+            if found.is_none() {
+                assert_ne!(
+                    std::env::var("KILN_REQUIRE_PTXAS").as_deref(),
+                    Ok("1"),
+                    "KILN_REQUIRE_PTXAS=1 but no working ptxas (set KILN_PTXAS or put ptxas on PATH)"
+                );
+                eprintln!("skipping: no ptxas (set KILN_PTXAS; `pip install nvidia-cuda-nvcc-cu12` has one): PTX is not checked");
+            }
+            found
+        })
+        .clone()
+}
+
+/// The architectures every PTX of the tests is assembled for.
+pub const PTXAS_ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+/// Assembles `ptx` with ptxas for each of [`PTXAS_ARCHS`] not older than its `.target`; `Ok`
+/// when ptxas accepts it everywhere (or there is no ptxas, see [`ptxas`]), else ptxas's
+/// messages.
+pub fn ptxas_check(ptx: &str) -> Result<(), String> {
+    let Some(ptxas) = ptxas() else { return Ok(()) };
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let src = dir.path().join("k.ptx");
+    std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
+    // PTX for `.target sm_86` assembles for sm_86 and newer only.
+    let target: u32 = ptx
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".target sm_"))
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| "the PTX has no `.target sm_NN` line".to_owned())?;
+    let mut checked = 0;
+    for arch in PTXAS_ARCHS {
+        if arch[3..].parse::<u32>().unwrap_or(0) < target {
+            continue;
+        }
+        checked += 1;
+        let out = Command::new(&ptxas)
+            .arg(format!("-arch={arch}"))
+            .arg(&src)
+            .arg("-o")
+            .arg(dir.path().join(format!("k_{arch}.cubin")))
+            .output()
+            .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "ptxas -arch={arch} rejects the PTX: {}{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            ));
+        }
+    }
+    if checked == 0 {
+        return Err(format!(
+            "PTX for sm_{target} is newer than every arch checked"
+        ));
+    }
+    Ok(())
 }

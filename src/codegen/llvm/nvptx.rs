@@ -1,4 +1,4 @@
-//! LLVM's NVPTX backend: NVPTX kernels ([`emit::kernel_module`]) to PTX text.
+//! LLVM's NVPTX backend: NVPTX kernels (the emitter's kernel form, `emit/kernel.rs`) to PTX text.
 //!
 //! The kernel module is parsed, libdevice is linked in when the kernels call it (its functions
 //! made `available_externally`, as TVM does, so that only what the optimizer inlines stays and
