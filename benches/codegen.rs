@@ -195,6 +195,20 @@ fn ptx_build() {
         kiln::codegen::llvm::wait_all_optimized();
     });
     println!("  -> whole module (host JIT until optimized + PTX):  median {med:.2} ms [min {lo:.2}, max {hi:.2}]");
+    // softmax calls `exp`: libdevice is parsed and linked into every build.
+    if kiln::codegen::cuda::libdevice_path().is_ok() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/kernels/cuda/softmax.json"
+        );
+        let sm = IRModule::from_json_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let (med, lo, hi) = time(21, &|| {
+            black_box(kiln::codegen::cuda::device_code(&sm, &t).unwrap());
+        });
+        println!("build cuda softmax -> PTX (libdevice linked):   median {med:.2} ms [min {lo:.2}, max {hi:.2}]");
+    } else {
+        println!("build cuda softmax -> PTX: skipped (no libdevice; set KILN_LIBDEVICE)");
+    }
 }
 
 /// The JIT's two tiers on the benchmark kernels (`examples/kernels/*.json`): build time and

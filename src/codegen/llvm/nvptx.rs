@@ -1,8 +1,10 @@
 //! LLVM's NVPTX backend: NVPTX kernels (the emitter's kernel form, `emit/kernel.rs`) to PTX text.
 //!
 //! The kernel module is parsed, libdevice is linked in when the kernels call it (its functions
-//! made `available_externally`, as TVM does, so that only what the optimizer inlines stays and
-//! the PTX holds the kernels alone), optimized at O3 by the NVPTX target machine's pipeline
+//! made internal and the unreferenced ones dropped before optimizing, so that a build pays for
+//! the few functions its kernels call and not for libdevice's 350, and only what the optimizer
+//! does not inline stays in the PTX, as `.func`s; TVM marks them `available_externally`, which
+//! optimizes every one of them), optimized at O3 by the NVPTX target machine's pipeline
 //! (which resolves libdevice's `__nvvm_reflect` queries; the module asks for IEEE denormals,
 //! `nvvm-reflect-ftz` 0) and printed as PTX assembly.
 //!
@@ -88,16 +90,19 @@ pub fn compile_ptx(
             while let Some(func) = f {
                 let is_lib = func.get_name().to_bytes().starts_with(b"__nv_");
                 if is_lib && func.count_basic_blocks() > 0 {
-                    func.set_linkage(LlvmLinkage::AvailableExternally);
+                    func.set_linkage(LlvmLinkage::Internal);
                 }
                 f = func.get_next_function();
             }
         }
         let pbo = PassBuilderOptions::create();
         pbo.set_loop_unrolling(true);
-        m.run_passes("default<O3>", tm, pbo).map_err(|e| {
-            CodegenError::Llvm(format!("LLVM optimization failed: {}", e.to_string()))
-        })?;
+        // `globaldce` first: the few libdevice functions the kernels reach are all that O3
+        // then optimizes (not libdevice's 350), and what it inlines disappears.
+        m.run_passes("globaldce,default<O3>", tm, pbo)
+            .map_err(|e| {
+                CodegenError::Llvm(format!("LLVM optimization failed: {}", e.to_string()))
+            })?;
         let ll = m.print_to_string().to_string();
         let buf = tm
             .write_to_memory_buffer(&m, FileType::Assembly)
