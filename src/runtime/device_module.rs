@@ -461,6 +461,20 @@ mod tests {
     }
 
     #[test]
+    fn dynamic_shared_memory_is_in_the_metadata_only_when_used() {
+        let k = |n| KernelInfo {
+            name: "k".into(),
+            params: vec![],
+            dyn_shared_bytes: n,
+        };
+        let none = DeviceModule::meta_json("cuda", "", &[k(0)]);
+        assert!(!none.contains("dyn_shared_bytes"), "{none}");
+        let some = DeviceModule::meta_json("cuda", "", &[k(65536)]);
+        let (_, _, back) = DeviceModule::parse_meta(&some).unwrap();
+        assert_eq!(back, vec![k(65536)]);
+    }
+
+    #[test]
     fn metadata_reads_back_what_it_writes() {
         let (m, _) = module();
         let text = DeviceModule::meta_json("opencl", "kernel src", m.kernels());
@@ -503,6 +517,10 @@ mod tests {
                 "a parameter must be {\"buffer\": T} or {\"scalar\": T}",
             ),
             (ok("3"), "kernel `k` has no `params`"),
+            (
+                r#"{"format": "kiln-device/1", "kind": "cuda", "source": "", "kernels": [{"name": "k", "params": [], "dyn_shared_bytes": -1}]}"#.to_owned(),
+                "kernel `k`: `dyn_shared_bytes` must be a non-negative integer, found -1",
+            ),
         ] {
             let e = DeviceModule::parse_meta(&text).unwrap_err();
             assert!(e.contains(want), "{text}: {e}");

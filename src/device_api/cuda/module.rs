@@ -105,8 +105,9 @@ fn ptx_param_bytes(decl: &str) -> Option<u64> {
         if size.is_some() {
             elem = size;
         }
-        if let (Some(open), Some(close)) = (tok.find('['), tok.find(']')) {
-            count = count.checked_mul(tok[open + 1..close].trim().parse().ok()?)?;
+        if let Some((_, rest)) = tok.split_once('[') {
+            let (n, _) = rest.split_once(']')?;
+            count = count.checked_mul(n.trim().parse().ok()?)?;
         }
     }
     elem?.checked_mul(count)
@@ -656,8 +657,32 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        // PTX comes from libraries on disk too: no text makes the reader panic.
+        #[test]
+        fn any_text_is_read_without_panicking(text in ".{0,200}") {
+            let _ = ptx_entries(&text);
+            let _ = ptx_param_bytes(&text);
+        }
+
+        #[test]
+        fn mangled_ptx_is_read_without_panicking(
+            cut in 0usize..400,
+            insert in "[\\[\\]().,/* a-z0-9\n]{0,12}",
+        ) {
+            let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .align 8 .b8 s[16]\n)\n{\n\tret;\n}\n/* c */ // d\n";
+            let at = cut.min(ptx.len());
+            let text = format!("{}{insert}{}", &ptx[..at], &ptx[at..]);
+            let _ = ptx_entries(&text);
+            for decl in text.split(',') {
+                let _ = ptx_param_bytes(decl);
+            }
+        }
+    }
+
     #[test]
     fn parameter_declarations_give_their_bytes() {
+        assert_eq!(ptx_param_bytes(".param .b8 s]1[2"), None);
         assert_eq!(ptx_param_bytes(".param .f32 k_param_1"), Some(4));
         assert_eq!(ptx_param_bytes(".param .align 8 .b8 s[16]"), Some(16));
         assert_eq!(ptx_param_bytes(".param .u8 c"), Some(1));
