@@ -156,6 +156,34 @@ thread_local! {
     static CURRENT_STREAM: RefCell<Vec<((i32, i32), StreamHandle)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// `check_device` of a backend whose devices a driver discovers: `dev` must be of type `ty`
+/// and below the number of devices found (`found`: that number, or why there are none).
+pub(crate) fn check_discovered(
+    dev: Device,
+    backend: &str,
+    ty: DeviceType,
+    found: Result<usize, &String>,
+) -> DeviceResult<()> {
+    let invalid = |reason: String| DeviceError::InvalidDevice {
+        device: dev,
+        reason,
+    };
+    if dev.device_type != ty {
+        return Err(invalid(format!(
+            "backend `{backend}` serves device type {} ({})",
+            ty.name(),
+            ty.0
+        )));
+    }
+    let count = found.map_err(|why| invalid(why.clone()))?;
+    if dev.device_id < 0 || dev.device_id as usize >= count {
+        return Err(invalid(format!(
+            "backend `{backend}` has {count} device(s)"
+        )));
+    }
+    Ok(())
+}
+
 /// Records a failed result as the backend's last error (DIOPI's `get_last_error_string`) and
 /// passes the result on: every provided method of [`DeviceApi`] ends with it.
 pub(crate) fn noted<T, A: DeviceApi + ?Sized>(api: &A, r: DeviceResult<T>) -> DeviceResult<T> {

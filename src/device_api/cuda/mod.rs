@@ -377,31 +377,8 @@ impl DeviceApi for CudaDeviceApi {
     }
 
     fn check_device(&self, dev: Device) -> DeviceResult<()> {
-        if dev.device_type != DeviceType::CUDA {
-            return Err(DeviceError::InvalidDevice {
-                device: dev,
-                reason: format!(
-                    "backend `cuda` serves device type cuda ({})",
-                    DeviceType::CUDA.0
-                ),
-            });
-        }
-        let count = match self.runtime() {
-            Ok(r) => r.devices.len(),
-            Err(msg) => {
-                return Err(DeviceError::InvalidDevice {
-                    device: dev,
-                    reason: msg.clone(),
-                })
-            }
-        };
-        if dev.device_id < 0 || dev.device_id as usize >= count {
-            return Err(DeviceError::InvalidDevice {
-                device: dev,
-                reason: format!("backend `cuda` has {count} device(s)"),
-            });
-        }
-        Ok(())
+        let found = self.runtime().map(|r| r.devices.len());
+        super::api::check_discovered(dev, "cuda", DeviceType::CUDA, found)
     }
 
     /// Makes `dev`'s primary context current on this thread (TVM's `cudaSetDevice`).

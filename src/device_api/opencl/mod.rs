@@ -280,31 +280,8 @@ impl DeviceApi for OpenClDeviceApi {
     }
 
     fn check_device(&self, dev: Device) -> DeviceResult<()> {
-        if dev.device_type != DeviceType::OPENCL {
-            return Err(DeviceError::InvalidDevice {
-                device: dev,
-                reason: format!(
-                    "backend `opencl` serves device type opencl ({})",
-                    DeviceType::OPENCL.0
-                ),
-            });
-        }
-        let count = match self.runtime() {
-            Ok(r) => r.devices.len(),
-            Err(msg) => {
-                return Err(DeviceError::InvalidDevice {
-                    device: dev,
-                    reason: msg.clone(),
-                })
-            }
-        };
-        if dev.device_id < 0 || dev.device_id as usize >= count {
-            return Err(DeviceError::InvalidDevice {
-                device: dev,
-                reason: format!("backend `opencl` has {count} device(s)"),
-            });
-        }
-        Ok(())
+        let found = self.runtime().map(|r| r.devices.len());
+        super::api::check_discovered(dev, "opencl", DeviceType::OPENCL, found)
     }
 
     fn raw_attr(&self, dev: Device, kind: AttrKind) -> DeviceResult<Option<AttrValue>> {
