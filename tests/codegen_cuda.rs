@@ -352,19 +352,31 @@ fn kiln() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
 }
 
+/// `kiln build <module> --target <target> -o <out>` with `env` set: its output.
+fn kiln_build(
+    module: &Path,
+    target: &str,
+    out: &Path,
+    env: &[(&str, &Path)],
+) -> std::process::Output {
+    let mut cmd = kiln();
+    cmd.arg("build")
+        .arg(module)
+        .args(["--target", target, "-o"])
+        .arg(out);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
 #[test]
 fn the_cli_builds_ptx_and_libraries_and_says_when_libdevice_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let vadd = root.join("examples/kernels/cuda/vadd.json");
     let ptx = dir.path().join("vadd.ptx");
-    let out = kiln()
-        .args(["build"])
-        .arg(&vadd)
-        .args(["--target", r#"{"kind": "cuda", "arch": "sm_90"}"#, "-o"])
-        .arg(&ptx)
-        .output()
-        .unwrap();
+    let out = kiln_build(&vadd, r#"{"kind": "cuda", "arch": "sm_90"}"#, &ptx, &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -375,13 +387,7 @@ fn the_cli_builds_ptx_and_libraries_and_says_when_libdevice_is_missing() {
     common::ptxas_check(&text).unwrap();
     // A library with the PTX embedded.
     let so = dir.path().join("vadd.so");
-    let out = kiln()
-        .args(["build"])
-        .arg(&vadd)
-        .args(["--target", "cuda", "-o"])
-        .arg(&so)
-        .output()
-        .unwrap();
+    let out = kiln_build(&vadd, "cuda", &so, &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -395,14 +401,9 @@ fn the_cli_builds_ptx_and_libraries_and_says_when_libdevice_is_missing() {
     );
     // Math without libdevice: the error says what to do.
     let softmax = root.join("examples/kernels/cuda/softmax.json");
-    let out = kiln()
-        .args(["build"])
-        .arg(&softmax)
-        .args(["--target", "cuda", "-o"])
-        .arg(dir.path().join("s.ptx"))
-        .env("KILN_LIBDEVICE", dir.path().join("missing.bc"))
-        .output()
-        .unwrap();
+    let s_ptx = dir.path().join("s.ptx");
+    let missing = dir.path().join("missing.bc");
+    let out = kiln_build(&softmax, "cuda", &s_ptx, &[("KILN_LIBDEVICE", &missing)]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -412,14 +413,7 @@ fn the_cli_builds_ptx_and_libraries_and_says_when_libdevice_is_missing() {
     // A file that is not bitcode.
     let junk = dir.path().join("junk.bc");
     std::fs::write(&junk, b"not bitcode").unwrap();
-    let out = kiln()
-        .args(["build"])
-        .arg(&softmax)
-        .args(["--target", "cuda", "-o"])
-        .arg(dir.path().join("s.ptx"))
-        .env("KILN_LIBDEVICE", &junk)
-        .output()
-        .unwrap();
+    let out = kiln_build(&softmax, "cuda", &s_ptx, &[("KILN_LIBDEVICE", &junk)]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -219,28 +219,19 @@ impl DeviceCodegen for CudaCodegen {
         target: &Target,
     ) -> CodegenResult<DeviceSource> {
         let arch = PtxArch::of(target)?;
-        let mut dyn_shared_bytes = Vec::with_capacity(plans.len());
-        for p in plans {
-            let (_, total) = super::llvm::shared_layout_of(&p.name, &p.nest)?;
-            let dynamic = total > super::llvm::STATIC_SHARED_LIMIT;
-            if dynamic && arch.requested_sm < 70 {
+        let out = nvptx::compile_ptx(module, plans, &arch.cpu(), "", libdevice_path)?;
+        for (p, &bytes) in plans.iter().zip(&out.dyn_shared_bytes) {
+            if bytes > 0 && arch.requested_sm < 70 {
                 return Err(CodegenError::Unsupported(format!(
-                    "CUDA kernel `{}` uses {total} bytes of shared memory; more than 48 KiB per block needs sm_70 or newer, and the target's arch is {}",
+                    "CUDA kernel `{}` uses {bytes} bytes of shared memory; more than 48 KiB per block needs sm_70 or newer, and the target's arch is {}",
                     p.name, arch.requested
                 )));
             }
-            dyn_shared_bytes.push(if dynamic { total } else { 0 });
         }
-        let lib = libdevice_path();
-        let lib = match &lib {
-            Ok(p) => Ok(p.as_path()),
-            Err(why) => Err(why.as_str()),
-        };
-        let out = nvptx::compile_ptx(module, plans, &arch.cpu(), "", lib)?;
         Ok(DeviceSource {
             source: out.ptx,
             other_formats: vec![("ll", out.ll)],
-            dyn_shared_bytes,
+            dyn_shared_bytes: out.dyn_shared_bytes,
         })
     }
 }

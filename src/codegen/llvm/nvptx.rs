@@ -11,7 +11,7 @@
 //! Target machines come from the backend's pool, keyed like host ones by triple, CPU
 //! (`sm_86`) and features (`+ptx75`).
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use inkwell::module::Linkage as LlvmLinkage;
 
@@ -27,25 +27,29 @@ pub struct Ptx {
     pub ptx: String,
     /// The optimized LLVM IR it came from (libdevice's inlined functions included).
     pub ll: String,
+    /// Bytes of dynamic shared memory of each kernel, in plan order (0 where its shared
+    /// memory is static): a kernel over 48 KiB takes it all from the launch's dynamic shared
+    /// memory.
+    pub dyn_shared_bytes: Vec<u64>,
 }
 
 /// Compiles the NVPTX kernels of `plans` (kernels of `module`) for `cpu` (`sm_80`) and
-/// `features` (empty: the CPU's default PTX version), linking `libdevice` when the kernels
-/// call it.
+/// `features` (empty: the CPU's default PTX version), linking libdevice when the kernels call
+/// it; `libdevice` finds it, and is asked only then.
 ///
 /// # Errors
-/// What a kernel cannot do; kernels that need libdevice when `libdevice` is `None`, with how
-/// to provide it (`libdevice_help`); an unreadable libdevice; LLVM failures.
+/// What a kernel cannot do; kernels that need libdevice when `libdevice` finds none (its
+/// error says where it looked and how to provide it); an unreadable libdevice; LLVM failures.
 pub fn compile_ptx(
     module: &IRModule,
     plans: &[crate::codegen::device::KernelPlan],
     cpu: &str,
     features: &str,
-    libdevice: Result<&Path, &str>,
+    libdevice: impl FnOnce() -> Result<PathBuf, String>,
 ) -> R<Ptx> {
     let km = emit::kernel_module(module, plans, cpu, features)?;
     let libdevice = if km.libdevice {
-        Some(libdevice.map_err(|why| {
+        Some(libdevice().map_err(|why| {
             CodegenError::Unsupported(format!(
                 "the kernels call math functions that CUDA provides in libdevice (exp, log, sin, pow, tanh, erf, ...), and {why}"
             ))
@@ -69,7 +73,7 @@ pub fn compile_ptx(
         let ctx = Context::create();
         jit::route_diagnostics(&ctx);
         let m = parse_and_optimize(&ctx, &km.text, &o, Passes::None, tm)?;
-        if let Some(path) = libdevice {
+        if let Some(path) = &libdevice {
             let lib = LlvmIrModule::parse_bitcode_from_path(path, &ctx).map_err(|e| {
                 CodegenError::Llvm(format!(
                     "cannot read libdevice `{}`: {}",
@@ -110,6 +114,10 @@ pub fn compile_ptx(
                 CodegenError::Llvm(format!("LLVM PTX emission failed: {}", e.to_string()))
             })?;
         let ptx = String::from_utf8_lossy(buf.as_slice()).into_owned();
-        Ok(Ptx { ptx, ll })
+        Ok(Ptx {
+            ptx,
+            ll,
+            dyn_shared_bytes: km.dyn_shared_bytes.clone(),
+        })
     })?
 }

@@ -59,7 +59,7 @@ use std::fmt::Write as _;
 
 use crate::ir::{DataType, TypeCode, VarId};
 
-pub(crate) use kernel::{kernel_module, shared_layout, STATIC_SHARED_LIMIT};
+pub(crate) use kernel::kernel_module;
 
 use super::super::CodegenError;
 
@@ -247,6 +247,24 @@ pub(crate) struct ModuleText {
 }
 
 impl ModuleText {
+    /// Appends the module's globals, declarations and functions, one per line, to `out` (the
+    /// body of the module's text, between its header and its metadata).
+    pub fn write_body(&self, out: &mut String) {
+        for g in &self.globals {
+            out.push_str(g);
+            out.push('\n');
+        }
+        for d in &self.declares {
+            out.push_str(d);
+            out.push('\n');
+        }
+        out.push('\n');
+        for f in &self.functions {
+            out.push_str(f);
+            out.push('\n');
+        }
+    }
+
     /// A pointer to a NUL-terminated constant string.
     pub fn cstr(&mut self, s: &str) -> String {
         let n = self.strings.len();

@@ -9,7 +9,7 @@ use crate::ir::{Buffer, Expr, ForKind, Stmt, StorageScope, TypeCode, Var};
 use super::{is_signed, mem_ty, reg_ty, unsupported, Emitter, Val, R};
 
 /// Local allocations up to this size live on the stack; larger ones use the workspace.
-const MAX_STACK_BYTES: i64 = 16 * 1024;
+pub(super) const MAX_STACK_BYTES: i64 = 16 * 1024;
 
 impl Emitter<'_> {
     pub fn stmt(&mut self, s: &Stmt) -> R<()> {
