@@ -63,6 +63,8 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "llvm")]
+pub mod cli;
 pub mod codegen;
 pub mod device_api;
 pub mod error;

@@ -3,16 +3,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kiln::codegen::device;
-use kiln::codegen::ModuleRef;
-use kiln::device_api::DeviceType;
-use kiln::ir::{IRModule, Param, PrimFunc};
-use kiln::npy::{parse_dtype, NpyArray};
-use kiln::packed_func::{Any, AnyView, DLTensor};
-use kiln::runtime::LibraryModule;
-use kiln::target::Target;
+use crate::codegen::device;
+use crate::codegen::ModuleRef;
+use crate::device_api::DeviceType;
+use crate::ir::{IRModule, Param, PrimFunc};
+use crate::npy::{parse_dtype, NpyArray};
+use crate::packed_func::{Any, AnyView, DLTensor};
+use crate::runtime::LibraryModule;
+use crate::target::Target;
 
-type CmdResult = Result<(), Box<dyn std::error::Error>>;
+use super::CmdResult;
 
 const DEFAULT_TARGET: &str = r#"{"kind": "llvm", "mcpu": "native"}"#;
 
@@ -73,8 +73,8 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
     let t = Instant::now();
     match target.kind_name() {
         "llvm" => {
-            let opts = kiln::codegen::llvm::CodegenOptions::from_target(&target)?;
-            kiln::codegen::llvm::export(&module, &opts, &a.output)?;
+            let opts = crate::codegen::llvm::CodegenOptions::from_target(&target)?;
+            crate::codegen::llvm::export(&module, &opts, &a.output)?;
         }
         kind => match device::codegen_for(kind) {
             Some(cg) => device::HostDeviceModule::build(cg, &module, &target)?.export(&a.output)?,
@@ -208,14 +208,14 @@ fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
 
 /// The target as `kiln build` and `kiln run` report it: its canonical JSON, `(the default
 /// target)` when it came from the default, and for `llvm` what the code gets
-/// ([`kiln::codegen::llvm::CodegenOptions::describe`]).
-fn target_line(target: &Target, given: &str) -> Result<String, kiln::Error> {
+/// ([`crate::codegen::llvm::CodegenOptions::describe`]).
+fn target_line(target: &Target, given: &str) -> Result<String, crate::Error> {
     let mut s = target.to_string();
     if given == DEFAULT_TARGET {
         s.push_str(" (the default target)");
     }
     if target.kind_name() == "llvm" {
-        let o = kiln::codegen::llvm::CodegenOptions::from_target(target)?;
+        let o = crate::codegen::llvm::CodegenOptions::from_target(target)?;
         s.push_str(": ");
         s.push_str(&o.describe());
     }
@@ -242,7 +242,7 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
         let target = Target::parse(&a.target)?;
         on_device = device::codegen_for(target.kind_name()).map(|cg| cg.device_type().into());
         let t = Instant::now();
-        let rt = kiln::codegen::build(&module, &target)?;
+        let rt = crate::codegen::build(&module, &target)?;
         eprintln!(
             "compiled {} in {:.1} ms for {}",
             a.module.display(),
@@ -303,7 +303,7 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
     if a.repeat > 0 {
         // Time the optimized code, not the JIT's quick first tier.
         #[cfg(feature = "llvm")]
-        kiln::codegen::llvm::wait_all_optimized();
+        crate::codegen::llvm::wait_all_optimized();
         let mut times: Vec<f64> = Vec::with_capacity(a.repeat);
         for _ in 0..a.repeat {
             let t = Instant::now();
@@ -333,13 +333,13 @@ fn spread(times: &mut [f64]) -> (f64, f64, f64) {
 /// events), synchronized, tensors copied back into `args`.
 fn run_on_device(
     a: &RunArgs,
-    f: &kiln::packed_func::PackedFunc,
+    f: &crate::packed_func::PackedFunc,
     dev_type: DeviceType,
     args: &mut [Arg],
-    interp_inputs: Option<Vec<kiln::ir::interp::InterpArg>>,
+    interp_inputs: Option<Vec<crate::ir::interp::InterpArg>>,
     pf: Option<PrimFunc>,
 ) -> CmdResult {
-    use kiln::device_api::{self, Device, Tensor};
+    use crate::device_api::{self, Device, Tensor};
     let dev = Device::new(dev_type, 0);
     let api = device_api::get(dev_type)?;
     api.check_device(dev)?;
@@ -377,7 +377,7 @@ fn run_on_device(
     let result = f.call(&views)?;
     api.sync_stream(dev, stream)?;
     if a.repeat > 0 {
-        kiln::codegen::llvm::wait_all_optimized();
+        crate::codegen::llvm::wait_all_optimized();
         let (start, end) = (api.create_event(dev)?, api.create_event(dev)?);
         let mut device_ms = Vec::with_capacity(a.repeat);
         let mut wall_ms = Vec::with_capacity(a.repeat);
@@ -418,7 +418,7 @@ fn run_on_device(
 fn finish(
     a: &RunArgs,
     args: &[Arg],
-    interp_inputs: Option<Vec<kiln::ir::interp::InterpArg>>,
+    interp_inputs: Option<Vec<crate::ir::interp::InterpArg>>,
     pf: Option<PrimFunc>,
 ) -> CmdResult {
     std::fs::create_dir_all(&a.out).map_err(|e| format!("creating `{}`: {e}", a.out.display()))?;
@@ -430,14 +430,14 @@ fn finish(
         }
     }
     if let (Some(mut iargs), Some(p)) = (interp_inputs, pf) {
-        kiln::ir::interp::run(&p, &mut iargs)?;
+        crate::ir::interp::run(&p, &mut iargs)?;
         // Absolute 1e-3, or for 16-bit floats (computed in f32 and rounded by both the code
         // and the interpreter) one unit in the last place of the expected value: a rounding
         // that lands on the other side of a tie is not an error.
         let mut worst = 0f64;
         let mut bad = None;
         for (x, ia) in args.iter().zip(&iargs) {
-            if let (Arg::Tensor(name, t), kiln::ir::interp::InterpArg::Buffer(hb)) = (x, ia) {
+            if let (Arg::Tensor(name, t), crate::ir::interp::InterpArg::Buffer(hb)) = (x, ia) {
                 let rel = match (t.dtype.code.0, t.dtype.bits) {
                     (2, 16) => 2f64.powi(-10),
                     (4, 16) => 2f64.powi(-7),
@@ -497,8 +497,8 @@ fn as_f64(t: &NpyArray) -> Vec<f64> {
         .collect()
 }
 
-fn to_interp(args: &[Arg], p: &PrimFunc) -> Result<Vec<kiln::ir::interp::InterpArg>, String> {
-    use kiln::ir::interp::{HostBuffer, InterpArg, Scalar};
+fn to_interp(args: &[Arg], p: &PrimFunc) -> Result<Vec<crate::ir::interp::InterpArg>, String> {
+    use crate::ir::interp::{HostBuffer, InterpArg, Scalar};
     if args.len() != p.params.len() {
         return Err(format!(
             "`{}` takes {} arguments, {} given",

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use kiln::ir::IRModule;
+use crate::ir::IRModule;
 
 /// Arguments of `kiln ir`.
 #[derive(clap::Args)]
@@ -32,8 +32,8 @@ pub fn run(args: IrArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err(Box::new(last));
     }
     if args.json {
-        crate::emit(&format!("{}\n", module.to_json_string()))
+        super::emit(&format!("{}\n", module.to_json_string()))
     } else {
-        crate::emit(&module.to_string())
+        super::emit(&module.to_string())
     }
 }

@@ -3,7 +3,7 @@
 //! a bad file is reported on stderr and skipped.
 
 use clap::Args;
-use kiln::device_api::{self, plugin, AttrKind, AttrValue, Device, DeviceApi};
+use crate::device_api::{self, plugin, AttrKind, AttrValue, Device, DeviceApi};
 
 /// Arguments of `kiln devices`.
 #[derive(Args)]
@@ -121,8 +121,25 @@ fn print_table(rows: &[Vec<String>]) {
     }
 }
 
-/// Runs `kiln devices`.
-pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
+/// Every registered device backend (after loading the plugins of `KILN_PLUGIN_PATH`), or only
+/// `backend`, with each device's attributes, as `kiln devices --json` prints it: `{"backends":
+/// [...], "plugins": [...]}`. Python's `kiln.devices()` returns this document.
+///
+/// # Errors
+/// An unknown backend name, or a backend that fails to count its devices.
+pub fn json(backend: Option<&str>) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let (reports, plugins) = collect(backend, &[])?;
+    let mut doc = to_json(&reports);
+    doc["plugins"] = serde_json::to_value(&plugins)?;
+    Ok(doc)
+}
+
+type Collected = (Vec<BackendReport>, Vec<plugin::PluginInfo>);
+
+fn collect(
+    backend: Option<&str>,
+    extra: &[std::path::PathBuf],
+) -> Result<Collected, Box<dyn std::error::Error>> {
     let scan = plugin::load_plugins_from_env();
     for (path, e) in &scan.failed {
         eprintln!("warning: skipping plugin `{}`: {e}", path.display());
@@ -130,13 +147,13 @@ pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
     for (path, why) in &scan.skipped {
         eprintln!("warning: skipping plugin `{}`: {why}", path.display());
     }
-    for path in &args.plugins {
+    for path in extra {
         plugin::load_plugin(path)?;
     }
     let plugins: Vec<plugin::PluginInfo> =
         plugin::loaded_plugins().iter().map(|p| p.info()).collect();
     let mut reports = Vec::new();
-    match &args.backend {
+    match backend {
         Some(name) => {
             let api = device_api::get_by_name(name)?;
             reports.push(report(api.name(), &*api)?);
@@ -148,6 +165,12 @@ pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    Ok((reports, plugins))
+}
+
+/// Runs `kiln devices`.
+pub fn run(args: DevicesArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let (reports, plugins) = collect(args.backend.as_deref(), &args.plugins)?;
     if args.json {
         let mut doc = to_json(&reports);
         doc["plugins"] = serde_json::to_value(&plugins)?;

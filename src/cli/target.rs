@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use clap::Args;
-use kiln::target::{list_kinds, list_tags, lookup_kind, Target, TargetKind};
+use crate::target::{list_kinds, list_tags, lookup_kind, Target, TargetKind};
 
 /// `kiln target <TARGET> [--host <TARGET>]`
 #[derive(Args)]
@@ -38,7 +38,7 @@ pub struct TagsArgs {
     pub json: bool,
 }
 
-use crate::emit;
+use super::emit;
 
 /// Prints the canonical export of the target as one line of JSON (`--resolve`: with `native`
 /// resolved to the host CPU).
@@ -55,14 +55,14 @@ pub fn run_target(args: &TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     // What the CUDA code generator makes of the target's arch (LLVM 14 writes PTX up to sm_86).
     #[cfg(feature = "llvm")]
     if args.resolve && matches!(t.kind_name(), "cuda" | "nvptx") {
-        let arch = kiln::codegen::cuda::PtxArch::of(&t)?;
+        let arch = crate::codegen::cuda::PtxArch::of(&t)?;
         eprintln!("note: {}", arch.describe());
     }
     Ok(())
 }
 
 fn device_name(code: i32) -> String {
-    kiln::packed_func::DLDeviceType(code)
+    crate::packed_func::DLDeviceType(code)
         .name()
         .map_or_else(|| code.to_string(), str::to_owned)
 }
