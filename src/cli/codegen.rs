@@ -71,13 +71,33 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
         .map_err(|e| format!("`{}`: {e}", a.module.display()))?;
     let target = Target::parse(&a.target)?;
     let t = Instant::now();
+    write_library(&module, &target, &a.output)?;
+    eprintln!(
+        "wrote {} ({} function(s), {:.1} ms) for {}",
+        a.output.display(),
+        module.functions.len(),
+        t.elapsed().as_secs_f64() * 1e3,
+        target_line(&target, &a.target)?
+    );
+    Ok(())
+}
+
+/// Compiles `module` for `target` and writes the result to `output`: for `llvm`, a `.so`, `.o`,
+/// `.ll` or `.s` by extension; for a device kind (`opencl`, `cuda`), what its code generator
+/// exports (device source, or a `.so` with the device code inside). What `kiln build` and
+/// Python's `kiln.build` do.
+///
+/// # Errors
+/// The module does not compile for the target, the target kind has no code generator that
+/// writes files, or the file cannot be written.
+pub fn write_library(module: &IRModule, target: &Target, output: &Path) -> CmdResult {
     match target.kind_name() {
         "llvm" => {
-            let opts = crate::codegen::llvm::CodegenOptions::from_target(&target)?;
-            crate::codegen::llvm::export(&module, &opts, &a.output)?;
+            let opts = crate::codegen::llvm::CodegenOptions::from_target(target)?;
+            crate::codegen::llvm::export(module, &opts, output)?;
         }
         kind => match device::codegen_for(kind) {
-            Some(cg) => device::HostDeviceModule::build(cg, &module, &target)?.export(&a.output)?,
+            Some(cg) => device::HostDeviceModule::build(cg, module, target)?.export(output)?,
             None => {
                 let kinds: Vec<String> = std::iter::once("llvm")
                     .chain(device::BUILTIN.iter().map(|c| c.kind()))
@@ -91,13 +111,6 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
             }
         },
     }
-    eprintln!(
-        "wrote {} ({} function(s), {:.1} ms) for {}",
-        a.output.display(),
-        module.functions.len(),
-        t.elapsed().as_secs_f64() * 1e3,
-        target_line(&target, &a.target)?
-    );
     Ok(())
 }
 
@@ -209,7 +222,7 @@ fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
 /// The target as `kiln build` and `kiln run` report it: its canonical JSON, `(the default
 /// target)` when it came from the default, and for `llvm` what the code gets
 /// ([`crate::codegen::llvm::CodegenOptions::describe`]).
-fn target_line(target: &Target, given: &str) -> Result<String, crate::Error> {
+pub fn target_line(target: &Target, given: &str) -> Result<String, crate::Error> {
     let mut s = target.to_string();
     if given == DEFAULT_TARGET {
         s.push_str(" (the default target)");

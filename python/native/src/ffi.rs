@@ -1,0 +1,134 @@
+//! The C side: each function of this library as a tvm-ffi safe-call symbol
+//! (`__tvm_ffi_<name>`), and the context slot through which errors reach the caller.
+//!
+//! A library loaded by `tvm_ffi.load_module` raises an error by calling
+//! `TVMFFIErrorSetRaisedFromCStr(kind, message)` and returning -1; the loader writes that
+//! function's address into the exported variable `__TVMFFIErrorSetRaisedFromCStr` (a *context
+//! slot*) right after `dlopen`. kiln's own loader does the same with kiln's error slot, so the
+//! library works under either host. Arguments are read with kiln's `AnyView`, results are
+//! kiln-made tvm-ffi objects (strings) whose deleter travels in their header, as the ABI says.
+
+use std::ffi::{c_char, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use kiln::packed_func::{AnyView, TVMFFIAny};
+
+use crate::Raised;
+
+/// `TVMFFIErrorSetRaisedFromCStr`'s type.
+type SetRaised = unsafe extern "C" fn(*const c_char, *const c_char);
+
+/// The context slot the loader fills with its `TVMFFIErrorSetRaisedFromCStr`.
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut __TVMFFIErrorSetRaisedFromCStr: Option<SetRaised> = None;
+
+/// `TVMFFIErrorSetRaisedFromCStr` of a `libtvm_ffi` loaded into the process's global scope
+/// (Python's `tvm_ffi` loads it so, and fills no context slot of the libraries it loads).
+fn global_set_raised() -> Option<SetRaised> {
+    static FOUND: OnceLock<Option<SetRaised>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        let this = libloading::os::unix::Library::this();
+        // SAFETY: the symbol, when present, is tvm-ffi's C function of exactly this type.
+        unsafe { this.get::<SetRaised>(b"TVMFFIErrorSetRaisedFromCStr\0") }
+            .ok()
+            .map(|s| *s)
+    })
+}
+
+/// Raises `e` through the host's error slot, else through a global `libtvm_ffi`, else through
+/// kiln's thread-local slot (kiln's own loader fills the context slot, so that is the rare
+/// case of a host that provides neither).
+fn raise(e: &Raised) {
+    // SAFETY: the slot is written once by the loader, right after `dlopen` and before any
+    // function of this library can be called; reading a copy of it races with nothing.
+    let slot = unsafe { std::ptr::addr_of!(__TVMFFIErrorSetRaisedFromCStr).read_volatile() };
+    match slot.or_else(global_set_raised) {
+        Some(set) => {
+            let kind = CString::new(e.kind).unwrap_or_default();
+            let msg = CString::new(e.message.replace('\0', "\\0")).unwrap_or_default();
+            // SAFETY: both are NUL-terminated strings that live across the call, as the
+            // function's contract asks.
+            unsafe { set(kind.as_ptr(), msg.as_ptr()) };
+        }
+        None => kiln::packed_func::ffi::set_raised(e.kind, &e.message),
+    }
+}
+
+/// Runs `f` on the safe-call arguments and writes its result; -1 after raising on any error,
+/// including a panic and a malformed argument array.
+///
+/// # Safety
+/// The safe-call contract: `args` points to `num_args` valid values (or is NULL with 0) that
+/// outlive the call, and `ret` is NULL or writable.
+unsafe fn call(
+    name: &str,
+    f: fn(&[AnyView<'_>]) -> crate::Result<kiln::packed_func::Any>,
+    args: *const TVMFFIAny,
+    num_args: i32,
+    ret: *mut TVMFFIAny,
+) -> i32 {
+    if num_args < 0 || (args.is_null() && num_args > 0) || ret.is_null() {
+        raise(&Raised::new(
+            "RuntimeError",
+            format!("kiln.{name}: malformed call ({num_args} arguments)"),
+        ));
+        return -1;
+    }
+    // SAFETY: as the caller guarantees (checked for NULL and a negative count above).
+    let views = unsafe { AnyView::slice_from_raw(args, num_args as usize) };
+    match catch_unwind(AssertUnwindSafe(|| f(views))) {
+        Ok(Ok(value)) => {
+            // SAFETY: `ret` is non-NULL and writable (safe-call contract); the object in
+            // `value`, if any, passes to the caller.
+            unsafe { ret.write(value.into_raw()) };
+            0
+        }
+        Ok(Err(e)) => {
+            raise(&e);
+            -1
+        }
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            raise(&Raised::new(
+                "RuntimeError",
+                format!("kiln.{name} panicked (a kiln bug, please report it): {what}"),
+            ));
+            -1
+        }
+    }
+}
+
+macro_rules! export {
+    ($($sym:ident => $f:ident),* $(,)?) => {$(
+        #[doc = concat!("The safe-call entry of [`crate::", stringify!($f), "`].")]
+        ///
+        /// # Safety
+        /// tvm-ffi's safe-call contract (see [`call`]).
+        #[no_mangle]
+        pub unsafe extern "C" fn $sym(
+            _handle: *mut c_void,
+            args: *const TVMFFIAny,
+            num_args: i32,
+            ret: *mut TVMFFIAny,
+        ) -> i32 {
+            // SAFETY: forwarded from our caller.
+            unsafe { call(stringify!($f), crate::$f, args, num_args, ret) }
+        }
+    )*};
+}
+
+export! {
+    __tvm_ffi_version => version,
+    __tvm_ffi_build => build,
+    __tvm_ffi_target_canonical => target_canonical,
+    __tvm_ffi_target_describe => target_describe,
+    __tvm_ffi_ir_text => ir_text,
+    __tvm_ffi_devices => devices,
+    __tvm_ffi_cli => cli,
+}

@@ -1,0 +1,194 @@
+//! kiln's compiler for Python: a shared library that `tvm_ffi.load_module` loads, whose
+//! functions are tvm-ffi packed functions (`__tvm_ffi_<name>` symbols, the same ABI as the
+//! kernels kiln builds). Python's `kiln` package (`python/kiln/`) calls them in-process:
+//!
+//! | function | arguments | returns |
+//! |---|---|---|
+//! | `version` | | kiln's version |
+//! | `build` | kiln IR (JSON text), target (JSON or legacy text), output path | JSON: `{"functions": [...], "target": {...}, "ms": ...}` |
+//! | `target_canonical` | target text | the canonical TVM 0.27 JSON export |
+//! | `target_describe` | target text | what the target resolves to on this machine (one line) |
+//! | `ir_text` | kiln IR (JSON text) | the verified module in text form |
+//! | `devices` | backend name or `""` | `kiln devices --json`'s document |
+//! | `cli` | the arguments as a JSON list of strings | the exit code of `kiln <args>` |
+//!
+//! Errors are raised through tvm-ffi (`TVMFFIErrorSetRaisedFromCStr`, which the loader puts in
+//! this library's context slot) with the kind of kiln's error: `ValueError` for a malformed
+//! target or IR, `RuntimeError` for what failed to compile or run, `TypeError` for arguments of
+//! the wrong kind. A panic is caught at the boundary and raised as a `RuntimeError`.
+//!
+//! The C entry points and the error slot are in [`ffi`]; this file is safe Rust.
+
+use std::path::Path;
+use std::time::Instant;
+
+use kiln::ir::IRModule;
+use kiln::packed_func::{Any, AnyView, Value};
+use kiln::target::Target;
+
+pub mod ffi;
+
+/// An error raised to the caller: a tvm-ffi kind (`ValueError`, ...) and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Raised {
+    /// The kind, a Python exception name.
+    pub kind: &'static str,
+    /// The message.
+    pub message: String,
+}
+
+impl Raised {
+    fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        Raised {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// What a function of this library returns.
+pub type Result<T> = std::result::Result<T, Raised>;
+
+/// The kind of a kiln error behind a `Box<dyn Error>` from the command-line layer.
+fn kind_of(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    use kiln::codegen::CodegenError;
+    if let Some(k) = e.downcast_ref::<kiln::Error>() {
+        return match k.kind() {
+            "ValueError" => "ValueError",
+            "TypeError" => "TypeError",
+            _ => "RuntimeError",
+        };
+    }
+    if e.downcast_ref::<kiln::target::TargetError>().is_some()
+        || e.downcast_ref::<kiln::ir::IrError>().is_some()
+    {
+        return "ValueError";
+    }
+    if let Some(c) = e.downcast_ref::<CodegenError>() {
+        return match c {
+            CodegenError::Ir(_) => "ValueError",
+            _ => "RuntimeError",
+        };
+    }
+    "RuntimeError"
+}
+
+fn boxed(e: Box<dyn std::error::Error>) -> Raised {
+    Raised::new(kind_of(&*e), e.to_string())
+}
+
+fn arg_str<'a>(fname: &str, args: &'a [AnyView<'a>], i: usize, what: &str) -> Result<&'a str> {
+    match args.get(i).map(|a| a.value()) {
+        Some(Value::Str(s)) => Ok(s),
+        Some(_) => Err(Raised::new(
+            "TypeError",
+            format!(
+                "kiln.{fname}: argument #{i} ({what}) must be a str, found {}",
+                args[i].type_name()
+            ),
+        )),
+        None => Err(Raised::new(
+            "TypeError",
+            format!(
+                "kiln.{fname}: expected an argument #{i} ({what}), found {} argument(s)",
+                args.len()
+            ),
+        )),
+    }
+}
+
+fn arity(fname: &str, args: &[AnyView<'_>], n: usize) -> Result<()> {
+    if args.len() == n {
+        return Ok(());
+    }
+    Err(Raised::new(
+        "TypeError",
+        format!(
+            "kiln.{fname} takes {n} argument(s), found {}",
+            args.len()
+        ),
+    ))
+}
+
+fn parse_module(text: &str) -> Result<IRModule> {
+    let m = IRModule::from_json_str(text)
+        .map_err(|e| Raised::new("ValueError", format!("kiln IR: {e}")))?;
+    m.verify()
+        .map_err(|e| Raised::new("ValueError", format!("kiln IR: {e}")))?;
+    Ok(m)
+}
+
+fn parse_target(text: &str) -> Result<Target> {
+    Target::parse(text).map_err(|e| Raised::new("ValueError", format!("target: {e}")))
+}
+
+/// `version()`: kiln's version.
+pub fn version(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("version", args, 0)?;
+    Ok(Any::from(env!("CARGO_PKG_VERSION")))
+}
+
+/// `build(ir_json, target, output_path)`: compiles the module and writes the library (`.so`,
+/// `.o`, `.ll`, `.s`, or a device kind's export) to `output_path`.
+pub fn build(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("build", args, 3)?;
+    let ir = arg_str("build", args, 0, "kiln IR JSON")?;
+    let target = arg_str("build", args, 1, "target")?;
+    let out = arg_str("build", args, 2, "output path")?;
+    let module = parse_module(ir)?;
+    let target = parse_target(target)?;
+    let t = Instant::now();
+    kiln::cli::codegen::write_library(&module, &target, Path::new(out)).map_err(boxed)?;
+    let doc = serde_json::json!({
+        "functions": module.functions.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+        "target": target.export(),
+        "ms": t.elapsed().as_secs_f64() * 1e3,
+    });
+    Ok(Any::from(doc.to_string()))
+}
+
+/// `target_canonical(text)`: the canonical TVM 0.27 JSON export of a target.
+pub fn target_canonical(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("target_canonical", args, 1)?;
+    let t = parse_target(arg_str("target_canonical", args, 0, "target")?)?;
+    Ok(Any::from(t.export().to_string()))
+}
+
+/// `target_describe(text)`: what the target resolves to on this machine (CPU, vector width,
+/// float semantics), as `kiln build` reports it.
+pub fn target_describe(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("target_describe", args, 1)?;
+    let text = arg_str("target_describe", args, 0, "target")?;
+    let t = parse_target(text)?;
+    let line = kiln::cli::codegen::target_line(&t, text).map_err(|e| boxed(e.into()))?;
+    Ok(Any::from(line))
+}
+
+/// `ir_text(ir_json)`: the verified module in kiln's text form.
+pub fn ir_text(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("ir_text", args, 1)?;
+    let m = parse_module(arg_str("ir_text", args, 0, "kiln IR JSON")?)?;
+    Ok(Any::from(m.to_string()))
+}
+
+/// `devices(backend)`: `kiln devices --json` for every backend, or only `backend`.
+pub fn devices(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("devices", args, 1)?;
+    let b = arg_str("devices", args, 0, "backend name")?;
+    let doc = kiln::cli::devices::json((!b.is_empty()).then_some(b)).map_err(boxed)?;
+    Ok(Any::from(doc.to_string()))
+}
+
+/// `cli(args_json)`: runs `kiln <args>` in this process and returns its exit code.
+pub fn cli(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("cli", args, 1)?;
+    let text = arg_str("cli", args, 0, "arguments as a JSON list")?;
+    let argv: Vec<String> = serde_json::from_str(text).map_err(|e| {
+        Raised::new(
+            "ValueError",
+            format!("kiln.cli: expected a JSON list of strings, {e}"),
+        )
+    })?;
+    let code = kiln::cli::run(std::iter::once("kiln".to_owned()).chain(argv));
+    Ok(Any::from(i64::from(code)))
+}
