@@ -1,0 +1,19 @@
+"""`python -m kiln ...` is the `kiln` command line, run in this process by the native library
+(`kiln build`, `kiln run`, `kiln target`, `kiln devices`, ...: the same program)."""
+
+import json
+import sys
+
+from . import _native
+
+
+def main(argv=None) -> int:
+    """Runs `kiln <argv>` and returns its exit code."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return int(_native.lib().cli(json.dumps(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

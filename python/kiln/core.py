@@ -1,0 +1,244 @@
+"""`kiln.build`, `kiln.export`, `kiln.Target`, `kiln.devices`: the package's core, over the
+native library's packed functions (`_native.py`)."""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Union
+
+from . import _native
+
+#: The target `kiln.build` uses when none is given: this machine's CPU, as `kiln build` does.
+DEFAULT_TARGET = '{"kind": "llvm", "mcpu": "native"}'
+
+TargetLike = Union["Target", str, dict, None, Any]
+IRLike = Union[dict, str, bytes, "os.PathLike[str]", Any]
+
+
+class Target:
+    """A target, checked and canonicalized by kiln exactly as TVM 0.27 does.
+
+    Takes a JSON target string (`'{"kind": "llvm", "mcpu": "znver3"}'`), the legacy form
+    (`"llvm -mcpu=znver3"`), a tag (`"nvidia/nvidia-h100"`), a dict, a `tvm.target.Target`, or
+    another `kiln.Target`; `None` is `DEFAULT_TARGET`. A malformed target raises `ValueError`
+    with kiln's message (what was expected, what was found, where).
+
+    >>> kiln.Target("llvm -mcpu=haswell").json
+    '{"kind":"llvm","tag":"","keys":["cpu"],"mcpu":"haswell"}'
+    """
+
+    __slots__ = ("_given", "_json")
+
+    def __init__(self, spec: TargetLike = None):
+        self._given = _target_text(spec)
+        self._json = _native.lib().target_canonical(self._given)
+
+    @property
+    def json(self) -> str:
+        """The canonical export as one line of JSON (TVM 0.27's `Target.export()`)."""
+        return self._json
+
+    def export(self) -> dict:
+        """The canonical export as a dict."""
+        return json.loads(self._json)
+
+    @property
+    def kind(self) -> str:
+        """The target kind (`llvm`, `opencl`, `cuda`, ...)."""
+        return self.export()["kind"]
+
+    @property
+    def keys(self) -> list:
+        """The target's keys (`["cpu"]`, `["cuda", "gpu"]`, ...)."""
+        return list(self.export().get("keys", []))
+
+    def describe(self) -> str:
+        """What the target gives on this machine (the CPU `native` resolves to, vector width,
+        float semantics), as `kiln build` prints it."""
+        return _native.lib().target_describe(self._given)
+
+    def __str__(self) -> str:
+        return self._json
+
+    def __repr__(self) -> str:
+        return f"kiln.Target({self._json})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Target) and other._json == self._json
+
+    def __hash__(self) -> int:
+        return hash(self._json)
+
+
+def _target_text(spec: TargetLike) -> str:
+    if spec is None:
+        return DEFAULT_TARGET
+    if isinstance(spec, Target):
+        return spec._given
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, dict):
+        return json.dumps(spec)
+    export = getattr(spec, "export", None)
+    if callable(export) and type(spec).__module__.startswith("tvm"):
+        return json.dumps(_plain(export()))
+    raise TypeError(
+        "a target must be a str (JSON, legacy or tag), a dict, a kiln.Target or a "
+        f"tvm.target.Target, found {type(spec).__name__}"
+    )
+
+
+def _plain(v: Any) -> Any:
+    """TVM's containers as plain JSON values."""
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if hasattr(v, "items"):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if hasattr(v, "__iter__"):
+        return [_plain(x) for x in v]
+    return str(v)
+
+
+def _is_tvm(obj: Any) -> bool:
+    return type(obj).__module__.split(".")[0] == "tvm"
+
+
+def _ir_text(obj: IRLike) -> str:
+    """kiln IR JSON text for a dict, JSON text, a `.json` path, or a TVM PrimFunc/IRModule."""
+    if isinstance(obj, dict):
+        return json.dumps(obj)
+    if isinstance(obj, bytes):
+        obj = obj.decode("utf-8")
+    if isinstance(obj, str):
+        if obj.lstrip().startswith("{"):
+            return obj
+        raise ValueError(
+            "kiln IR as a str must be JSON text starting with `{` (a kiln-ir/1 module); "
+            f"found {obj[:40]!r} (for a file, pass a pathlib.Path)"
+        )
+    if isinstance(obj, os.PathLike):
+        return Path(obj).read_text()
+    if _is_tvm(obj):
+        return json.dumps(to_kiln(obj))
+    raise TypeError(
+        "kiln.build takes kiln IR (a dict, JSON text or a pathlib.Path to a .json file), a "
+        f"tvm.tirx.PrimFunc or a tvm.IRModule of PrimFuncs, found {type(obj).__name__}"
+    )
+
+
+def to_kiln(prim_func: Any) -> dict:
+    """A TVM `PrimFunc` or `IRModule` of PrimFuncs as a kiln-ir/1 module (a dict), through
+    TVM 0.27's own lowering (docs/tvm.md). Needs `apache-tvm`; TIR kiln does not cover raises
+    `kiln.BridgeError` naming the construct."""
+    from . import bridge
+
+    _refuse_relax(prim_func)
+    return bridge.to_kiln(prim_func)
+
+
+def _refuse_relax(obj: Any) -> None:
+    functions = getattr(obj, "functions", None)
+    if functions is None:
+        return
+    relax = [gv.name_hint for gv, f in functions.items() if type(f).__module__.startswith("tvm.relax")]
+    if relax:
+        raise TypeError(
+            f"the IRModule holds Relax functions ({', '.join(sorted(relax))}): kiln.build takes "
+            "PrimFuncs; build a Relax model with kiln.tvm.compile(mod, target)"
+        )
+
+
+_COUNTER = itertools.count()
+_SCRATCH: Path | None = None
+
+
+def _scratch() -> Path:
+    """The process's directory for built libraries (removed at exit); a module's file stays
+    while the process lives, for `export_library`."""
+    global _SCRATCH
+    if _SCRATCH is None:
+        d = Path(tempfile.mkdtemp(prefix="kiln-"))
+        atexit.register(shutil.rmtree, d, True)
+        _SCRATCH = d
+    return _SCRATCH
+
+
+def build(obj: IRLike, target: TargetLike = None):
+    """Compiles `obj` for `target` in this process and returns a `tvm_ffi.Module` (a
+    `tvm.runtime.Module` once `tvm` is imported) with one function per IR function.
+
+    `obj` is kiln IR (a dict, JSON text, or a `pathlib.Path` to a `.json` file), a TVM
+    `PrimFunc`, or a TVM `IRModule` of PrimFuncs. `target` is anything `kiln.Target` takes;
+    `None` is this machine's CPU (`DEFAULT_TARGET`).
+
+    The functions take numpy arrays, DLPack tensors (torch, ...) and TVM tensors, write their
+    outputs in place, and check every argument (a wrong shape or dtype raises, never crashes).
+    `mod.export_library(path)` writes the library, which loads again in
+    `tvm_ffi.load_module`; `mod.kiln_info` holds the function names, the canonical target and
+    the build time in milliseconds.
+    """
+    import tvm_ffi
+
+    ir = _ir_text(obj)
+    target_text = _target_text(target)
+    path = _scratch() / f"lib{next(_COUNTER)}.so"
+    info = json.loads(_native.lib().build(ir, target_text, str(path)))
+    mod = tvm_ffi.load_module(str(path))
+    _attach(mod, path, info)
+    return mod
+
+
+def _attach(mod: Any, path: Path, info: dict) -> None:
+    def export_library(file_name: Union[str, os.PathLike], **_ignored: Any) -> None:
+        """Writes this module's library to `file_name` (a `.so`, loaded again by
+        `tvm_ffi.load_module` or `tvm.runtime.load_module`)."""
+        _copy_library(path, Path(file_name))
+
+    mod.export_library = export_library
+    mod.kiln_library = path
+    mod.kiln_info = info
+
+
+def _copy_library(src: Path, dst: Path) -> None:
+    if dst.suffix != ".so":
+        raise ValueError(
+            f"a module kiln built exports as a shared library: expected a path ending in .so, "
+            f"found {str(dst)!r} (kiln.export(ir, path) writes .o, .ll and .s)"
+        )
+    shutil.copyfile(src, dst)
+
+
+def export(obj: Any, path: Union[str, os.PathLike], target: TargetLike = None) -> None:
+    """Writes a library: a module returned by `kiln.build` is copied to `path` (a `.so`);
+    anything `kiln.build` takes is compiled for `target` straight into `path`, whose extension
+    picks the format (`.so`, `.o`, `.ll`, `.s`; a device target's own formats)."""
+    path = Path(path)
+    built = getattr(obj, "kiln_library", None)
+    if built is not None:
+        if target is not None:
+            raise ValueError("the module is already built: kiln.export takes no target for it")
+        _copy_library(Path(built), path)
+        return
+    _native.lib().build(_ir_text(obj), _target_text(target), str(path))
+
+
+def ir_text(obj: IRLike) -> str:
+    """The module verified by kiln and printed in kiln's text form (`kiln ir`)."""
+    return _native.lib().ir_text(_ir_text(obj))
+
+
+def devices(backend: str | None = None) -> dict:
+    """kiln's device backends and each device's attributes (`kiln devices --json`):
+    `{"backends": [{"name", "code", "devices": [...], "absent"?}], "plugins": [...]}`."""
+    return json.loads(_native.lib().devices(backend or ""))
+
+
+def version() -> str:
+    """The version of kiln's native library."""
+    return _native.lib().version()

@@ -1,0 +1,172 @@
+"""`kiln.tvm.compile`: TVM's `tvm.compile` with every PrimFunc built by kiln.
+
+TVM runs its own Relax pipeline (legalization, fusion, VM lowering) exactly as `tvm.compile`
+does; then, instead of `tvm.tirx.build`, each PrimFunc goes through kiln's bridge
+(`kiln.to_kiln`) and kiln's code generator into one relocatable object, which TVM takes as a
+static library (`tvm.runtime.load_static_library`) and links into the VM executable as it links
+any external module. The result is a `tvm.runtime.Executable` like TVM's own: it runs in
+`tvm.relax.VirtualMachine(ex, tvm.cpu())`, and `ex.export_library(path)` writes one `.so`
+that `tvm.runtime.load_module` loads again.
+
+A PrimFunc kiln cannot build is an error naming the function and the construct
+(`kiln.UnsupportedFunctionError`), unless the caller passes `fallback=True`: then TVM builds
+those functions and `ex.kiln_report["tvm"]` says which and why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import tvm
+from tvm import relax, tirx
+
+from . import _native, core
+from .errors import BridgeError, UnsupportedFunctionError
+
+__all__ = ["compile"]
+
+_CPU_KINDS = ("llvm",)
+
+
+def _tvm_target(target: Any) -> tvm.target.Target:
+    if target is None:
+        current = tvm.target.Target.current(allow_none=True)
+        return current if current is not None else tvm.target.Target("llvm")
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, core.Target):
+        return tvm.target.Target(target.export())
+    if isinstance(target, dict):
+        return tvm.target.Target(target)
+    return tvm.target.Target(target)
+
+
+def _kiln_target(target: tvm.target.Target) -> str:
+    """The kiln target for TVM's: the same JSON (kiln reads TVM 0.27's targets)."""
+    export = core._plain(target.export())
+    export.pop("host", None)
+    return json.dumps(export)
+
+
+def _convert(name: str, func: tirx.PrimFunc) -> dict:
+    """One PrimFunc as a kiln function (the bridge's output for a one-function module)."""
+    from . import bridge
+
+    mod = bridge.to_kiln(tvm.IRModule({name: func}))
+    (kfunc,) = mod["functions"]
+    return kfunc
+
+
+def compile(  # noqa: A001 - tvm.compile's name, on purpose
+    mod: Any,
+    target: Any = None,
+    *,
+    relax_pipeline: tvm.transform.Pass | Callable | str | None = "default",
+    tir_pipeline: tvm.transform.Pass | Callable | str | None = "default",
+    fallback: bool = False,
+    exec_mode: str = "bytecode",
+) -> tvm.runtime.Executable:
+    """Compiles a Relax `IRModule` (or a PrimFunc / IRModule of PrimFuncs) like
+    `tvm.compile(mod, target)`, with every PrimFunc built by kiln.
+
+    `target` is anything `tvm.target.Target` takes (or a `kiln.Target`); `None` is the current
+    target, else `llvm`. kiln builds for the target TVM is given, so both builds see the same
+    CPU. `relax_pipeline` is passed to TVM as `tvm.compile` does. `tir_pipeline` only applies to
+    the functions TVM builds under `fallback=True` (kiln lowers PrimFuncs itself).
+
+    Returns a `tvm.runtime.Executable` (a `relax.VMExecutable` for Relax modules) whose
+    `kiln_report` is `{"kiln": [names], "tvm": {name: reason}, "kiln_build_ms": ...,
+    "tvm_build_ms": ...}`.
+
+    Raises `kiln.UnsupportedFunctionError` (a `kiln.BridgeError`) naming every PrimFunc kiln
+    cannot build and why, unless `fallback=True`; `NotImplementedError` for a device target
+    (kiln builds the CPU's PrimFuncs here; OpenCL and CUDA kernels for TVM's VM are not done
+    yet); `ValueError` for `exec_mode="compiled"`.
+    """
+    tgt = _tvm_target(target)
+    if tgt.kind.name not in _CPU_KINDS:
+        raise NotImplementedError(
+            f"kiln.tvm.compile builds PrimFuncs for CPU targets (llvm); target kind "
+            f"`{tgt.kind.name}` needs kiln's device kernels in TVM's device-module format, "
+            "which is not done yet: use tvm.compile, or kiln.build for a kernel on its own"
+        )
+    if exec_mode != "bytecode":
+        raise ValueError(
+            f"kiln.tvm.compile supports exec_mode='bytecode' (the default), found {exec_mode!r}"
+        )
+    is_relax = isinstance(mod, tvm.IRModule) and any(
+        isinstance(f, relax.Function) for _, f in mod.functions_items()
+    )
+    if isinstance(mod, tirx.PrimFunc):
+        name = str(mod.attrs["global_symbol"]) if mod.attrs and "global_symbol" in mod.attrs else "main"
+        mod = tvm.IRModule({name: mod})
+    elif not isinstance(mod, tvm.IRModule):
+        raise TypeError(
+            f"kiln.tvm.compile takes a tvm.IRModule or a tirx.PrimFunc, found {type(mod).__name__}"
+        )
+
+    builder = None
+    params: dict = {}
+    ext_libs: list = []
+    if is_relax:
+        if relax_pipeline is not None:
+            if isinstance(relax_pipeline, str):
+                relax_pipeline = relax.get_pipeline(relax_pipeline)
+            with tgt:
+                mod = relax_pipeline(mod)
+        attrs = dict(mod.attrs) if mod.attrs else {}
+        ext_libs = list(attrs.get("external_mods", []))
+        params.update(dict(attrs.get("const_name_to_constant", {})))
+        builder = relax.ExecBuilder()
+        mod = relax.vm_build._vmcodegen(builder, mod, exec_mode)
+
+    prim_funcs = {
+        gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)
+    }
+    kiln_funcs, failures = [], {}
+    for name in sorted(prim_funcs):
+        try:
+            kiln_funcs.append(_convert(name, prim_funcs[name]))
+        except BridgeError as e:
+            failures[name] = str(e)
+    if failures and not fallback:
+        lines = "\n".join(f"  {n}: {why}" for n, why in failures.items())
+        raise UnsupportedFunctionError(
+            f"kiln cannot build {len(failures)} of {len(prim_funcs)} PrimFunc(s) "
+            f"(pass fallback=True to have TVM build them):\n{lines}",
+            failures,
+        )
+
+    report: dict = {"kiln": [f["name"] for f in kiln_funcs], "tvm": dict(failures)}
+    libs = []
+    t0 = time.perf_counter()
+    if kiln_funcs:
+        obj = core._scratch() / f"relax{next(core._COUNTER)}.o"
+        ir = json.dumps({"format": "kiln-ir/1", "functions": kiln_funcs})
+        _native.lib().build(ir, _kiln_target(tgt), str(obj))
+        libs.append(tvm.runtime.load_static_library(str(obj), report["kiln"]))
+    report["kiln_build_ms"] = (time.perf_counter() - t0) * 1e3
+
+    t0 = time.perf_counter()
+    lib = None
+    if failures:
+        tvm_mod = tvm.IRModule({n: prim_funcs[n] for n in failures})
+        lib = tvm.tirx.build(tvm_mod, target=tgt, pipeline=tir_pipeline)
+    report["tvm_build_ms"] = (time.perf_counter() - t0) * 1e3
+
+    if builder is None:
+        # PrimFuncs alone: an executable over the static library (and TVM's module).
+        if lib is None:
+            lib = libs[0]
+        else:
+            for m in libs:
+                lib.import_module(m)
+        ex = tvm.runtime.Executable(lib)
+    else:
+        exe = relax.vm_build._ffi_api.VMLink(builder, tgt, lib, ext_libs + libs, params)
+        ex = relax.VMExecutable(exe)
+    ex.kiln_report = report
+    return ex
