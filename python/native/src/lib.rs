@@ -52,12 +52,17 @@ pub type Result<T> = std::result::Result<T, Raised>;
 /// The kind of a kiln error behind a `Box<dyn Error>` from the command-line layer.
 fn kind_of(e: &(dyn std::error::Error + 'static)) -> &'static str {
     use kiln::codegen::CodegenError;
+    let known = |k: &str| match k {
+        "ValueError" => "ValueError",
+        "TypeError" => "TypeError",
+        "MemoryError" => "MemoryError",
+        _ => "RuntimeError",
+    };
     if let Some(k) = e.downcast_ref::<kiln::Error>() {
-        return match k.kind() {
-            "ValueError" => "ValueError",
-            "TypeError" => "TypeError",
-            _ => "RuntimeError",
-        };
+        return known(k.kind());
+    }
+    if let Some(d) = e.downcast_ref::<kiln::device_api::DeviceError>() {
+        return known(d.kind());
     }
     if e.downcast_ref::<kiln::target::TargetError>().is_some()
         || e.downcast_ref::<kiln::ir::IrError>().is_some()

@@ -1,0 +1,155 @@
+"""kiln inside TVM: `kiln.build` on TVM PrimFuncs, and `kiln.tvm.compile` on the model corpus
+(`models.py`), every output compared with TVM's own `tvm.compile` build of the same module."""
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import relax, te, topi  # noqa: E402
+from tvm.script import ir as I  # noqa: E402
+from tvm.script import relax as R  # noqa: E402
+from tvm.script import tirx as T  # noqa: E402
+
+import kiln  # noqa: E402
+import kiln.tvm  # noqa: E402
+import models  # noqa: E402
+
+TARGET = "llvm"
+
+
+def run_vm(ex, args):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["forward"](*[tvm.runtime.tensor(a) for a in args])
+    outs = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+    return [o.numpy() for o in outs]
+
+
+def assert_close(got, want, rtol=1e-5):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        scale = max(float(np.abs(w).max()), 1e-30)
+        err = float(np.abs(g.astype("float64") - w).max()) / scale
+        assert err <= rtol, f"max relative error {err:.3g} > {rtol}"
+
+
+@pytest.fixture(scope="module", params=sorted(models.MODELS))
+def model(request):
+    name = request.param
+    mod, inputs, weights = models.export(name)
+    ex = kiln.tvm.compile(mod, TARGET)
+    ref = tvm.compile(mod, TARGET)
+    return name, mod, ex, ref, inputs + weights
+
+
+def test_every_primfunc_is_built_by_kiln(model):
+    name, _, ex, _, _ = model
+    report = ex.kiln_report
+    assert report["tvm"] == {}, f"{name}: TVM built {report['tvm']}"
+    assert len(report["kiln"]) > 0
+
+
+def test_outputs_agree_with_tvm(model):
+    _, _, ex, ref, args = model
+    assert_close(run_vm(ex, args), run_vm(ref, args))
+
+
+def test_export_library_loads_again(model, tmp_path):
+    name, _, ex, ref, args = model
+    path = tmp_path / f"{name}.so"
+    ex.export_library(str(path))
+    again = tvm.runtime.load_module(str(path))
+    assert_close(run_vm(again, args), run_vm(ref, args))
+
+
+@I.ir_module
+class WithWhile:
+    @T.prim_func
+    def count(A: T.Buffer((8,), "float32"), B: T.Buffer((8,), "float32")):
+        i = T.alloc_buffer((1,), "int32")
+        i[0] = 0
+        while i[0] < 8:
+            B[i[0]] = A[i[0]] + T.float32(1)
+            i[0] = i[0] + 1
+
+    @T.prim_func
+    def double(A: T.Buffer((8,), "float32"), B: T.Buffer((8,), "float32")):
+        for j in range(8):
+            B[j] = A[j] * T.float32(2)
+
+    @R.function
+    def forward(x: R.Tensor((8,), "float32")):
+        cls = WithWhile
+        y = R.call_tir(cls.count, (x,), out_ty=R.Tensor((8,), "float32"))
+        z = R.call_tir(cls.double, (y,), out_ty=R.Tensor((8,), "float32"))
+        return z
+
+
+def test_unsupported_primfunc_is_an_error_naming_it():
+    with pytest.raises(kiln.UnsupportedFunctionError) as e:
+        kiln.tvm.compile(WithWhile, TARGET)
+    assert set(e.value.failures) == {"count"}
+    assert "While" in str(e.value) and "count" in str(e.value)
+    assert "fallback=True" in str(e.value)
+    assert isinstance(e.value, NotImplementedError)
+
+
+def test_fallback_builds_the_rest_with_tvm_and_says_so(tmp_path):
+    ex = kiln.tvm.compile(WithWhile, TARGET, fallback=True)
+    assert ex.kiln_report["kiln"] == ["double"]
+    assert set(ex.kiln_report["tvm"]) == {"count"}
+    assert "While" in ex.kiln_report["tvm"]["count"]
+    x = np.arange(8, dtype="float32")
+    (out,) = run_vm(ex, [x])
+    np.testing.assert_array_equal(out, 2 * (x + 1))
+    ex.export_library(str(tmp_path / "mixed.so"))
+    (again,) = run_vm(tvm.runtime.load_module(str(tmp_path / "mixed.so")), [x])
+    np.testing.assert_array_equal(again, 2 * (x + 1))
+
+
+def test_device_targets_are_refused_clearly():
+    mod, _, _ = models.export("mlp")
+    with pytest.raises(NotImplementedError, match="opencl"):
+        kiln.tvm.compile(mod, "opencl")
+    with pytest.raises(ValueError, match="bytecode"):
+        kiln.tvm.compile(mod, TARGET, exec_mode="compiled")
+    with pytest.raises(TypeError, match="IRModule"):
+        kiln.tvm.compile("not a module", TARGET)
+
+
+def relu_prim_func():
+    A = te.placeholder((64, 64), name="A")
+    return te.create_prim_func([A, topi.nn.relu(A)]).with_attr("global_symbol", "relu")
+
+
+def test_kiln_build_takes_a_primfunc_and_an_irmodule():
+    x = (np.random.rand(64, 64).astype("float32") - 0.5)
+    for obj in [relu_prim_func(), tvm.IRModule({"relu": relu_prim_func()})]:
+        mod = kiln.build(obj)
+        y = np.empty_like(x)
+        mod.relu(x, y)
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+        t = tvm.runtime.tensor(x)
+        out = tvm.runtime.tensor(np.empty_like(x))
+        mod.relu(t, out)  # TVM tensors too
+        np.testing.assert_array_equal(out.numpy(), np.maximum(x, 0))
+    ir = kiln.to_kiln(relu_prim_func())
+    assert ir["format"] == "kiln-ir/1" and ir["functions"][0]["name"] == "relu"
+
+
+def test_kiln_build_refuses_relax_and_unsupported_tir():
+    mod, _, _ = models.export("mlp")
+    with pytest.raises(TypeError, match="kiln.tvm.compile"):
+        kiln.build(mod)
+    with pytest.raises(kiln.BridgeError, match="While"):
+        kiln.build(WithWhile["count"].with_attr("global_symbol", "count"))
+
+
+def test_primfunc_module_through_kiln_tvm_compile(tmp_path):
+    ex = kiln.tvm.compile(tvm.IRModule({"relu": relu_prim_func()}), TARGET)
+    assert ex.kiln_report["kiln"] == ["relu"]
+    x = np.random.rand(64, 64).astype("float32") - 0.5
+    out = tvm.runtime.tensor(np.empty_like(x))
+    ex["relu"](tvm.runtime.tensor(x), out)
+    np.testing.assert_array_equal(out.numpy(), np.maximum(x, 0))

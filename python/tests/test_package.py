@@ -1,0 +1,190 @@
+"""The kiln package without TVM: kiln.build on kiln IR, targets, devices, export, errors and
+`python -m kiln`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm_ffi
+
+import kiln
+
+ROOT = Path(__file__).resolve().parents[2]
+VADD = ROOT / "examples" / "kernels" / "vadd.json"
+SOFTMAX = ROOT / "examples" / "kernels" / "softmax.json"
+
+
+def vadd_ir():
+    return json.loads(VADD.read_text())
+
+
+@pytest.mark.parametrize("form", ["dict", "json", "path"])
+def test_build_runs_on_numpy(form):
+    ir = {"dict": vadd_ir(), "json": VADD.read_text(), "path": VADD}[form]
+    mod = kiln.build(ir)
+    a = np.random.rand(1000).astype("float32")
+    b = np.random.rand(1000).astype("float32")
+    c = np.empty_like(a)
+    mod.vadd(a, b, c)
+    np.testing.assert_array_equal(c, a + b)
+    assert mod.kiln_info["functions"] == ["vadd"]
+    assert mod.kiln_info["target"]["mcpu"] == "native"
+
+
+def test_build_runs_on_dlpack_tensors():
+    mod = kiln.build(vadd_ir(), target="llvm -mcpu=x86-64-v3")
+    a = tvm_ffi.from_dlpack(np.arange(16, dtype="float32"))
+    c = np.zeros(16, "float32")
+    mod.vadd(a, a, c)
+    np.testing.assert_array_equal(c, 2 * np.arange(16, dtype="float32"))
+
+
+def test_softmax_agrees_with_numpy():
+    ir = json.loads(SOFTMAX.read_text())
+    mod = kiln.build(ir)
+    name = ir["functions"][0]["name"]
+    params = ir["functions"][0]["params"]
+    shapes = [p["shape"] for p in params]
+    # symbolic or constant shapes: fill symbolic ones with small sizes
+    dims = [[d if isinstance(d, int) else 64 for d in s] for s in shapes]
+    x = np.random.rand(*dims[0]).astype("float32")
+    y = np.empty(dims[1], "float32")
+    mod[name](x, y) if hasattr(mod, "__getitem__") else mod.get_function(name)(x, y)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_export_library_loads_again(tmp_path):
+    mod = kiln.build(vadd_ir())
+    path = tmp_path / "vadd.so"
+    mod.export_library(path)
+    again = tvm_ffi.load_module(str(path))
+    a = np.ones(4, "float32")
+    c = np.zeros(4, "float32")
+    again.vadd(a, a, c)
+    np.testing.assert_array_equal(c, 2 * a)
+    with pytest.raises(ValueError, match=r"ending in \.so"):
+        mod.export_library(tmp_path / "vadd.o")
+
+
+def test_kiln_export_writes_every_format(tmp_path):
+    for ext in ["so", "o", "ll", "s"]:
+        kiln.export(vadd_ir(), tmp_path / f"v.{ext}", target="llvm -mcpu=haswell")
+        assert (tmp_path / f"v.{ext}").stat().st_size > 0
+    mod = kiln.build(vadd_ir())
+    kiln.export(mod, tmp_path / "copy.so")
+    assert tvm_ffi.load_module(str(tmp_path / "copy.so")).vadd is not None
+    with pytest.raises(ValueError, match="already built"):
+        kiln.export(mod, tmp_path / "x.so", target="llvm")
+
+
+def test_bad_arguments_raise_with_the_functions_message():
+    mod = kiln.build(vadd_ir())
+    a = np.ones(8, "float32")
+    with pytest.raises(TypeError, match="Mismatched B.dtype on argument #1"):
+        mod.vadd(a, a.astype("float64"), a)
+    with pytest.raises(ValueError, match=r"Mismatched B.shape\[0\]"):
+        mod.vadd(a, a[:3], a.copy())
+
+
+def test_target():
+    t = kiln.Target("llvm -mcpu=haswell")
+    assert t.json == '{"kind":"llvm","tag":"","keys":["cpu"],"mcpu":"haswell"}'
+    assert t.kind == "llvm" and t.keys == ["cpu"]
+    assert kiln.Target({"kind": "llvm", "mcpu": "haswell"}) == t
+    assert kiln.Target(t) == t
+    assert "haswell" in t.describe()
+    assert kiln.Target().export()["mcpu"] == "native"
+    assert kiln.Target("nvidia/nvidia-h100").kind == "cuda"
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ('{"kind": "nope"}', 'target kind "nope" is not defined'),
+        ('{"kind": "llvm", "mcpu": 3}', "mcpu"),
+        ("{", "target"),
+    ],
+)
+def test_bad_targets_raise_value_error(spec, needle):
+    with pytest.raises(ValueError, match=needle):
+        kiln.Target(spec)
+    with pytest.raises(ValueError, match=needle):
+        kiln.build(vadd_ir(), target=spec)
+
+
+def test_bad_ir_raises_value_error_with_kilns_message():
+    with pytest.raises(ValueError, match="kiln IR"):
+        kiln.build("{")
+    bad = vadd_ir()
+    bad["functions"][0]["body"] = {"kind": "no_such_statement"}
+    with pytest.raises(ValueError, match="kiln IR"):
+        kiln.build(bad)
+    with pytest.raises(ValueError, match="JSON text"):
+        kiln.build("vadd.json")
+    with pytest.raises(TypeError, match="kiln IR"):
+        kiln.build(42)
+    with pytest.raises(TypeError, match="target"):
+        kiln.build(vadd_ir(), target=3.5)
+
+
+def test_unwritable_output_raises_runtime_error(tmp_path):
+    with pytest.raises(RuntimeError):
+        kiln.export(vadd_ir(), tmp_path / "missing_dir" / "v.so")
+    with pytest.raises(RuntimeError, match="expected a path ending in"):
+        kiln.export(vadd_ir(), tmp_path / "v.txt")
+
+
+def test_native_functions_check_their_arguments():
+    from kiln import _native
+
+    lib = _native.lib()
+    with pytest.raises(TypeError, match=r"argument #0 \(kiln IR JSON\) must be a str"):
+        lib.build(1, "llvm", "x.so")
+    with pytest.raises(TypeError, match="takes 3 argument"):
+        lib.build("{}")
+    with pytest.raises(ValueError, match="JSON list"):
+        lib.cli("not json")
+
+
+def test_devices_lists_the_cpu():
+    doc = kiln.devices()
+    names = [b["name"] for b in doc["backends"]]
+    assert "cpu" in names
+    cpu = kiln.devices("cpu")["backends"]
+    assert len(cpu) == 1 and cpu[0]["devices"]
+    with pytest.raises(ValueError):
+        kiln.devices("no_such_backend")
+
+
+def test_ir_text_and_version():
+    assert "vadd" in kiln.ir_text(vadd_ir())
+    assert kiln.version() == kiln.__version__
+
+
+def run_module_cli(*args, **kw):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return subprocess.run(
+        [sys.executable, "-m", "kiln", *args], capture_output=True, text=True, env=env, **kw
+    )
+
+
+def test_python_m_kiln_is_the_cli(tmp_path):
+    r = run_module_cli("target", "llvm -mcpu=haswell")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == '{"kind":"llvm","tag":"","keys":["cpu"],"mcpu":"haswell"}'
+    out = tmp_path / "v.so"
+    r = run_module_cli("build", str(VADD), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 0
+    r = run_module_cli("target", '{"kind": "nope"}')
+    assert r.returncode == 1 and "error: target kind" in r.stderr
+    r = run_module_cli("no-such-command")
+    assert r.returncode == 2 and "unrecognized subcommand" in r.stderr
+    r = run_module_cli("--help")
+    assert r.returncode == 0 and "Usage" in r.stdout
