@@ -15,5 +15,10 @@ def main(argv=None) -> int:
     return int(_native.lib().cli(json.dumps(args)))
 
 
+def console() -> None:
+    """The `kiln` console script that `pip install` writes: the same command line."""
+    sys.exit(main())
+
+
 if __name__ == "__main__":
     sys.exit(main())
