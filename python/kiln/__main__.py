@@ -2,6 +2,7 @@
 (`kiln build`, `kiln run`, `kiln target`, `kiln devices`, ...: the same program)."""
 
 import json
+import signal
 import sys
 
 from . import _native
@@ -10,6 +11,10 @@ from . import _native
 def main(argv=None) -> int:
     """Runs `kiln <argv>` and returns its exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
+    # As the `kiln` binary does: output into a closed pipe (`python -m kiln devices | head`)
+    # ends the process quietly (Python starts with SIGPIPE ignored).
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
     return int(_native.lib().cli(json.dumps(args)))

@@ -17,12 +17,15 @@ _LIB = None
 
 LIBRARY_NAME = "_libkiln.so"
 
+# Read once, when the package is imported: a relative path means the directory of that moment.
+_ENV_PATH = os.environ.get("KILN_NATIVE_LIB")
+_ENV_PATH = os.path.abspath(_ENV_PATH) if _ENV_PATH else None
+
 
 def library_path() -> Path:
     """Where the native library is looked for (see the module doc)."""
-    env = os.environ.get("KILN_NATIVE_LIB")
-    if env:
-        return Path(env)
+    if _ENV_PATH:
+        return Path(_ENV_PATH)
     return Path(__file__).resolve().parent / LIBRARY_NAME
 
 

@@ -2,8 +2,8 @@
 //! in the directories of `KILN_PLUGIN_PATH` (and those given with `--plugin`) are loaded first;
 //! a bad file is reported on stderr and skipped.
 
-use clap::Args;
 use crate::device_api::{self, plugin, AttrKind, AttrValue, Device, DeviceApi};
+use clap::Args;
 
 /// Arguments of `kiln devices`.
 #[derive(Args)]

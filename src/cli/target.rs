@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use clap::Args;
 use crate::target::{list_kinds, list_tags, lookup_kind, Target, TargetKind};
+use clap::Args;
 
 /// `kiln target <TARGET> [--host <TARGET>]`
 #[derive(Args)]

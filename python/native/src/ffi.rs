@@ -76,6 +76,7 @@ unsafe fn call(
         ));
         return -1;
     }
+    quiet_panics();
     // SAFETY: as the caller guarantees (checked for NULL and a negative count above).
     let views = unsafe { AnyView::slice_from_raw(args, num_args as usize) };
     match catch_unwind(AssertUnwindSafe(|| f(views))) {
@@ -95,13 +96,31 @@ unsafe fn call(
                 .map(|s| (*s).to_owned())
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".to_owned());
+            let at = PANIC_AT.with(|l| l.borrow_mut().take()).unwrap_or_default();
             raise(&Raised::new(
                 "RuntimeError",
-                format!("kiln.{name} panicked (a kiln bug, please report it): {what}"),
+                format!("kiln.{name} panicked at {at} (a kiln bug, please report it): {what}"),
             ));
             -1
         }
     }
+}
+
+thread_local! {
+    static PANIC_AT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A panic inside this library becomes the caller's exception, so the panic hook (this
+/// library's own: it has its own copy of std) only keeps where it happened, for the message,
+/// instead of printing to the host's stderr.
+fn quiet_panics() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let at = info.location().map(|l| l.to_string());
+            PANIC_AT.with(|l| *l.borrow_mut() = at);
+        }));
+    });
 }
 
 macro_rules! export {

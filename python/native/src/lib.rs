@@ -108,10 +108,7 @@ fn arity(fname: &str, args: &[AnyView<'_>], n: usize) -> Result<()> {
     }
     Err(Raised::new(
         "TypeError",
-        format!(
-            "kiln.{fname} takes {n} argument(s), found {}",
-            args.len()
-        ),
+        format!("kiln.{fname} takes {n} argument(s), found {}", args.len()),
     ))
 }
 

@@ -12,7 +12,9 @@ use std::process::Command;
 /// this test (a test build does not copy it up to `target/<profile>/`).
 fn native_library() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let deps = exe.parent().expect("the test binary lives in target/<profile>/deps");
+    let deps = exe
+        .parent()
+        .expect("the test binary lives in target/<profile>/deps");
     let candidates = [deps.to_path_buf(), deps.join("..")];
     candidates
         .iter()
@@ -51,7 +53,14 @@ fn python_package_tests_pass() {
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = Command::new(&py)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "python/tests"])
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "python/tests",
+        ])
         .current_dir(&root)
         .env("KILN_NATIVE_LIB", native_library())
         .env("PYTHONDONTWRITEBYTECODE", "1")
