@@ -86,6 +86,42 @@ fn build_reports_bad_targets_and_bad_modules() {
     assert!(String::from_utf8_lossy(&st.stderr).contains("bad.json"));
 }
 
+/// A CPU LLVM 14 does not know (newer than it, or misspelt) or a 32-bit one for the x86-64
+/// triple made LLVM abort the process; each is a clear error, for every output and for `run`.
+#[test]
+fn cpus_llvm_14_cannot_compile_for_are_errors_not_aborts() {
+    let dir = tempfile::tempdir().unwrap();
+    for (cpu, needle) in [
+        (
+            "emeraldrapids",
+            "not an x86-64 CPU that kiln's LLVM (14) knows",
+        ),
+        ("haswel", "did you mean `haswell`?"),
+        ("i686", "32-bit x86 CPU"),
+    ] {
+        let target = format!(r#"{{"kind": "llvm", "mcpu": "{cpu}"}}"#);
+        for ext in ["so", "o", "ll", "s"] {
+            let out = dir.path().join(format!("x.{ext}"));
+            let st = kiln()
+                .args(["build", VADD, "--target", &target, "-o"])
+                .arg(&out)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&st.stderr);
+            assert_eq!(st.status.code(), Some(1), "{cpu} .{ext}: {err}");
+            assert!(err.contains(needle), "{cpu} .{ext}: {err}");
+            assert!(!out.exists(), "{cpu} .{ext}: an output was written");
+        }
+        let st = kiln()
+            .args(["run", VADD, "vadd", "--target", &target])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&st.stderr);
+        assert_eq!(st.status.code(), Some(1), "run {cpu}: {err}");
+        assert!(err.contains(needle), "run {cpu}: {err}");
+    }
+}
+
 #[test]
 fn run_finds_a_library_named_without_a_directory_in_the_current_directory() {
     let dir = tempfile::tempdir().unwrap();

@@ -383,9 +383,17 @@ fn differential(
     let mut want = fresh();
     // Integer division by zero: an error in the interpreter, 0 in a kernel.
     prop_assume!(run(&f, &mut want).is_ok());
-    let m = b
-        .build(&IRModule::from_functions(vec![f]))
-        .map_err(|e| TestCaseError::fail(format!("building for {}: {e}", b.name())))?;
+    let m = match b.build(&IRModule::from_functions(vec![f])) {
+        // A kernel's float `%` and math call libdevice; without it here (and not required,
+        // as CI requires it) the program is not built.
+        Err(e)
+            if e.to_string().contains("libdevice")
+                && std::env::var("KILN_REQUIRE_PTXAS").as_deref() != Ok("1") =>
+        {
+            return Ok(());
+        }
+        r => r.map_err(|e| TestCaseError::fail(format!("building for {}: {e}", b.name())))?,
+    };
     if !b.has_device() {
         // Built (and checked by `check_source`); nothing to run it on.
         return Ok(());

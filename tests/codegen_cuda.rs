@@ -348,6 +348,42 @@ fn integer_division_in_a_kernel_has_no_error_path() {
     common::ptxas_check(&code.source).unwrap();
 }
 
+/// Float `%` in a kernel is libdevice's exact `fmod`: LLVM 14's NVPTX backend would expand
+/// `frem` as `x - trunc(x / y) * y` (`div.rn`, `cvt.rzi`, `mul`, `sub`), which loses digits and
+/// the sign of a zero result (found on an H100 by the conformance suite: `fmod(-x, -x)` gave
+/// +0 where the interpreter, like C, gives -0).
+#[test]
+fn float_modulo_in_a_kernel_is_exact_fmod() {
+    if !have_libdevice("float modulo") {
+        return;
+    }
+    for t in [DataType::f32(), DataType::f64(), DataType::f16()] {
+        let a = Buffer::new("A", t, vec![Expr::from(32i64)]);
+        let b = Buffer::new("B", t, vec![Expr::from(32i64)]);
+        let body = thread_for("bx", 1i64, ThreadTag::Block(0), |_| {
+            thread_for("tx", 32i64, ThreadTag::Thread(0), |tx| {
+                let x = a.load([tx.clone()]);
+                let y = b.load([tx.clone()]);
+                a.store([tx], x % y)
+            })
+        });
+        let m = IRModule::from_functions(vec![PrimFunc::new(
+            "fmod",
+            vec![Param::Buffer(a), Param::Buffer(b)],
+            body,
+        )]);
+        let code = cuda::device_code(&m, &target("sm_80")).unwrap_or_else(|e| panic!("{t}: {e}"));
+        // The expansion divides with `div.rn`; the kernel has no division of its own, and
+        // libdevice's exact algorithm divides with `div.approx` only to guess a quotient.
+        assert!(
+            !code.source.contains("div.rn.f"),
+            "{t}: frem's inexact expansion:\n{}",
+            code.source
+        );
+        common::ptxas_check(&code.source).unwrap_or_else(|e| panic!("{t}: {e}"));
+    }
+}
+
 fn kiln() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
 }

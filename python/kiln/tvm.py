@@ -68,13 +68,15 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     tir_pipeline: tvm.transform.Pass | Callable | str | None = "default",
     fallback: bool = False,
     exec_mode: str = "bytecode",
+    kiln_target: Any = None,
 ) -> tvm.runtime.Executable:
     """Compiles a Relax `IRModule` (or a PrimFunc / IRModule of PrimFuncs) like
     `tvm.compile(mod, target)`, with every PrimFunc built by kiln.
 
     `target` is anything `tvm.target.Target` takes (or a `kiln.Target`); `None` is the current
     target, else `llvm`. kiln builds for the target TVM is given, so both builds see the same
-    CPU. `relax_pipeline` is passed to TVM as `tvm.compile` does. `tir_pipeline` only applies to
+    CPU; `kiln_target` (anything `kiln.Target` takes) overrides that, e.g. `{"kind": "llvm",
+    "mcpu": "native"}` where TVM names a CPU newer than kiln's LLVM 14 knows. `relax_pipeline` is passed to TVM as `tvm.compile` does. `tir_pipeline` only applies to
     the functions TVM builds under `fallback=True` (kiln lowers PrimFuncs itself).
 
     Returns a `tvm.runtime.Executable` (a `relax.VMExecutable` for Relax modules) whose
@@ -146,7 +148,8 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     if kiln_funcs:
         obj = core._scratch() / f"relax{next(core._COUNTER)}.o"
         ir = json.dumps({"format": "kiln-ir/1", "functions": kiln_funcs})
-        _native.lib().build(ir, _kiln_target(tgt), str(obj))
+        ktarget = _kiln_target(tgt) if kiln_target is None else core._target_text(kiln_target)
+        _native.lib().build(ir, ktarget, str(obj))
         libs.append(tvm.runtime.load_static_library(str(obj), report["kiln"]))
     report["kiln_build_ms"] = (time.perf_counter() - t0) * 1e3
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import kiln  # noqa: F401  (imported here, before the chdir: KILN_NATIVE_LIB may be relative)
+
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "python.md"
 

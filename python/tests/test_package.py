@@ -188,3 +188,9 @@ def test_python_m_kiln_is_the_cli(tmp_path):
     assert r.returncode == 2 and "unrecognized subcommand" in r.stderr
     r = run_module_cli("--help")
     assert r.returncode == 0 and "Usage" in r.stdout
+
+
+@pytest.mark.parametrize("cpu", ["emeraldrapids", "i686"])
+def test_a_cpu_llvm_14_cannot_compile_for_raises_instead_of_aborting(cpu):
+    with pytest.raises(RuntimeError, match="mcpu"):
+        kiln.build(vadd_ir(), target={"kind": "llvm", "mcpu": cpu})

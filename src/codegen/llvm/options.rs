@@ -79,6 +79,7 @@ impl CodegenOptions {
             .filter(|s| !s.is_empty())
             .unwrap_or("generic")
             .to_owned();
+        check_cpu(&triple, &cpu)?;
         let features = t
             .get_str_array("mattr")
             .map(|a| a.join(","))
@@ -215,4 +216,133 @@ impl CodegenOptions {
             _ => OptimizationLevel::Aggressive,
         }
     }
+}
+
+/// The x86-64 CPUs LLVM 14 knows (`llc -mtriple=x86_64 -mcpu=help`), less those without 64-bit
+/// mode. kiln links LLVM 14, so this list is fixed with it.
+const X86_64_CPUS: &[&str] = &[
+    "alderlake",
+    "amdfam10",
+    "athlon-fx",
+    "athlon64",
+    "athlon64-sse3",
+    "atom",
+    "barcelona",
+    "bdver1",
+    "bdver2",
+    "bdver3",
+    "bdver4",
+    "bonnell",
+    "broadwell",
+    "btver1",
+    "btver2",
+    "cannonlake",
+    "cascadelake",
+    "cooperlake",
+    "core-avx-i",
+    "core-avx2",
+    "core2",
+    "corei7",
+    "corei7-avx",
+    "generic",
+    "goldmont",
+    "goldmont-plus",
+    "haswell",
+    "icelake-client",
+    "icelake-server",
+    "ivybridge",
+    "k8",
+    "k8-sse3",
+    "knl",
+    "knm",
+    "nehalem",
+    "nocona",
+    "opteron",
+    "opteron-sse3",
+    "penryn",
+    "rocketlake",
+    "sandybridge",
+    "sapphirerapids",
+    "silvermont",
+    "skx",
+    "skylake",
+    "skylake-avx512",
+    "slm",
+    "tigerlake",
+    "tremont",
+    "westmere",
+    "x86-64",
+    "x86-64-v2",
+    "x86-64-v3",
+    "x86-64-v4",
+    "znver1",
+    "znver2",
+    "znver3",
+];
+
+/// The x86 CPUs LLVM 14 knows that have no 64-bit mode: code for an x86-64 triple with one of
+/// them makes LLVM abort the process ("64-bit code requested on a subtarget that doesn't
+/// support it"), so kiln refuses them first.
+const X86_32_ONLY_CPUS: &[&str] = &[
+    "athlon",
+    "athlon-4",
+    "athlon-mp",
+    "athlon-tbird",
+    "athlon-xp",
+    "c3",
+    "c3-2",
+    "geode",
+    "i386",
+    "i486",
+    "i586",
+    "i686",
+    "k6",
+    "k6-2",
+    "k6-3",
+    "lakemont",
+    "pentium",
+    "pentium-m",
+    "pentium-mmx",
+    "pentium2",
+    "pentium3",
+    "pentium3m",
+    "pentium4",
+    "pentium4m",
+    "pentiumpro",
+    "prescott",
+    "winchip-c6",
+    "winchip2",
+    "yonah",
+];
+
+/// Refuses an x86-64 `mcpu` LLVM 14 does not know or cannot generate 64-bit code for: LLVM
+/// would ignore an unknown name with a warning on stderr, give the subtarget no features (not
+/// even 64-bit mode) and abort the process when it emits code. Other triples are LLVM's to
+/// check.
+fn check_cpu(triple: &str, cpu: &str) -> R<()> {
+    let x86_64 = triple.starts_with("x86_64") || triple.starts_with("amd64");
+    if !x86_64 || cpu == "native" || X86_64_CPUS.contains(&cpu) {
+        return Ok(());
+    }
+    if X86_32_ONLY_CPUS.contains(&cpu) {
+        return Err(CodegenError::Unsupported(format!(
+            "target option `mcpu`: `{cpu}` is a 32-bit x86 CPU, which has no code for the \
+             64-bit triple `{triple}`; name a 64-bit CPU (e.g. `x86-64`, `haswell`) or `native`"
+        )));
+    }
+    let mut near: Vec<(usize, &str)> = X86_64_CPUS
+        .iter()
+        .map(|c| (crate::util::edit_distance(cpu, c), *c))
+        .filter(|(d, _)| *d <= 3)
+        .collect();
+    near.sort();
+    let hint = match near.first() {
+        Some((_, c)) => format!("did you mean `{c}`? "),
+        None => String::new(),
+    };
+    Err(CodegenError::Unsupported(format!(
+        "target option `mcpu`: `{cpu}` is not an x86-64 CPU that kiln's LLVM (14) knows; \
+         {hint}`native` is this machine's CPU as LLVM 14 sees it, and the known CPUs are: {}",
+        X86_64_CPUS.join(", ")
+    )))
 }

@@ -90,6 +90,11 @@ impl Emitter<'_> {
                 BinOp::Sub => self.assign(&ty, format!("fsub {fm}{}, {}", x.typed(), y.v)),
                 BinOp::Mul => self.assign(&ty, format!("fmul {fm}{}, {}", x.typed(), y.v)),
                 BinOp::Div => self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v)),
+                // LLVM 14's NVPTX backend expands `frem` as `x - trunc(x / y) * y`: the
+                // division rounds (wrong digits once the quotient is large) and the sign of a
+                // zero result is lost (`fmod(-1, -1)` is -0, the expansion gives +0), as a run
+                // on an H100 showed. A kernel calls libdevice's exact `fmod` instead.
+                BinOp::Mod if self.opts.nvptx => self.call_libm("fmod", &ty, &[x, y]),
                 BinOp::Mod => self.assign(&ty, format!("frem {fm}{}, {}", x.typed(), y.v)),
                 BinOp::FloorDiv => {
                     let q = self.assign(&ty, format!("fdiv {fm}{}, {}", x.typed(), y.v));

@@ -38,7 +38,7 @@ impl Emitter<'_> {
     }
 
     /// Calls a libm function in float or double (half goes through float).
-    fn call_libm(&mut self, name: &str, ty: &str, args: &[Val]) -> Val {
+    pub(super) fn call_libm(&mut self, name: &str, ty: &str, args: &[Val]) -> Val {
         let cty = if ty == "half" { "float" } else { ty }.to_owned();
         let mut xs = Vec::new();
         for x in args {
