@@ -12,8 +12,9 @@ this one process, interleaved, with medians and their spread.
   kiln gets the same name, or `native` when its LLVM 14 does not know the name;
 - `haswell`: an AVX2-only CPU, the same target for both.
 
-Build time is from the Relax module to a runnable executable (`ex.jit()`, which links kiln's
-static library; TVM's llvm module needs no link). Run time is `vm["forward"](*args)` per call.
+Build time is from the Relax module to a runnable executable (`ex.jit()`: kiln's kernels are
+compiled in memory, as TVM's llvm module is; neither links anything), with kiln's compile cache
+off. Run time is `vm["forward"](*args)` per call.
 Outputs are compared (max relative error) before timing.
 """
 
@@ -116,6 +117,8 @@ def calls_per_sample(f, budget=0.02):
 
 
 def main():
+    # Cold builds on both sides: kiln's compile cache would serve every build after the first.
+    os.environ["KILN_CACHE"] = "off"
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(models.MODELS))
     ap.add_argument("--targets", default="default,host,haswell")

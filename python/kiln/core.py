@@ -159,14 +159,24 @@ _SCRATCH: Path | None = None
 
 
 def _scratch() -> Path:
-    """The process's directory for built libraries (removed at exit); a module's file stays
-    while the process lives, for `export_library`."""
+    """The process's directory for intermediate files (removed at exit)."""
     global _SCRATCH
     if _SCRATCH is None:
         d = Path(tempfile.mkdtemp(prefix="kiln-"))
         atexit.register(shutil.rmtree, d, True)
         _SCRATCH = d
     return _SCRATCH
+
+
+def _jit(ir: str, target_text: str):
+    """Compiles `ir` in memory and returns `(module, info)`: the functions registered as the
+    tvm-ffi system-library symbols of a fresh prefix, and the module `tvm_ffi.system_lib` gives
+    for it."""
+    import tvm_ffi
+
+    prefix = f"kiln{os.getpid()}_{next(_COUNTER)}."
+    info = json.loads(_native.lib().jit(ir, target_text, prefix))
+    return tvm_ffi.system_lib(prefix), info
 
 
 def build(obj: IRLike, target: TargetLike = None):
@@ -177,53 +187,58 @@ def build(obj: IRLike, target: TargetLike = None):
     `PrimFunc`, or a TVM `IRModule` of PrimFuncs. `target` is anything `kiln.Target` takes;
     `None` is this machine's CPU (`DEFAULT_TARGET`).
 
-    The functions take numpy arrays, DLPack tensors (torch, ...) and TVM tensors, write their
-    outputs in place, and check every argument (a wrong shape or dtype raises, never crashes).
-    `mod.export_library(path)` writes the library, which loads again in
-    `tvm_ffi.load_module`; `mod.kiln_info` holds the function names, the canonical target and
-    the build time in milliseconds.
-    """
-    import tvm_ffi
+    The code is compiled in memory by kiln's JIT (callable after its quick first tier; the O3
+    code replaces it in the background) and stays for the life of the process. Its parallel
+    loops run on kiln's thread pool. The functions take numpy arrays, DLPack tensors and TVM
+    tensors, write their outputs in place, and check every argument (a wrong shape or dtype
+    raises, never crashes). A device target (`opencl`, `cuda`) builds, but its functions take
+    tensors in kiln's own device memory, which this package cannot allocate yet: calling them
+    with host or TVM arrays raises `ValueError` naming the device they expect.
 
+    `mod.export_library(path)` compiles the same module into a shared library (which
+    `tvm_ffi.load_module` loads again); `mod.kiln_info` holds the function names, the canonical
+    target and the build time in milliseconds.
+    """
     ir = _ir_text(obj)
     target_text = _target_text(target)
-    path = _scratch() / f"lib{next(_COUNTER)}.so"
-    info = json.loads(_native.lib().build(ir, target_text, str(path)))
-    mod = tvm_ffi.load_module(str(path))
-    _attach(mod, path, info)
+    mod, info = _jit(ir, target_text)
+    _attach(mod, ir, target_text, info)
     return mod
 
 
-def _attach(mod: Any, path: Path, info: dict) -> None:
+def _attach(mod: Any, ir: str, target_text: str, info: dict) -> None:
     def export_library(file_name: Union[str, os.PathLike], **_ignored: Any) -> None:
-        """Writes this module's library to `file_name` (a `.so`, loaded again by
-        `tvm_ffi.load_module` or `tvm.runtime.load_module`)."""
-        _copy_library(path, Path(file_name))
+        """Compiles this module into the shared library `file_name` (a `.so`, which
+        `tvm_ffi.load_module` and `tvm.runtime.load_module` load)."""
+        dst = Path(file_name)
+        _require_so(dst)
+        _native.lib().build(ir, target_text, str(dst))
 
     mod.export_library = export_library
-    mod.kiln_library = path
+    mod.kiln_ir = ir
+    mod.kiln_target = target_text
     mod.kiln_info = info
 
 
-def _copy_library(src: Path, dst: Path) -> None:
+def _require_so(dst: Path) -> None:
     if dst.suffix != ".so":
         raise ValueError(
             f"a module kiln built exports as a shared library: expected a path ending in .so, "
             f"found {str(dst)!r} (kiln.export(ir, path) writes .o, .ll and .s)"
         )
-    shutil.copyfile(src, dst)
 
 
 def export(obj: Any, path: Union[str, os.PathLike], target: TargetLike = None) -> None:
-    """Writes a library: a module returned by `kiln.build` is copied to `path` (a `.so`);
-    anything `kiln.build` takes is compiled for `target` straight into `path`, whose extension
-    picks the format (`.so`, `.o`, `.ll`, `.s`; a device target's own formats)."""
+    """Writes a library: a module returned by `kiln.build` is compiled again into `path` (a
+    `.so`, for the target it was built for); anything `kiln.build` takes is compiled for
+    `target` straight into `path`, whose extension picks the format (`.so`, `.o`, `.ll`, `.s`;
+    a device target's own formats)."""
     path = Path(path)
-    built = getattr(obj, "kiln_library", None)
-    if built is not None:
+    ir = getattr(obj, "kiln_ir", None)
+    if ir is not None:
         if target is not None:
             raise ValueError("the module is already built: kiln.export takes no target for it")
-        _copy_library(Path(built), path)
+        obj.export_library(path)
         return
     _native.lib().build(_ir_text(obj), _target_text(target), str(path))
 

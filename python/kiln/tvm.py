@@ -2,11 +2,17 @@
 
 TVM runs its own Relax pipeline (legalization, fusion, VM lowering) exactly as `tvm.compile`
 does; then, instead of `tvm.tirx.build`, each PrimFunc goes through kiln's bridge
-(`kiln.to_kiln`) and kiln's code generator into one relocatable object, which TVM takes as a
-static library (`tvm.runtime.load_static_library`) and links into the VM executable as it links
-any external module. The result is a `tvm.runtime.Executable` like TVM's own: it runs in
-`tvm.relax.VirtualMachine(ex, tvm.cpu())`, and `ex.export_library(path)` writes one `.so`
-that `tvm.runtime.load_module` loads again.
+(`kiln.to_kiln`) and kiln's code generator:
+
+- to run in this process, kiln's JIT compiles them in memory and registers them as tvm-ffi
+  system-library symbols; that module is the VM executable's kernel library, as TVM's own JIT
+  module would be. Nothing is written to disk and nothing is linked.
+- `ex.export_library(path)` builds them again into one relocatable object, which TVM links into
+  the `.so` as a static library (`tvm.runtime.load_static_library`), the way it links any
+  external module; `tvm.runtime.load_module` loads that `.so` again.
+
+The result is a `tvm.runtime.Executable` like TVM's own: it runs in
+`tvm.relax.VirtualMachine(ex, tvm.cpu())`.
 
 A PrimFunc kiln cannot build is an error naming the function and the construct
 (`kiln.UnsupportedFunctionError`), unless the caller passes `fallback=True`: then TVM builds
@@ -17,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import tvm
@@ -76,18 +81,50 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     `target` is anything `tvm.target.Target` takes (or a `kiln.Target`); `None` is the current
     target, else `llvm`. kiln builds for the target TVM is given, so both builds see the same
     CPU; `kiln_target` (anything `kiln.Target` takes) overrides that, e.g. `{"kind": "llvm",
-    "mcpu": "native"}` where TVM names a CPU newer than kiln's LLVM 14 knows. `relax_pipeline` is passed to TVM as `tvm.compile` does. `tir_pipeline` only applies to
-    the functions TVM builds under `fallback=True` (kiln lowers PrimFuncs itself).
+    "mcpu": "native"}` where TVM names a CPU newer than kiln's LLVM 14 knows. `relax_pipeline`
+    is passed to TVM as `tvm.compile` does. `tir_pipeline` only applies to the functions TVM
+    builds under `fallback=True` (kiln lowers PrimFuncs itself).
 
     Returns a `tvm.runtime.Executable` (a `relax.VMExecutable` for Relax modules) whose
     `kiln_report` is `{"kiln": [names], "tvm": {name: reason}, "kiln_build_ms": ...,
-    "tvm_build_ms": ...}`.
+    "tvm_build_ms": ...}`. Its kernels are compiled in memory for this process;
+    `ex.export_library(path)` compiles them again into the `.so`.
 
     Raises `kiln.UnsupportedFunctionError` (a `kiln.BridgeError`) naming every PrimFunc kiln
     cannot build and why, unless `fallback=True`; `NotImplementedError` for a device target
     (kiln builds the CPU's PrimFuncs here; OpenCL and CUDA kernels for TVM's VM are not done
     yet); `ValueError` for `exec_mode="compiled"`.
     """
+    args = dict(
+        target=target,
+        relax_pipeline=relax_pipeline,
+        tir_pipeline=tir_pipeline,
+        fallback=fallback,
+        exec_mode=exec_mode,
+        kiln_target=kiln_target,
+    )
+    ex = _compile(mod, jit=True, **args)
+
+    def export_library(file_name, **kwargs):
+        """Builds the kernels again into an object file and writes one `.so` with TVM's
+        `export_library` (which `tvm.runtime.load_module` loads)."""
+        return _compile(mod, jit=False, **args).export_library(file_name, **kwargs)
+
+    ex.export_library = export_library
+    return ex
+
+
+def _compile(
+    mod: Any,
+    *,
+    target: Any,
+    relax_pipeline: Any,
+    tir_pipeline: Any,
+    fallback: bool,
+    exec_mode: str,
+    kiln_target: Any,
+    jit: bool,
+) -> tvm.runtime.Executable:
     tgt = _tvm_target(target)
     if tgt.kind.name not in _CPU_KINDS:
         raise NotImplementedError(
@@ -103,7 +140,8 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
         isinstance(f, relax.Function) for _, f in mod.functions_items()
     )
     if isinstance(mod, tirx.PrimFunc):
-        name = str(mod.attrs["global_symbol"]) if mod.attrs and "global_symbol" in mod.attrs else "main"
+        attrs = mod.attrs
+        name = str(attrs["global_symbol"]) if attrs and "global_symbol" in attrs else "main"
         mod = tvm.IRModule({name: mod})
     elif not isinstance(mod, tvm.IRModule):
         raise TypeError(
@@ -143,14 +181,17 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
         )
 
     report: dict = {"kiln": [f["name"] for f in kiln_funcs], "tvm": dict(failures)}
-    libs = []
     t0 = time.perf_counter()
+    kiln_lib = None
     if kiln_funcs:
-        obj = core._scratch() / f"relax{next(core._COUNTER)}.o"
         ir = json.dumps({"format": "kiln-ir/1", "functions": kiln_funcs})
         ktarget = _kiln_target(tgt) if kiln_target is None else core._target_text(kiln_target)
-        _native.lib().build(ir, ktarget, str(obj))
-        libs.append(tvm.runtime.load_static_library(str(obj), report["kiln"]))
+        if jit:
+            kiln_lib, _ = core._jit(ir, ktarget)
+        else:
+            obj = core._scratch() / f"relax{next(core._COUNTER)}.o"
+            _native.lib().build(ir, ktarget, str(obj))
+            kiln_lib = tvm.runtime.load_static_library(str(obj), report["kiln"])
     report["kiln_build_ms"] = (time.perf_counter() - t0) * 1e3
 
     t0 = time.perf_counter()
@@ -160,16 +201,20 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
         lib = tvm.tirx.build(tvm_mod, target=tgt, pipeline=tir_pipeline)
     report["tvm_build_ms"] = (time.perf_counter() - t0) * 1e3
 
+    # The kernel library: TVM's module importing kiln's, or kiln's alone. In memory (jit) it is
+    # the executable's own library, so nothing needs linking; a static library is an external
+    # module that export_library links.
+    if lib is None and kiln_lib is not None and jit:
+        lib, kiln_lib = kiln_lib, None
+    extra = [kiln_lib] if kiln_lib is not None else []
     if builder is None:
-        # PrimFuncs alone: an executable over the static library (and TVM's module).
         if lib is None:
-            lib = libs[0]
-        else:
-            for m in libs:
-                lib.import_module(m)
+            lib, extra = extra[0], []
+        for m in extra:
+            lib.import_module(m)
         ex = tvm.runtime.Executable(lib)
     else:
-        exe = relax.vm_build._ffi_api.VMLink(builder, tgt, lib, ext_libs + libs, params)
+        exe = relax.vm_build._ffi_api.VMLink(builder, tgt, lib, ext_libs + extra, params)
         ex = relax.VMExecutable(exe)
     ex.kiln_report = report
     return ex

@@ -28,13 +28,79 @@ pub static mut __TVMFFIErrorSetRaisedFromCStr: Option<SetRaised> = None;
 /// (Python's `tvm_ffi` loads it so, and fills no context slot of the libraries it loads).
 fn global_set_raised() -> Option<SetRaised> {
     static FOUND: OnceLock<Option<SetRaised>> = OnceLock::new();
-    *FOUND.get_or_init(|| {
-        let this = libloading::os::unix::Library::this();
-        // SAFETY: the symbol, when present, is tvm-ffi's C function of exactly this type.
-        unsafe { this.get::<SetRaised>(b"TVMFFIErrorSetRaisedFromCStr\0") }
-            .ok()
-            .map(|s| *s)
-    })
+    *FOUND.get_or_init(|| global_symbol::<SetRaised>(b"TVMFFIErrorSetRaisedFromCStr\0"))
+}
+
+/// `TVMFFIErrorSetRaisedFromCStrParts`'s type.
+type SetRaisedParts = unsafe extern "C" fn(*const c_char, *const *const c_char, i32);
+/// `TVMFFIEnvModRegisterSystemLibSymbol`'s type.
+type RegisterSymbol = unsafe extern "C" fn(*const c_char, *mut c_void) -> i32;
+
+/// A C function of the process's global scope (tvm-ffi's, loaded by Python's `tvm_ffi`).
+fn global_symbol<T: Copy>(name: &[u8]) -> Option<T> {
+    let this = libloading::os::unix::Library::this();
+    // SAFETY: each caller names a tvm-ffi C function and asks for exactly its type.
+    unsafe { this.get::<T>(name) }.ok().map(|s| *s)
+}
+
+/// The code kiln compiles in this process (the JIT) raises errors through the context slots
+/// of the error functions; in this library the caller is tvm-ffi, so the slots get tvm-ffi's
+/// functions instead of kiln's own thread-local error (which tvm-ffi never reads). Idempotent.
+pub(crate) fn route_errors_to_tvm_ffi() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        use kiln::packed_func::context::register_context_symbol;
+        if let Some(f) = global_set_raised() {
+            register_context_symbol("__TVMFFIErrorSetRaisedFromCStr", f as usize);
+        }
+        if let Some(f) = global_symbol::<SetRaisedParts>(b"TVMFFIErrorSetRaisedFromCStrParts\0") {
+            register_context_symbol("__TVMFFIErrorSetRaisedFromCStrParts", f as usize);
+        }
+    });
+}
+
+/// Registers a packed function compiled by kiln (a C safe-call function that takes a NULL
+/// `self`) as the tvm-ffi system-library symbol `name`.
+pub(crate) fn register_system_lib_symbol(
+    name: &str,
+    f: &kiln::packed_func::PackedFunc,
+) -> crate::Result<()> {
+    let Some(register) = global_symbol::<RegisterSymbol>(b"TVMFFIEnvModRegisterSystemLibSymbol\0")
+    else {
+        return Err(Raised::new(
+            "RuntimeError",
+            "kiln.jit: tvm-ffi's TVMFFIEnvModRegisterSystemLibSymbol is not in this process \
+             (load kiln through `tvm_ffi`)",
+        ));
+    };
+    let (call, handle) = f.safe_call();
+    if !handle.is_null() {
+        return Err(Raised::new(
+            "RuntimeError",
+            format!("kiln.jit: `{name}` is not a plain C function (it needs a handle)"),
+        ));
+    }
+    let cname = CString::new(name)
+        .map_err(|_| Raised::new("ValueError", format!("kiln.jit: `{name}` holds a NUL")))?;
+    // SAFETY: `cname` is NUL-terminated and lives across the call (tvm-ffi copies it); the
+    // symbol is a safe-call function whose code is kept for the life of the process
+    // (`keep_forever`).
+    let rc = unsafe { register(cname.as_ptr(), call as *mut c_void) };
+    if rc != 0 {
+        return Err(Raised::new(
+            "RuntimeError",
+            format!("kiln.jit: tvm-ffi refused to register `{name}` ({rc})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Keeps compiled code alive for the rest of the process: the system-library symbols that
+/// point into it cannot be unregistered.
+pub(crate) fn keep_forever(m: kiln::codegen::ModuleRef) {
+    static KEPT: std::sync::Mutex<Vec<kiln::codegen::ModuleRef>> =
+        std::sync::Mutex::new(Vec::new());
+    KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(m);
 }
 
 /// Raises `e` through the host's error slot, else through a global `libtvm_ffi`, else through
@@ -145,6 +211,7 @@ macro_rules! export {
 export! {
     __tvm_ffi_version => version,
     __tvm_ffi_build => build,
+    __tvm_ffi_jit => jit,
     __tvm_ffi_target_canonical => target_canonical,
     __tvm_ffi_target_describe => target_describe,
     __tvm_ffi_ir_text => ir_text,

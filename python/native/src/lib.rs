@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `version` | | kiln's version |
 //! | `build` | kiln IR (JSON text), target (JSON or legacy text), output path | JSON: `{"functions": [...], "target": {...}, "ms": ...}` |
+//! | `jit` | kiln IR (JSON text), target, symbol prefix | the same JSON; the functions are compiled in memory and registered as tvm-ffi system-library symbols `__tvm_ffi_<prefix><name>` (`tvm_ffi.system_lib(prefix)` is their module) |
 //! | `target_canonical` | target text | the canonical TVM 0.27 JSON export |
 //! | `target_describe` | target text | what the target resolves to on this machine (one line) |
 //! | `ir_text` | kiln IR (JSON text) | the verified module in text form |
@@ -143,6 +144,42 @@ pub fn build(args: &[AnyView<'_>]) -> Result<Any> {
     kiln::cli::codegen::write_library(&module, &target, Path::new(out)).map_err(boxed)?;
     let doc = serde_json::json!({
         "functions": module.functions.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+        "target": target.export(),
+        "ms": t.elapsed().as_secs_f64() * 1e3,
+    });
+    Ok(Any::from(doc.to_string()))
+}
+
+/// `jit(ir_json, target, prefix)`: compiles the module in memory (kiln's JIT: callable after a
+/// quick first tier, its O3 code installed in the background) and registers each function with
+/// tvm-ffi as the system-library symbol `__tvm_ffi_<prefix><name>`, so that
+/// `tvm_ffi.system_lib(prefix)` is a module of them. The compiled code stays for the life of
+/// the process (tvm-ffi's system library has no way to unregister a symbol).
+pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("jit", args, 3)?;
+    let ir = arg_str("jit", args, 0, "kiln IR JSON")?;
+    let target = arg_str("jit", args, 1, "target")?;
+    let prefix = arg_str("jit", args, 2, "symbol prefix")?;
+    let module = parse_module(ir)?;
+    let target = parse_target(target)?;
+    ffi::route_errors_to_tvm_ffi();
+    let t = Instant::now();
+    let built = kiln::codegen::build(&module, &target)
+        .map_err(|e| boxed(Box::new(kiln::Error::from(e))))?;
+    let mut names = Vec::new();
+    for f in &module.functions {
+        let pf = built.get_function(&f.name).ok_or_else(|| {
+            Raised::new(
+                "RuntimeError",
+                format!("kiln.jit: the built module has no function `{}`", f.name),
+            )
+        })?;
+        ffi::register_system_lib_symbol(&format!("__tvm_ffi_{prefix}{}", f.name), &pf)?;
+        names.push(f.name.clone());
+    }
+    ffi::keep_forever(built);
+    let doc = serde_json::json!({
+        "functions": names,
         "target": target.export(),
         "ms": t.elapsed().as_secs_f64() * 1e3,
     });

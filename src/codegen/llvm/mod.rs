@@ -70,11 +70,18 @@ fn init_llvm() {
         // instruction selection but allocates registers like the higher levels: the fast
         // allocator spills every value live across blocks, which makes a matmul 5x slower;
         // the optimized one costs a few tenths of a millisecond more per module.
+        // Copy loops are not turned into `memcpy` calls: a copy nest of constant extents (a
+        // transpose of TVM's Relax models) becomes one `memcpy` per row, LLVM then unrolls the
+        // outer loops fully (a call is cheap to its cost model) and expands each small
+        // `memcpy` inline, and instruction selection over the resulting block of thousands of
+        // loads and stores is quadratic: one transpose of a GPT-2 block took 2.2 s to compile
+        // (34 ms with this option); the loops are vectorized instead.
         let args = [
             c"kiln".as_ptr(),
             c"--x86-experimental-pref-innermost-loop-alignment=6".as_ptr(),
             c"--enable-epilogue-vectorization=false".as_ptr(),
             c"--optimize-regalloc".as_ptr(),
+            c"--disable-loop-idiom-memcpy".as_ptr(),
         ];
         // SAFETY: valid NUL-terminated strings that outlive the call; LLVM copies what it
         // keeps. Called once per process (OnceLock).
