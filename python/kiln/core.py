@@ -168,18 +168,26 @@ def _scratch() -> Path:
     return _SCRATCH
 
 
-def _jit(ir: str, target_text: str):
+def _options(auto_parallel: bool) -> str:
+    return json.dumps({"auto_parallel": bool(auto_parallel)})
+
+
+def _jit(ir: str, target_text: str, auto_parallel: bool = False):
     """Compiles `ir` in memory and returns `(module, info)`: the functions registered as the
     tvm-ffi system-library symbols of a fresh prefix, and the module `tvm_ffi.system_lib` gives
     for it."""
     import tvm_ffi
 
     prefix = f"kiln{os.getpid()}_{next(_COUNTER)}."
-    info = json.loads(_native.lib().jit(ir, target_text, prefix))
+    info = json.loads(_native.lib().jit(ir, target_text, prefix, _options(auto_parallel)))
     return tvm_ffi.system_lib(prefix), info
 
 
-def build(obj: IRLike, target: TargetLike = None):
+def _build_file(ir: str, target_text: str, path: Path, auto_parallel: bool = False) -> dict:
+    return json.loads(_native.lib().build(ir, target_text, str(path), _options(auto_parallel)))
+
+
+def build(obj: IRLike, target: TargetLike = None, *, auto_parallel: bool = False):
     """Compiles `obj` for `target` in this process and returns a `tvm_ffi.Module` (a
     `tvm.runtime.Module` once `tvm` is imported) with one function per IR function.
 
@@ -195,24 +203,28 @@ def build(obj: IRLike, target: TargetLike = None):
     tensors in kiln's own device memory, which this package cannot allocate yet: calling them
     with host or TVM arrays raises `ValueError` naming the device they expect.
 
+    With `auto_parallel=True`, each function's outermost loop whose iterations are provably
+    independent (and large enough) runs on the thread pool (`kiln::schedule::auto`): for
+    unscheduled TIR such as TVM's operators. `mod.kiln_info["parallel"]` names those loops.
+
     `mod.export_library(path)` compiles the same module into a shared library (which
     `tvm_ffi.load_module` loads again); `mod.kiln_info` holds the function names, the canonical
     target and the build time in milliseconds.
     """
     ir = _ir_text(obj)
     target_text = _target_text(target)
-    mod, info = _jit(ir, target_text)
-    _attach(mod, ir, target_text, info)
+    mod, info = _jit(ir, target_text, auto_parallel)
+    _attach(mod, ir, target_text, info, auto_parallel)
     return mod
 
 
-def _attach(mod: Any, ir: str, target_text: str, info: dict) -> None:
+def _attach(mod: Any, ir: str, target_text: str, info: dict, auto_parallel: bool) -> None:
     def export_library(file_name: Union[str, os.PathLike], **_ignored: Any) -> None:
         """Compiles this module into the shared library `file_name` (a `.so`, which
         `tvm_ffi.load_module` and `tvm.runtime.load_module` load)."""
         dst = Path(file_name)
         _require_so(dst)
-        _native.lib().build(ir, target_text, str(dst))
+        _build_file(ir, target_text, dst, auto_parallel)
 
     mod.export_library = export_library
     mod.kiln_ir = ir
@@ -240,7 +252,7 @@ def export(obj: Any, path: Union[str, os.PathLike], target: TargetLike = None) -
             raise ValueError("the module is already built: kiln.export takes no target for it")
         obj.export_library(path)
         return
-    _native.lib().build(_ir_text(obj), _target_text(target), str(path))
+    _build_file(_ir_text(obj), _target_text(target), path)
 
 
 def ir_text(obj: IRLike) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import tvm
 from tvm import relax, tirx
 
-from . import _native, core
+from . import core
 from .errors import BridgeError, UnsupportedFunctionError
 
 __all__ = ["compile"]
@@ -74,6 +74,7 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     fallback: bool = False,
     exec_mode: str = "bytecode",
     kiln_target: Any = None,
+    auto_parallel: bool = True,
 ) -> tvm.runtime.Executable:
     """Compiles a Relax `IRModule` (or a PrimFunc / IRModule of PrimFuncs) like
     `tvm.compile(mod, target)`, with every PrimFunc built by kiln.
@@ -84,6 +85,11 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     "mcpu": "native"}` where TVM names a CPU newer than kiln's LLVM 14 knows. `relax_pipeline`
     is passed to TVM as `tvm.compile` does. `tir_pipeline` only applies to the functions TVM
     builds under `fallback=True` (kiln lowers PrimFuncs itself).
+
+    `auto_parallel` (default on): Relax's PrimFuncs are plain serial loops, which TVM's default
+    build runs on one thread; kiln runs each function's outermost loop whose iterations are
+    provably independent, and that is large enough, on its thread pool
+    (`kiln::schedule::auto`). `ex.kiln_report["parallel"]` names those loops.
 
     Returns a `tvm.runtime.Executable` (a `relax.VMExecutable` for Relax modules) whose
     `kiln_report` is `{"kiln": [names], "tvm": {name: reason}, "kiln_build_ms": ...,
@@ -102,6 +108,7 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
         fallback=fallback,
         exec_mode=exec_mode,
         kiln_target=kiln_target,
+        auto_parallel=auto_parallel,
     )
     ex = _compile(mod, jit=True, **args)
 
@@ -123,6 +130,7 @@ def _compile(
     fallback: bool,
     exec_mode: str,
     kiln_target: Any,
+    auto_parallel: bool,
     jit: bool,
 ) -> tvm.runtime.Executable:
     tgt = _tvm_target(target)
@@ -180,18 +188,23 @@ def _compile(
             failures,
         )
 
-    report: dict = {"kiln": [f["name"] for f in kiln_funcs], "tvm": dict(failures)}
+    report: dict = {
+        "kiln": [f["name"] for f in kiln_funcs],
+        "tvm": dict(failures),
+        "parallel": {},
+    }
     t0 = time.perf_counter()
     kiln_lib = None
     if kiln_funcs:
         ir = json.dumps({"format": "kiln-ir/1", "functions": kiln_funcs})
         ktarget = _kiln_target(tgt) if kiln_target is None else core._target_text(kiln_target)
         if jit:
-            kiln_lib, _ = core._jit(ir, ktarget)
+            kiln_lib, info = core._jit(ir, ktarget, auto_parallel)
         else:
             obj = core._scratch() / f"relax{next(core._COUNTER)}.o"
-            _native.lib().build(ir, ktarget, str(obj))
+            info = core._build_file(ir, ktarget, obj, auto_parallel)
             kiln_lib = tvm.runtime.load_static_library(str(obj), report["kiln"])
+        report["parallel"] = info.get("parallel", {})
     report["kiln_build_ms"] = (time.perf_counter() - t0) * 1e3
 
     t0 = time.perf_counter()

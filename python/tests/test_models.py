@@ -55,6 +55,15 @@ def test_outputs_agree_with_tvm(model):
     assert_close(run_vm(ex, args), run_vm(ref, args))
 
 
+def test_the_large_loops_run_in_parallel_and_agree_without(model):
+    name, mod, ex, ref, args = model
+    # Every model has a matmul or a convolution worth the thread pool.
+    assert ex.kiln_report["parallel"], f"{name}: no loop was made parallel"
+    serial = kiln.tvm.compile(mod, TARGET, auto_parallel=False)
+    assert serial.kiln_report["parallel"] == {}
+    assert_close(run_vm(serial, args), run_vm(ref, args))
+
+
 def test_export_library_loads_again(model, tmp_path):
     name, _, ex, ref, args = model
     path = tmp_path / f"{name}.so"

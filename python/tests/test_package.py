@@ -144,9 +144,16 @@ def test_native_functions_check_their_arguments():
 
     lib = _native.lib()
     with pytest.raises(TypeError, match=r"argument #0 \(kiln IR JSON\) must be a str"):
-        lib.build(1, "llvm", "x.so")
-    with pytest.raises(TypeError, match="takes 3 argument"):
+        lib.build(1, "llvm", "x.so", "{}")
+    with pytest.raises(TypeError, match="takes 4 argument"):
         lib.build("{}")
+    ir = VADD.read_text()
+    with pytest.raises(ValueError, match="unknown option `fast`"):
+        lib.jit(ir, "llvm", "bad.", '{"fast": true}')
+    with pytest.raises(ValueError, match="must be a bool"):
+        lib.jit(ir, "llvm", "bad.", '{"auto_parallel": 1}')
+    with pytest.raises(ValueError, match="not JSON"):
+        lib.jit(ir, "llvm", "bad.", "{")
     with pytest.raises(ValueError, match="JSON list"):
         lib.cli("not json")
 

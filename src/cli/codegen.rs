@@ -222,7 +222,7 @@ fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
 /// The target as `kiln build` and `kiln run` report it: its canonical JSON, `(the default
 /// target)` when it came from the default, and for `llvm` what the code gets
 /// ([`crate::codegen::llvm::CodegenOptions::describe`]).
-pub fn target_line(target: &Target, given: &str) -> Result<String, crate::Error> {
+pub fn target_line(target: &Target, given: &str) -> Result<String, crate::error::Error> {
     let mut s = target.to_string();
     if given == DEFAULT_TARGET {
         s.push_str(" (the default target)");

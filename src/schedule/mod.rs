@@ -59,6 +59,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod auto;
 mod cache;
 mod device;
 mod kinds;

@@ -5,8 +5,8 @@
 //! | function | arguments | returns |
 //! |---|---|---|
 //! | `version` | | kiln's version |
-//! | `build` | kiln IR (JSON text), target (JSON or legacy text), output path | JSON: `{"functions": [...], "target": {...}, "ms": ...}` |
-//! | `jit` | kiln IR (JSON text), target, symbol prefix | the same JSON; the functions are compiled in memory and registered as tvm-ffi system-library symbols `__tvm_ffi_<prefix><name>` (`tvm_ffi.system_lib(prefix)` is their module) |
+//! | `build` | kiln IR (JSON text), target (JSON or legacy text), output path, options (JSON) | JSON: `{"functions": [...], "target": {...}, "parallel": {function: [loops]}, "ms": ...}` |
+//! | `jit` | kiln IR (JSON text), target, symbol prefix, options | the same JSON; the functions are compiled in memory and registered as tvm-ffi system-library symbols `__tvm_ffi_<prefix><name>` (`tvm_ffi.system_lib(prefix)` is their module) |
 //! | `target_canonical` | target text | the canonical TVM 0.27 JSON export |
 //! | `target_describe` | target text | what the target resolves to on this machine (one line) |
 //! | `ir_text` | kiln IR (JSON text) | the verified module in text form |
@@ -125,42 +125,93 @@ fn parse_target(text: &str) -> Result<Target> {
     Target::parse(text).map_err(|e| Raised::new("ValueError", format!("target: {e}")))
 }
 
+/// The options of `build` and `jit`: `{"auto_parallel": bool, "min_work": int}` (both
+/// optional): with `auto_parallel`, each function's outermost independent loop runs on the
+/// thread pool ([`kiln::schedule::auto::auto_parallel`]).
+fn apply_options(module: IRModule, text: &str) -> Result<(IRModule, serde_json::Value)> {
+    let bad = |why: String| Raised::new("ValueError", format!("kiln build options: {why}"));
+    let v: serde_json::Value = if text.trim().is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?
+    };
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad(format!("expected a JSON object, found {v}")))?;
+    for k in obj.keys() {
+        if k != "auto_parallel" && k != "min_work" {
+            return Err(bad(format!(
+                "unknown option `{k}`; known: auto_parallel, min_work"
+            )));
+        }
+    }
+    let auto = match obj.get("auto_parallel") {
+        None => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(x) => return Err(bad(format!("`auto_parallel` must be a bool, found {x}"))),
+    };
+    let min_work = match obj.get("min_work") {
+        None => kiln::schedule::auto::DEFAULT_MIN_WORK,
+        Some(x) => x
+            .as_u64()
+            .ok_or_else(|| bad(format!("`min_work` must be a count, found {x}")))?,
+    };
+    let mut parallel = serde_json::Map::new();
+    if !auto {
+        return Ok((module, serde_json::Value::Object(parallel)));
+    }
+    let mut out = module.clone();
+    for f in &mut out.functions {
+        let r = kiln::schedule::auto::auto_parallel(f, min_work);
+        if !r.loops.is_empty() {
+            parallel.insert(f.name.clone(), serde_json::json!(r.loops));
+        }
+        *f = r.func;
+    }
+    Ok((out, serde_json::Value::Object(parallel)))
+}
+
 /// `version()`: kiln's version.
 pub fn version(args: &[AnyView<'_>]) -> Result<Any> {
     arity("version", args, 0)?;
     Ok(Any::from(env!("CARGO_PKG_VERSION")))
 }
 
-/// `build(ir_json, target, output_path)`: compiles the module and writes the library (`.so`,
-/// `.o`, `.ll`, `.s`, or a device kind's export) to `output_path`.
+/// `build(ir_json, target, output_path, options)`: compiles the module and writes the library
+/// (`.so`, `.o`, `.ll`, `.s`, or a device kind's export) to `output_path`.
 pub fn build(args: &[AnyView<'_>]) -> Result<Any> {
-    arity("build", args, 3)?;
+    arity("build", args, 4)?;
     let ir = arg_str("build", args, 0, "kiln IR JSON")?;
     let target = arg_str("build", args, 1, "target")?;
     let out = arg_str("build", args, 2, "output path")?;
-    let module = parse_module(ir)?;
+    let (module, parallel) = apply_options(
+        parse_module(ir)?,
+        arg_str("build", args, 3, "options JSON")?,
+    )?;
     let target = parse_target(target)?;
     let t = Instant::now();
     kiln::cli::codegen::write_library(&module, &target, Path::new(out)).map_err(boxed)?;
     let doc = serde_json::json!({
         "functions": module.functions.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
         "target": target.export(),
+        "parallel": parallel,
         "ms": t.elapsed().as_secs_f64() * 1e3,
     });
     Ok(Any::from(doc.to_string()))
 }
 
-/// `jit(ir_json, target, prefix)`: compiles the module in memory (kiln's JIT: callable after a
+/// `jit(ir_json, target, prefix, options)`: compiles the module in memory (kiln's JIT: callable after a
 /// quick first tier, its O3 code installed in the background) and registers each function with
 /// tvm-ffi as the system-library symbol `__tvm_ffi_<prefix><name>`, so that
 /// `tvm_ffi.system_lib(prefix)` is a module of them. The compiled code stays for the life of
 /// the process (tvm-ffi's system library has no way to unregister a symbol).
 pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
-    arity("jit", args, 3)?;
+    arity("jit", args, 4)?;
     let ir = arg_str("jit", args, 0, "kiln IR JSON")?;
     let target = arg_str("jit", args, 1, "target")?;
     let prefix = arg_str("jit", args, 2, "symbol prefix")?;
-    let module = parse_module(ir)?;
+    let (module, parallel) =
+        apply_options(parse_module(ir)?, arg_str("jit", args, 3, "options JSON")?)?;
     let target = parse_target(target)?;
     ffi::route_errors_to_tvm_ffi();
     let t = Instant::now();
@@ -181,6 +232,7 @@ pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
     let doc = serde_json::json!({
         "functions": names,
         "target": target.export(),
+        "parallel": parallel,
         "ms": t.elapsed().as_secs_f64() * 1e3,
     });
     Ok(Any::from(doc.to_string()))

@@ -1,0 +1,259 @@
+//! Loop kinds for functions nobody scheduled: [`auto_parallel`] runs the outermost loop whose
+//! iterations are provably independent on the thread pool.
+//!
+//! TVM's Relax pipeline lowers every operator to plain serial loops, and TVM's default CPU build
+//! runs them on one thread. kiln keeps the function as it is but for one loop kind: it takes
+//! the outermost loops in turn (through sequences, `let`s, allocations, branches and loops of
+//! one iteration) and makes the first one parallel that is
+//!
+//! - **independent**: every buffer the body writes (other than allocations inside the body,
+//!   which are private to an iteration) is indexed by the loop variable itself, alone, in the
+//!   same dimension at every store and every load of that buffer in the body; so two
+//!   iterations never touch the same element of a buffer one of them writes. The function must
+//!   be `noalias` (TVM's `tir.noalias`, which Relax's PrimFuncs carry), so that a buffer only
+//!   read is not another name for one written;
+//! - **plain**: no `call_extern` (unknown effects), no `assert`, `return` or `evaluate`, no
+//!   workspace allocation, no loop that is already parallel or bound to a thread (a function
+//!   with one is scheduled already and left alone);
+//! - **worth it**: at least `min_work` iterations of the loop nest in all (constant extents
+//!   multiplied; a symbolic extent counts as 1024), so that a small operator does not pay for
+//!   waking the pool.
+//!
+//! A loop that is not independent is descended into, so the first independent loop inside it
+//! (within each of its iterations) can be parallel instead. The result computes the same
+//! values: each element is written by the same iteration as before, only on another thread.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::ir::visit::{walk_expr, walk_stmt, Visitor};
+use crate::ir::{Buffer, Expr, ForKind, PrimFunc, Stmt, StorageScope, Var, VarId};
+
+/// What [`auto_parallel`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoParallel {
+    /// The function, with the chosen loops made parallel.
+    pub func: PrimFunc,
+    /// The names of the loops made parallel, outermost first; empty when none qualified.
+    pub loops: Vec<String>,
+}
+
+/// The default `min_work`: about 32 thousand innermost iterations, below which waking the
+/// thread pool costs more than the loop.
+pub const DEFAULT_MIN_WORK: u64 = 1 << 15;
+
+/// Makes the outermost independent loops of `func` parallel (see the module documentation).
+///
+/// ```
+/// use kiln::ir::{kernels, ForKind, Stmt};
+/// use kiln::schedule::auto::auto_parallel;
+/// let mut f = kernels::vadd();
+/// // vadd as nobody scheduled it: one serial loop over `n`.
+/// if let Stmt::For { kind, .. } = &mut f.body { *kind = ForKind::Serial; }
+/// let out = auto_parallel(&f, 1);
+/// assert_eq!(out.loops, ["i"]);
+/// ```
+pub fn auto_parallel(func: &PrimFunc, min_work: u64) -> AutoParallel {
+    let mut loops = Vec::new();
+    if !func.attrs.noalias || scheduled(&func.body) {
+        return AutoParallel {
+            func: func.clone(),
+            loops,
+        };
+    }
+    let body = rewrite(&func.body, min_work, &mut loops);
+    let mut out = func.clone();
+    out.body = body;
+    AutoParallel { func: out, loops }
+}
+
+/// Whether a loop is already parallel or bound to a thread.
+fn scheduled(s: &Stmt) -> bool {
+    struct Find(bool);
+    impl Visitor for Find {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::For { kind, .. } = s {
+                if matches!(kind, ForKind::Parallel | ForKind::ThreadBinding(_)) {
+                    self.0 = true;
+                    return;
+                }
+            }
+            walk_stmt(self, s);
+        }
+    }
+    let mut f = Find(false);
+    f.stmt(s);
+    f.0
+}
+
+fn rewrite(s: &Stmt, min_work: u64, loops: &mut Vec<String>) -> Stmt {
+    match s {
+        Stmt::Seq(v) => Stmt::Seq(v.iter().map(|x| rewrite(x, min_work, loops)).collect()),
+        Stmt::Let { var, value, body } => Stmt::Let {
+            var: var.clone(),
+            value: value.clone(),
+            body: Box::new(rewrite(body, min_work, loops)),
+        },
+        Stmt::Allocate { buffer, body } => Stmt::Allocate {
+            buffer: buffer.clone(),
+            body: Box::new(rewrite(body, min_work, loops)),
+        },
+        Stmt::IfThenElse {
+            cond,
+            then_case,
+            else_case,
+        } => Stmt::IfThenElse {
+            cond: cond.clone(),
+            then_case: Box::new(rewrite(then_case, min_work, loops)),
+            else_case: else_case
+                .as_ref()
+                .map(|e| Box::new(rewrite(e, min_work, loops))),
+        },
+        Stmt::For {
+            var,
+            min,
+            extent,
+            kind: ForKind::Serial,
+            body,
+        } => {
+            let one = extent.as_int() == Some(1);
+            if !one && work(s) >= min_work && independent(var, body) {
+                loops.push(var.name.to_string());
+                return Stmt::For {
+                    var: var.clone(),
+                    min: min.clone(),
+                    extent: extent.clone(),
+                    kind: ForKind::Parallel,
+                    body: body.clone(),
+                };
+            }
+            Stmt::For {
+                var: var.clone(),
+                min: min.clone(),
+                extent: extent.clone(),
+                kind: ForKind::Serial,
+                body: Box::new(rewrite(body, min_work, loops)),
+            }
+        }
+        other => other.clone(),
+    }
+}
+
+/// The iterations of the loop nest `s`: constant extents multiplied along the deepest path
+/// (a symbolic extent counts as 1024), saturating.
+fn work(s: &Stmt) -> u64 {
+    match s {
+        Stmt::For { extent, body, .. } => {
+            let n = extent.as_int().map_or(1024, |e| e.max(0) as u64);
+            n.saturating_mul(work(body).max(1))
+        }
+        Stmt::Seq(v) => v.iter().map(work).fold(0u64, u64::saturating_add),
+        Stmt::Let { body, .. } | Stmt::Allocate { body, .. } => work(body),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => work(then_case).max(else_case.as_ref().map_or(0, |e| work(e))),
+        _ => 1,
+    }
+}
+
+/// One access of a buffer the body writes: which dimensions hold exactly the loop variable.
+struct Access {
+    var_dims: Vec<usize>,
+}
+
+#[derive(Default)]
+struct Accesses {
+    /// Buffers allocated inside the body (private to an iteration).
+    private: HashSet<VarId>,
+    stores: HashMap<VarId, Vec<Access>>,
+    loads: HashMap<VarId, Vec<Access>>,
+    /// Something that rules the loop out.
+    blocked: bool,
+    var: Option<VarId>,
+}
+
+impl Accesses {
+    fn access(&self, indices: &[Expr]) -> Access {
+        let var = self.var.expect("set before the walk");
+        Access {
+            var_dims: indices
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| matches!(e, Expr::Var(v) if v.id == var))
+                .map(|(d, _)| d)
+                .collect(),
+        }
+    }
+}
+
+impl Visitor for Accesses {
+    fn stmt(&mut self, s: &Stmt) {
+        match s {
+            Stmt::Store {
+                buffer, indices, ..
+            } => {
+                let a = self.access(indices);
+                self.stores.entry(key(buffer)).or_default().push(a);
+            }
+            Stmt::Allocate { buffer, .. } => {
+                if buffer.scope != StorageScope::Local {
+                    self.blocked = true;
+                }
+                self.private.insert(key(buffer));
+            }
+            Stmt::Assert { .. } | Stmt::Return(_) | Stmt::Evaluate(_) | Stmt::Barrier => {
+                self.blocked = true;
+            }
+            Stmt::For {
+                kind: ForKind::Parallel | ForKind::ThreadBinding(_),
+                ..
+            } => self.blocked = true,
+            _ => {}
+        }
+        walk_stmt(self, s);
+    }
+
+    fn expr(&mut self, e: &Expr) {
+        match e {
+            Expr::Load { buffer, indices } => {
+                let a = self.access(indices);
+                self.loads.entry(key(buffer)).or_default().push(a);
+            }
+            Expr::CallExtern { .. } => self.blocked = true,
+            _ => {}
+        }
+        walk_expr(self, e);
+    }
+}
+
+fn key(b: &Buffer) -> VarId {
+    b.data.id
+}
+
+/// Whether the iterations of `for var { body }` touch disjoint elements of every buffer the
+/// body writes (see the module documentation).
+fn independent(var: &Var, body: &Stmt) -> bool {
+    let mut a = Accesses {
+        var: Some(var.id),
+        ..Accesses::default()
+    };
+    a.stmt(body);
+    if a.blocked {
+        return false;
+    }
+    a.stores.iter().all(|(buf, stores)| {
+        if a.private.contains(buf) {
+            return true;
+        }
+        let loads = a.loads.get(buf).map_or(&[][..], Vec::as_slice);
+        // A dimension indexed by the loop variable alone at every access of the buffer.
+        let first = &stores[0].var_dims;
+        first.iter().any(|d| {
+            stores
+                .iter()
+                .chain(loads.iter())
+                .all(|acc| acc.var_dims.contains(d))
+        })
+    })
+}
