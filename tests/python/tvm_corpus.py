@@ -33,16 +33,18 @@ from tvm import te, topi
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 import kiln_tvm  # noqa: E402
 
-EMIT = len(sys.argv) > 1 and sys.argv[1] == "--emit"
-KILN = None if EMIT else sys.argv[1]
-WORK = sys.argv[2]
+# Imported (python/bench_corpus.py reads `corpus()`), the command line is not this module's.
+_CLI = __name__ == "__main__"
+EMIT = _CLI and len(sys.argv) > 1 and sys.argv[1] == "--emit"
+KILN = None if EMIT or not _CLI else sys.argv[1]
+WORK = sys.argv[2] if _CLI else None
 ONLY = None
-if "--only" in sys.argv:
+if _CLI and "--only" in sys.argv:
     ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(","))
 # The target kiln builds for (`--kiln-target JSON`, e.g. with an "opt-level"); TVM always gets
 # the host CPU at its default level.
 KILN_TARGET = '{"kind": "llvm", "mcpu": "native"}'
-if "--kiln-target" in sys.argv:
+if _CLI and "--kiln-target" in sys.argv:
     KILN_TARGET = sys.argv[sys.argv.index("--kiln-target") + 1]
 RNG = np.random.default_rng(0)
 # The value every symbolic dimension takes in the run.

@@ -1,0 +1,104 @@
+"""The TOPI corpus (tests/python/tvm_corpus.py, 50 operators) built in this process by kiln
+(`kiln.build`, JIT) and by TVM 0.27 (`tvm.compile`) for this machine's CPU, and their run times
+compared: per operator TVM time / kiln time (above 1: kiln is faster), interleaved rounds, the
+median of each side's per-call medians.
+
+    KILN_NATIVE_LIB=target/release/libkiln_python.so PYTHONPATH=python \\
+        .venv/bin/python python/bench_corpus.py [--rounds 5] [--auto-parallel] [--mcpu haswell]
+
+TVM gets LLVM's name for the host CPU (or `--mcpu`); kiln gets `native` (or `--mcpu`), since
+its LLVM 14 may not know the name TVM's LLVM uses. Outputs are checked against TVM's first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+
+import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm import te  # noqa: E402
+
+import kiln  # noqa: E402
+import tvm_corpus as corpus  # noqa: E402
+from bench_models import cpu_name  # noqa: E402
+
+
+def per_call(f, args, budget=0.005):
+    n = 1
+    while True:
+        t = time.perf_counter()
+        for _ in range(n):
+            f(*args)
+        dt = time.perf_counter() - t
+        if dt > budget or n >= 1 << 14:
+            return dt / n
+        n *= 2
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--auto-parallel", action="store_true")
+    ap.add_argument("--mcpu", help="the CPU for both sides (default: this machine's)")
+    ap.add_argument("--only", help="comma-separated operator names")
+    a = ap.parse_args()
+    os.environ["KILN_CACHE"] = "off"
+    tvm_cpu = a.mcpu or tvm.target.codegen.llvm_get_system_cpu()
+    ttarget = tvm.target.Target({"kind": "llvm", "mcpu": tvm_cpu})
+    ktarget = {"kind": "llvm", "mcpu": a.mcpu or "native"}
+    print(f"CPU: {cpu_name()}; TVM mcpu {tvm_cpu}, kiln {ktarget}; auto_parallel "
+          f"{a.auto_parallel}; {a.rounds} interleaved rounds")
+    only = set(a.only.split(",")) if a.only else None
+    ratios = []
+    for name, ins, outs in corpus.corpus():
+        if only and name not in only:
+            continue
+        func = te.create_prim_func(list(ins) + list(outs)).with_attr("global_symbol", name)
+        km = kiln.build(func, target=ktarget, auto_parallel=a.auto_parallel)
+        tm = tvm.compile(tvm.IRModule({name: func}), target=ttarget)
+        inputs = [corpus.random_input(t) for t in ins]
+        shapes = [(corpus.dims(o.shape), str(o.dtype)) for o in outs]
+
+        def fresh():
+            return [tvm_ffi.from_dlpack(corpus.aligned(x)) for x in inputs] + [
+                tvm_ffi.from_dlpack(corpus.aligned(np.zeros(s, dtype=d))) for s, d in shapes
+            ]
+
+        ka, ta = fresh(), fresh()
+        kf, tf = km[name], tm[name]
+        kf(*ka)
+        tf(*ta)
+        for k in range(len(outs)):
+            got, want = np.from_dlpack(ka[len(ins) + k]), np.from_dlpack(ta[len(ins) + k])
+            ok = (np.allclose(got, want, rtol=2e-5, atol=2e-5, equal_nan=True)
+                  if got.dtype.kind == "f" else np.array_equal(got, want))
+            if not ok:
+                print(f"{name}: output {k} differs from TVM's")
+        kt, tt = [], []
+        for _ in range(a.rounds):
+            kt.append(per_call(kf, ka))
+            tt.append(per_call(tf, ta))
+        kmed, tmed = statistics.median(kt), statistics.median(tt)
+        r = tmed / kmed
+        ratios.append((r, name))
+        print(f"{name:24} kiln {kmed * 1e6:9.2f} us [{min(kt) * 1e6:.2f}, {max(kt) * 1e6:.2f}]"
+              f"   tvm {tmed * 1e6:9.2f} us [{min(tt) * 1e6:.2f}, {max(tt) * 1e6:.2f}]   {r:5.2f}x",
+              flush=True)
+    ratios.sort()
+    rs = [r for r, _ in ratios]
+    print(f"\nTVM time / kiln time over {len(rs)} operators: median {statistics.median(rs):.2f}x, "
+          f"min {rs[0]:.2f}x, max {rs[-1]:.2f}x; below 0.9x: "
+          + (", ".join(f"{n} {r:.2f}" for r, n in ratios if r < 0.9) or "none"))
+
+
+if __name__ == "__main__":
+    main()
