@@ -191,13 +191,19 @@ pub fn build(args: &[AnyView<'_>]) -> Result<Any> {
     let target = parse_target(target)?;
     let t = Instant::now();
     kiln::cli::codegen::write_library(&module, &target, Path::new(out)).map_err(boxed)?;
+    Ok(built_info(&module, &target, parallel, t))
+}
+
+/// What `build` and `jit` return: the function names, the canonical target, the loops made
+/// parallel and the milliseconds since `t`, as JSON text.
+fn built_info(module: &IRModule, target: &Target, parallel: serde_json::Value, t: Instant) -> Any {
     let doc = serde_json::json!({
         "functions": module.functions.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
         "target": target.export(),
         "parallel": parallel,
         "ms": t.elapsed().as_secs_f64() * 1e3,
     });
-    Ok(Any::from(doc.to_string()))
+    Any::from(doc.to_string())
 }
 
 /// `jit(ir_json, target, prefix, options)`: compiles the module in memory (kiln's JIT: callable after a
@@ -217,25 +223,18 @@ pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
     let t = Instant::now();
     let built = kiln::codegen::build(&module, &target)
         .map_err(|e| boxed(Box::new(kiln::Error::from(e))))?;
-    let mut names = Vec::new();
-    for f in &module.functions {
-        let pf = built.get_function(&f.name).ok_or_else(|| {
+    // The module's exported functions (an internal function has no symbol of its own).
+    for name in built.function_names() {
+        let pf = built.get_function(&name).ok_or_else(|| {
             Raised::new(
                 "RuntimeError",
-                format!("kiln.jit: the built module has no function `{}`", f.name),
+                format!("kiln.jit: the built module has no function `{name}`"),
             )
         })?;
-        ffi::register_system_lib_symbol(&format!("__tvm_ffi_{prefix}{}", f.name), &pf)?;
-        names.push(f.name.clone());
+        ffi::register_system_lib_symbol(&format!("__tvm_ffi_{prefix}{name}"), &pf)?;
     }
     ffi::keep_forever(built);
-    let doc = serde_json::json!({
-        "functions": names,
-        "target": target.export(),
-        "parallel": parallel,
-        "ms": t.elapsed().as_secs_f64() * 1e3,
-    });
-    Ok(Any::from(doc.to_string()))
+    Ok(built_info(&module, &target, parallel, t))
 }
 
 /// `target_canonical(text)`: the canonical TVM 0.27 JSON export of a target.
