@@ -24,8 +24,11 @@ from .core import (
     Target,
     build,
     devices,
+    empty,
     export,
     ir_text,
+    numpy,
+    tensor,
     to_kiln,
     version,
 )
@@ -40,8 +43,11 @@ __all__ = [
     "UnsupportedFunctionError",
     "build",
     "devices",
+    "empty",
     "export",
     "ir_text",
+    "numpy",
+    "tensor",
     "to_kiln",
     "version",
 ]

@@ -199,9 +199,10 @@ def build(obj: IRLike, target: TargetLike = None, *, auto_parallel: bool = False
     code replaces it in the background) and stays for the life of the process. Its parallel
     loops run on kiln's thread pool. The functions take numpy arrays, DLPack tensors and TVM
     tensors, write their outputs in place, and check every argument (a wrong shape or dtype
-    raises, never crashes). A device target (`opencl`, `cuda`) builds, but its functions take
-    tensors in kiln's own device memory, which this package cannot allocate yet: calling them
-    with host or TVM arrays raises `ValueError` naming the device they expect.
+    raises, never crashes). For a device target (`opencl`, `cuda`) the functions take tensors
+    in kiln's memory of that device: `kiln.tensor(array, "opencl")`, `kiln.empty(...)`, and
+    `kiln.numpy(t)` to read one back (a host or TVM array raises `ValueError` naming the
+    device expected).
 
     With `auto_parallel=True`, each function's outermost loop whose iterations are provably
     independent (and large enough) runs on the thread pool (`kiln::schedule::auto`): for
@@ -253,6 +254,37 @@ def export(obj: Any, path: Union[str, os.PathLike], target: TargetLike = None) -
         obj.export_library(path)
         return
     _build_file(_ir_text(obj), _target_text(target), path)
+
+
+def empty(shape, dtype: str = "float32", device: str = "cpu"):
+    """A tensor of `shape` and `dtype` in kiln's memory of `device` (`"cpu"`, `"opencl"`,
+    `"opencl:1"`, `"cuda:0"`, a plugin's name), as a `tvm_ffi.Tensor`: what the functions
+    `kiln.build` compiles for that device take. Its contents are unspecified (zeros on the
+    CPU); kiln frees it when Python drops it."""
+    shape = [int(d) for d in (shape if isinstance(shape, (list, tuple)) else [shape])]
+    return _native.lib().tensor_empty(json.dumps(shape), str(dtype), str(device))
+
+
+def tensor(array: Any, device: str = "cpu"):
+    """A copy of `array` (a numpy array or anything `numpy.asarray` takes) in kiln's memory of
+    `device`, as a `tvm_ffi.Tensor` (see `kiln.empty`)."""
+    import numpy as np
+    import tvm_ffi
+
+    host = np.ascontiguousarray(np.asarray(array))
+    out = empty(host.shape, str(host.dtype), device)
+    _native.lib().tensor_copy(out, tvm_ffi.from_dlpack(host))
+    return out
+
+
+def numpy(t: Any):
+    """A numpy copy of tensor `t` (on any device kiln runs, e.g. one from `kiln.tensor`)."""
+    import numpy as np
+    import tvm_ffi
+
+    host = np.empty(tuple(int(d) for d in t.shape), dtype=str(t.dtype))
+    _native.lib().tensor_copy(tvm_ffi.from_dlpack(host), t)
+    return host
 
 
 def ir_text(obj: IRLike) -> str:

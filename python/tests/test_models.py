@@ -162,3 +162,26 @@ def test_primfunc_module_through_kiln_tvm_compile(tmp_path):
     out = tvm.runtime.tensor(np.empty_like(x))
     ex["relu"](tvm.runtime.tensor(x), out)
     np.testing.assert_array_equal(out.numpy(), np.maximum(x, 0))
+
+
+def test_a_symbolic_batch_runs_at_every_size(tmp_path):
+    # Relax lowers the shape computation of a symbolic batch to a PrimFunc of its own
+    # (`shape_func`): kiln builds it too.
+    from tvm.relax.frontend import nn
+
+    mod, params = models.MLP(64, 96, 10).export_tvm(
+        {"forward": {"x": nn.spec.Tensor(("batch", 64), "float32")}}
+    )
+    ex = kiln.tvm.compile(mod, TARGET)
+    ref = tvm.compile(mod, TARGET)
+    assert ex.kiln_report["tvm"] == {}
+    assert "shape_func" in ex.kiln_report["kiln"]
+    rng = np.random.default_rng(1)
+    weights = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for _, p in params]
+    ex.export_library(str(tmp_path / "mlp_batch.so"))
+    again = tvm.runtime.load_module(str(tmp_path / "mlp_batch.so"))
+    for batch in [1, 3, 17]:
+        args = [rng.standard_normal((batch, 64)).astype("float32")] + weights
+        want = run_vm(ref, args)
+        assert_close(run_vm(ex, args), want)
+        assert_close(run_vm(again, args), want)

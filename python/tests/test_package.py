@@ -201,3 +201,51 @@ def test_python_m_kiln_is_the_cli(tmp_path):
 def test_a_cpu_llvm_14_cannot_compile_for_raises_instead_of_aborting(cpu):
     with pytest.raises(RuntimeError, match="mcpu"):
         kiln.build(vadd_ir(), target={"kind": "llvm", "mcpu": cpu})
+
+
+def opencl_or_skip():
+    backends = {b["name"]: b for b in kiln.devices()["backends"]}
+    if not backends.get("opencl", {}).get("devices"):
+        if os.environ.get("KILN_REQUIRE_OPENCL") == "1":
+            raise AssertionError("KILN_REQUIRE_OPENCL=1 but kiln sees no OpenCL device")
+        pytest.skip("no OpenCL device (install PoCL: pocl-opencl-icd)")
+
+
+def test_device_kernels_run_on_kiln_device_tensors():
+    opencl_or_skip()
+    ocl = ROOT / "examples" / "kernels" / "opencl"
+    mod = kiln.build(ocl / "vadd.json", target="opencl")
+    n = 100_003
+    a = np.random.rand(n).astype("float32")
+    b = np.random.rand(n).astype("float32")
+    ta, tb, tc = kiln.tensor(a, "opencl"), kiln.tensor(b, "opencl"), kiln.empty(n, "float32", "opencl")
+    assert str(ta.device) == "opencl:0" and tuple(ta.shape) == (n,)
+    mod.vadd(ta, tb, tc)
+    np.testing.assert_array_equal(kiln.numpy(tc), a + b)
+    # Host arrays are not OpenCL memory: the wrapper says which device it expects.
+    with pytest.raises(ValueError, match="device_type on argument #0"):
+        mod.vadd(a, b, np.empty_like(a))
+    mm = kiln.build(ocl / "matmul.json", target="opencl")
+    A = np.random.rand(1024, 1024).astype("float32")
+    B = np.random.rand(1024, 1024).astype("float32")
+    tC = kiln.empty((1024, 1024), "float32", "opencl")
+    mm.matmul(kiln.tensor(A, "opencl"), kiln.tensor(B, "opencl"), tC)
+    np.testing.assert_allclose(kiln.numpy(tC), A @ B, rtol=1e-4, atol=1e-3)
+
+
+def test_tensors_round_trip_and_bad_requests_raise():
+    x = np.arange(12, dtype="int32").reshape(3, 4)
+    np.testing.assert_array_equal(kiln.numpy(kiln.tensor(x)), x)
+    assert kiln.numpy(kiln.empty((2, 2), "float64")).dtype == np.float64
+    with pytest.raises(ValueError, match="unknown device `nodev`"):
+        kiln.empty([4], "float32", "nodev")
+    with pytest.raises(ValueError, match="not a dtype"):
+        kiln.empty([4], "floaty")
+    with pytest.raises(ValueError, match="negative extent"):
+        kiln.empty([-1], "float32")
+    from kiln import _native
+
+    with pytest.raises(ValueError, match="rank and the dtype"):
+        _native.lib().tensor_copy(kiln.empty([4], "float32"), tvm_ffi.from_dlpack(np.zeros(4, "int32")))
+    with pytest.raises(TypeError, match="must be a tensor"):
+        _native.lib().tensor_copy(kiln.empty([4], "float32"), 3)

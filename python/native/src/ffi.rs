@@ -103,6 +103,41 @@ pub(crate) fn keep_forever(m: kiln::codegen::ModuleRef) {
     KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(m);
 }
 
+/// A kiln tensor as a tvm-ffi Tensor object that owns it (the allocation is freed when the
+/// last reference to the object is dropped).
+pub(crate) fn tensor_object(t: kiln::device_api::Tensor) -> kiln::packed_func::Any {
+    let dl = *t.as_dltensor();
+    // SAFETY: `dl`'s shape and strides point into `t`'s own storage, which moves with `t` into
+    // the object (a heap allocation does not move) and the object copies them anyway; its data
+    // is `t`'s allocation, which lives as long as the object owns `t`.
+    unsafe { kiln::packed_func::Any::tensor_object(&dl, t) }
+}
+
+/// Copies `src` into `dst` (any devices, same shape and dtype: kiln's backends check) and waits
+/// on both devices.
+pub(crate) fn copy_tensor(
+    src: &kiln::packed_func::DLTensor,
+    dst: &kiln::packed_func::DLTensor,
+) -> kiln::device_api::DeviceResult<()> {
+    use kiln::device_api::{copy_data_from_to, get, Device, DeviceError, StreamHandle};
+    if src.ndim != dst.ndim || src.dtype != dst.dtype {
+        return Err(DeviceError::CopyMismatch {
+            from: format!("a {}-d {} tensor", src.ndim, src.dtype),
+            to: format!("a {}-d {} tensor", dst.ndim, dst.dtype),
+            reason: "the rank and the dtype must be equal".into(),
+        });
+    }
+    // SAFETY: both are tensor arguments of the current tvm-ffi call (valid for the call, their
+    // shapes `ndim` long); kiln's device backends check a device tensor's memory against their
+    // own allocations (a foreign handle is an error), and a host tensor is the caller's array,
+    // which the call borrows.
+    unsafe { copy_data_from_to(src, dst, StreamHandle::DEFAULT)? };
+    for d in [Device::from(src.device), Device::from(dst.device)] {
+        get(d.device_type)?.sync_stream(d, StreamHandle::DEFAULT)?;
+    }
+    Ok(())
+}
+
 /// Raises `e` through the host's error slot, else through a global `libtvm_ffi`, else through
 /// kiln's thread-local slot (kiln's own loader fills the context slot, so that is the rare
 /// case of a host that provides neither).
@@ -217,4 +252,6 @@ export! {
     __tvm_ffi_ir_text => ir_text,
     __tvm_ffi_devices => devices,
     __tvm_ffi_cli => cli,
+    __tvm_ffi_tensor_empty => tensor_empty,
+    __tvm_ffi_tensor_copy => tensor_copy,
 }

@@ -12,6 +12,8 @@
 //! | `ir_text` | kiln IR (JSON text) | the verified module in text form |
 //! | `devices` | backend name or `""` | `kiln devices --json`'s document |
 //! | `cli` | the arguments as a JSON list of strings | the exit code of `kiln <args>` |
+//! | `tensor_empty` | shape (JSON list), dtype, device (`opencl:0`, ...) | a tvm-ffi Tensor in kiln's memory of that device |
+//! | `tensor_copy` | destination Tensor, source Tensor | nothing: the elements copied, across devices, and waited for |
 //!
 //! Errors are raised through tvm-ffi (`TVMFFIErrorSetRaisedFromCStr`, which the loader puts in
 //! this library's context slot) with the kind of kiln's error: `ValueError` for a malformed
@@ -235,6 +237,64 @@ pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
     }
     ffi::keep_forever(built);
     Ok(built_info(&module, &target, parallel, t))
+}
+
+fn device_error(e: kiln::device_api::DeviceError) -> Raised {
+    let kind = match e.kind() {
+        "ValueError" => "ValueError",
+        "TypeError" => "TypeError",
+        "MemoryError" => "MemoryError",
+        _ => "RuntimeError",
+    };
+    Raised::new(kind, e.to_string())
+}
+
+/// `tensor_empty(shape_json, dtype, device)`: a compact tensor in the memory of `device`
+/// (allocated by kiln's device runtime, as the kernels kiln builds for that device expect),
+/// as a tvm-ffi Tensor object that frees it when Python drops it. Its contents are unspecified
+/// (zeros on the CPU).
+pub fn tensor_empty(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("tensor_empty", args, 3)?;
+    let shape_text = arg_str("tensor_empty", args, 0, "shape as a JSON list")?;
+    let dtype_text = arg_str("tensor_empty", args, 1, "dtype")?;
+    let device_text = arg_str("tensor_empty", args, 2, "device")?;
+    let shape: Vec<i64> = serde_json::from_str(shape_text).map_err(|e| {
+        Raised::new(
+            "ValueError",
+            format!(
+                "kiln.empty: the shape must be a JSON list of integers, found `{shape_text}` ({e})"
+            ),
+        )
+    })?;
+    let dtype = kiln::packed_func::DLDataType::parse(dtype_text).ok_or_else(|| {
+        Raised::new(
+            "ValueError",
+            format!("kiln.empty: `{dtype_text}` is not a dtype (float32, int8, bfloat16, ...)"),
+        )
+    })?;
+    let device: kiln::device_api::Device = device_text.parse().map_err(device_error)?;
+    let t = kiln::device_api::Tensor::empty(&shape, dtype, device).map_err(device_error)?;
+    Ok(ffi::tensor_object(t))
+}
+
+/// `tensor_copy(dst, src)`: copies the elements of `src` into `dst` (tensors of one shape and
+/// dtype, on any devices: host memory, or kiln's memory of a device) and waits for the copy.
+pub fn tensor_copy(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("tensor_copy", args, 2)?;
+    let get = |i: usize, what: &str| {
+        args[i].as_dltensor().ok_or_else(|| {
+            Raised::new(
+                "TypeError",
+                format!(
+                    "kiln.tensor_copy: argument #{i} ({what}) must be a tensor, found {}",
+                    args[i].type_name()
+                ),
+            )
+        })
+    };
+    let (dst, src) = (get(0, "destination")?, get(1, "source")?);
+    ffi::copy_tensor(src, dst).map_err(device_error)?;
+    Ok(Any::none())
 }
 
 /// `target_canonical(text)`: the canonical TVM 0.27 JSON export of a target.
