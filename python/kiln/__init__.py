@@ -31,6 +31,7 @@ from .core import (
     tensor,
     to_kiln,
     version,
+    wait_optimized,
 )
 from .errors import BridgeError, UnsupportedFunctionError
 
@@ -50,4 +51,5 @@ __all__ = [
     "tensor",
     "to_kiln",
     "version",
+    "wait_optimized",
 ]

@@ -298,6 +298,13 @@ def devices(backend: str | None = None) -> dict:
     return json.loads(_native.lib().devices(backend or ""))
 
 
+def wait_optimized() -> None:
+    """Blocks until every function `kiln.build` (or `kiln.tvm.compile`) compiled so far runs its
+    optimized code: the JIT returns after a quick first tier and installs the O3 code from a
+    background thread. Call it before timing kernels."""
+    _native.lib().wait_optimized()
+
+
 def version() -> str:
     """The version of kiln's native library."""
     return _native.lib().version()

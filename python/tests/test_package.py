@@ -171,6 +171,8 @@ def test_devices_lists_the_cpu():
 def test_ir_text_and_version():
     assert "vadd" in kiln.ir_text(vadd_ir())
     assert kiln.version() == kiln.__version__
+    kiln.build(vadd_ir())
+    kiln.wait_optimized()  # returns once the O3 tier is in
 
 
 def run_module_cli(*args, **kw):

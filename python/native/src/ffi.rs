@@ -229,7 +229,8 @@ macro_rules! export {
         #[doc = concat!("The safe-call entry of [`crate::", stringify!($f), "`].")]
         ///
         /// # Safety
-        /// tvm-ffi's safe-call contract (see [`call`]).
+        /// tvm-ffi's safe-call contract: `args` points to `num_args` valid values (or is NULL
+        /// with 0) that outlive the call, and `ret` is NULL or writable.
         #[no_mangle]
         pub unsafe extern "C" fn $sym(
             _handle: *mut c_void,
@@ -252,6 +253,7 @@ export! {
     __tvm_ffi_ir_text => ir_text,
     __tvm_ffi_devices => devices,
     __tvm_ffi_cli => cli,
+    __tvm_ffi_wait_optimized => wait_optimized,
     __tvm_ffi_tensor_empty => tensor_empty,
     __tvm_ffi_tensor_copy => tensor_copy,
 }

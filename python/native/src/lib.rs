@@ -12,6 +12,7 @@
 //! | `ir_text` | kiln IR (JSON text) | the verified module in text form |
 //! | `devices` | backend name or `""` | `kiln devices --json`'s document |
 //! | `cli` | the arguments as a JSON list of strings | the exit code of `kiln <args>` |
+//! | `wait_optimized` | | nothing, once every function `jit` compiled runs its O3 code |
 //! | `tensor_empty` | shape (JSON list), dtype, device (`opencl:0`, ...) | a tvm-ffi Tensor in kiln's memory of that device |
 //! | `tensor_copy` | destination Tensor, source Tensor | nothing: the elements copied, across devices, and waited for |
 //!
@@ -294,6 +295,14 @@ pub fn tensor_copy(args: &[AnyView<'_>]) -> Result<Any> {
     };
     let (dst, src) = (get(0, "destination")?, get(1, "source")?);
     ffi::copy_tensor(src, dst).map_err(device_error)?;
+    Ok(Any::none())
+}
+
+/// `wait_optimized()`: blocks until every function compiled by `jit` so far runs its optimized
+/// (O3) code instead of the JIT's quick first tier; for timing kernels.
+pub fn wait_optimized(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("wait_optimized", args, 0)?;
+    kiln::codegen::llvm::wait_all_optimized();
     Ok(Any::none())
 }
 
