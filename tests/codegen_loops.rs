@@ -1,0 +1,83 @@
+//! Loop metadata the LLVM emitter writes for serial loops nobody scheduled: an outer loop
+//! whose accesses all stride by a row (its variable in no buffer's last index) is kept from
+//! LLVM's loop vectorizer, which on AVX-512 would gather and scatter after unrolling the inner
+//! loops; a loop that walks a row is left to it. Results are unchanged (interpreter vs JIT).
+
+mod common;
+
+use common::{interp_last, jit_last};
+use kiln::codegen::llvm::{generate_ir, CodegenOptions, Linkage};
+use kiln::ir::{IRModule, PrimFunc};
+use serde_json::{json, Value};
+
+fn v(name: &str) -> Value {
+    json!({ "var": name })
+}
+
+fn copy_nest(outer_in_last: bool) -> PrimFunc {
+    // C[i, j] = A[i, j + 16] over C[64, 16] (a `split`), or C[j, i] = A[j, i] over C[16, 64]
+    // with `i` outside (the outer loop walks the rows).
+    let (ci, ai) = if outer_in_last {
+        (vec![v("j"), v("i")], vec![v("j"), v("i")])
+    } else {
+        (
+            vec![v("i"), v("j")],
+            vec![
+                v("i"),
+                json!({ "op": "add", "args": [v("j"), { "const": 16, "dtype": "int64" }] }),
+            ],
+        )
+    };
+    let inner = json!({ "stmt": "for", "var": { "name": "j", "dtype": "int64" },
+        "min": { "const": 0, "dtype": "int64" }, "extent": { "const": 16, "dtype": "int64" },
+        "kind": "serial", "body": { "stmt": "store", "buffer": "C", "indices": ci,
+            "value": { "op": "load", "buffer": "A", "indices": ai } } });
+    let body = json!({ "stmt": "for", "var": { "name": "i", "dtype": "int64" },
+        "min": { "const": 0, "dtype": "int64" }, "extent": { "const": 64, "dtype": "int64" },
+        "kind": "serial", "body": inner });
+    let (a_shape, c_shape) = if outer_in_last {
+        (json!([16, 64]), json!([16, 64]))
+    } else {
+        (json!([64, 48]), json!([64, 16]))
+    };
+    let m = json!({ "format": "kiln-ir/1", "functions": [{ "name": "f",
+        "params": [
+            { "kind": "buffer", "name": "A", "dtype": "float32", "shape": a_shape },
+            { "kind": "buffer", "name": "C", "dtype": "float32", "shape": c_shape }],
+        "attrs": { "global_symbol": "f", "noalias": true }, "body": body }] });
+    let m = IRModule::from_json_str(&m.to_string()).unwrap();
+    m.verify().unwrap();
+    m.functions[0].clone()
+}
+
+fn width_one_loops(f: &PrimFunc) -> usize {
+    let ir = generate_ir(
+        &IRModule::from_functions(vec![f.clone()]),
+        &CodegenOptions::host(),
+        &Linkage::Export,
+    )
+    .unwrap();
+    ir.matches("\"llvm.loop.vectorize.width\", i32 1").count()
+}
+
+#[test]
+fn a_row_strided_outer_loop_is_kept_from_the_vectorizer() {
+    let f = copy_nest(false);
+    assert_eq!(width_one_loops(&f), 1);
+    let shapes = [vec![64, 48], vec![64, 16]];
+    assert_eq!(
+        jit_last(&f, &shapes, &CodegenOptions::host()),
+        interp_last(&f, &shapes)
+    );
+}
+
+#[test]
+fn an_outer_loop_that_walks_a_row_is_left_to_llvm() {
+    let f = copy_nest(true);
+    assert_eq!(width_one_loops(&f), 0);
+    let shapes = [vec![16, 64], vec![16, 64]];
+    assert_eq!(
+        jit_last(&f, &shapes, &CodegenOptions::host()),
+        interp_last(&f, &shapes)
+    );
+}
