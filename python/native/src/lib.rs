@@ -53,15 +53,19 @@ impl Raised {
 /// What a function of this library returns.
 pub type Result<T> = std::result::Result<T, Raised>;
 
-/// The kind of a kiln error behind a `Box<dyn Error>` from the command-line layer.
-fn kind_of(e: &(dyn std::error::Error + 'static)) -> &'static str {
-    use kiln::codegen::CodegenError;
-    let known = |k: &str| match k {
+/// A kiln error kind as one of the Python exceptions this library raises.
+fn known(kind: &str) -> &'static str {
+    match kind {
         "ValueError" => "ValueError",
         "TypeError" => "TypeError",
         "MemoryError" => "MemoryError",
         _ => "RuntimeError",
-    };
+    }
+}
+
+/// The kind of a kiln error behind a `Box<dyn Error>` from the command-line layer.
+fn kind_of(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    use kiln::codegen::CodegenError;
     if let Some(k) = e.downcast_ref::<kiln::Error>() {
         return known(k.kind());
     }
@@ -241,13 +245,7 @@ pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
 }
 
 fn device_error(e: kiln::device_api::DeviceError) -> Raised {
-    let kind = match e.kind() {
-        "ValueError" => "ValueError",
-        "TypeError" => "TypeError",
-        "MemoryError" => "MemoryError",
-        _ => "RuntimeError",
-    };
-    Raised::new(kind, e.to_string())
+    Raised::new(known(e.kind()), e.to_string())
 }
 
 /// `tensor_empty(shape_json, dtype, device)`: a compact tensor in the memory of `device`
