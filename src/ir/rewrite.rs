@@ -145,22 +145,6 @@ pub(crate) fn subst_stmt(s: &Stmt, map: &HashMap<VarId, Expr>) -> Stmt {
     rw_stmt(&mut Subst(map), s)
 }
 
-/// Whether `s` mentions variable `v`.
-pub(crate) fn mentions(s: &Stmt, v: &Var) -> bool {
-    struct Find(VarId, bool);
-    impl Rewriter for Find {
-        fn post_expr(&mut self, e: Expr) -> Expr {
-            if matches!(&e, Expr::Var(w) if w.id == self.0) {
-                self.1 = true;
-            }
-            e
-        }
-    }
-    let mut f = Find(v.id, false);
-    rw_stmt(&mut f, s);
-    f.1
-}
-
 fn is_int(t: DataType) -> bool {
     matches!(t.code, TypeCode::Int | TypeCode::UInt) && t.bits >= 32
 }

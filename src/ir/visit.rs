@@ -203,6 +203,33 @@ impl Stmt {
     }
 }
 
+/// Whether anything `visit` walks uses variable `v`.
+fn uses(v: &Var, visit: impl FnOnce(&mut dyn Visitor)) -> bool {
+    struct Find(VarId, bool);
+    impl Visitor for Find {
+        fn var(&mut self, w: &Var) {
+            self.1 |= w.id == self.0;
+        }
+    }
+    let mut f = Find(v.id, false);
+    visit(&mut f);
+    f.1
+}
+
+impl Stmt {
+    /// Whether this statement uses variable `v` (in any expression, bound here or not).
+    pub fn mentions(&self, v: &Var) -> bool {
+        uses(v, |f| f.stmt(self))
+    }
+}
+
+impl Expr {
+    /// Whether this expression uses variable `v`.
+    pub fn mentions(&self, v: &Var) -> bool {
+        uses(v, |f| f.expr(self))
+    }
+}
+
 impl Expr {
     /// The conjuncts of `a && b && ...`, in order, however the `&&`s are grouped; an
     /// expression that is not a conjunction is its own single conjunct.

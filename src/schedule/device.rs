@@ -585,7 +585,7 @@ impl Schedule {
             };
             if indices
                 .iter()
-                .any(|i| super::expr_mentions(i, vo) || super::expr_mentions(i, vi))
+                .any(|i| i.mentions(vo) || i.mentions(vi))
             {
                 problem = Some(form);
                 return Ok(s.clone());

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{expr_mentions, for_, guard, imm, parts, Schedule, ScheduleError, ScheduleResult};
+use super::{for_, guard, imm, parts, Schedule, ScheduleError, ScheduleResult};
 use crate::ir::rewrite::{self, subst_stmt};
 use crate::ir::{BinOp, Expr, ForKind, Stmt, Var};
 
@@ -126,7 +126,7 @@ impl Schedule {
             let indep = chain.iter().all(|(_, mn, ex, _)| {
                 chain
                     .iter()
-                    .all(|(v, ..)| !expr_mentions(mn, v) && !expr_mentions(ex, v))
+                    .all(|(v, ..)| !mn.mentions(v) && !ex.mentions(v))
             });
             if seen != order.len() || !indep {
                 failed = true;
@@ -182,7 +182,7 @@ impl Schedule {
                 bad = Some("needs the inner loop to be the whole body of the outer loop");
                 return Ok(s.clone());
             };
-            if &*vi.name != inner || expr_mentions(mi, vo) || expr_mentions(ei, vo) {
+            if &*vi.name != inner || mi.mentions(vo) || ei.mentions(vo) {
                 bad = Some("needs the inner loop, with bounds independent of the outer loop, as the outer loop's body");
                 return Ok(s.clone());
             }

@@ -220,10 +220,6 @@ fn imm(t: DataType, v: i64) -> Expr {
     Expr::IntImm { dtype: t, value: v }
 }
 
-fn expr_mentions(e: &Expr, v: &Var) -> bool {
-    rewrite::mentions(&Stmt::Evaluate(e.clone()), v)
-}
-
 fn guard(cond: Expr, body: Stmt) -> Stmt {
     Stmt::IfThenElse {
         cond,

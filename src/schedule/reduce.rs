@@ -1,6 +1,6 @@
 //! `rfactor`: factoring a reduction into vectorizable partial results.
 
-use super::{expr_mentions, for_, imm, parts, Schedule, ScheduleResult};
+use super::{for_, imm, parts, Schedule, ScheduleResult};
 use crate::ir::builder::Reducer;
 use crate::ir::{BinOp, Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
 
@@ -52,7 +52,7 @@ impl Schedule {
                     return Ok(s.clone());
                 }
             };
-            if indices.iter().any(|i| expr_mentions(i, vo) || expr_mentions(i, vi)) {
+            if indices.iter().any(|i| i.mentions(vo) || i.mentions(vi)) {
                 problem = true;
                 return Ok(s.clone());
             }

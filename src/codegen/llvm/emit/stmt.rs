@@ -386,27 +386,23 @@ impl Emitter<'_> {
 /// (contiguous) dimension: vectorizing it could only gather and scatter.
 fn strided_outer_loop(var: &Var, body: &Stmt) -> bool {
     use crate::ir::visit::{walk_expr, walk_stmt, Visitor};
-    #[derive(Default)]
-    struct Scan {
-        id: Option<crate::ir::VarId>,
+    struct Scan<'v> {
+        var: &'v Var,
         has_loop: bool,
         in_index: bool,
         in_last: bool,
     }
-    impl Scan {
+    impl Scan<'_> {
         fn indices(&mut self, indices: &[Expr]) {
-            let id = self.id.expect("set");
             for (d, e) in indices.iter().enumerate() {
-                if mentions(e, id) {
+                if e.mentions(self.var) {
                     self.in_index = true;
-                    if d + 1 == indices.len() {
-                        self.in_last = true;
-                    }
+                    self.in_last |= d + 1 == indices.len();
                 }
             }
         }
     }
-    impl Visitor for Scan {
+    impl Visitor for Scan<'_> {
         fn stmt(&mut self, s: &Stmt) {
             match s {
                 Stmt::For { .. } => self.has_loop = true,
@@ -422,22 +418,11 @@ fn strided_outer_loop(var: &Var, body: &Stmt) -> bool {
             walk_expr(self, e);
         }
     }
-    fn mentions(e: &Expr, id: crate::ir::VarId) -> bool {
-        struct Find(crate::ir::VarId, bool);
-        impl Visitor for Find {
-            fn var(&mut self, v: &Var) {
-                if v.id == self.0 {
-                    self.1 = true;
-                }
-            }
-        }
-        let mut f = Find(id, false);
-        f.expr(e);
-        f.1
-    }
     let mut s = Scan {
-        id: Some(var.id),
-        ..Scan::default()
+        var,
+        has_loop: false,
+        in_index: false,
+        in_last: false,
     };
     s.stmt(body);
     s.has_loop && s.in_index && !s.in_last
