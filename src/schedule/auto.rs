@@ -87,54 +87,24 @@ fn scheduled(s: &Stmt) -> bool {
 
 fn rewrite(s: &Stmt, min_work: u64, loops: &mut Vec<String>) -> Stmt {
     match s {
-        Stmt::Seq(v) => Stmt::Seq(v.iter().map(|x| rewrite(x, min_work, loops)).collect()),
-        Stmt::Let { var, value, body } => Stmt::Let {
-            var: var.clone(),
-            value: value.clone(),
-            body: Box::new(rewrite(body, min_work, loops)),
-        },
-        Stmt::Allocate { buffer, body } => Stmt::Allocate {
-            buffer: buffer.clone(),
-            body: Box::new(rewrite(body, min_work, loops)),
-        },
-        Stmt::IfThenElse {
-            cond,
-            then_case,
-            else_case,
-        } => Stmt::IfThenElse {
-            cond: cond.clone(),
-            then_case: Box::new(rewrite(then_case, min_work, loops)),
-            else_case: else_case
-                .as_ref()
-                .map(|e| Box::new(rewrite(e, min_work, loops))),
-        },
         Stmt::For {
             var,
-            min,
             extent,
             kind: ForKind::Serial,
             body,
-        } => {
-            let one = extent.as_int() == Some(1);
-            if !one && work(s) >= min_work && independent(var, body) {
-                loops.push(var.name.to_string());
-                return Stmt::For {
-                    var: var.clone(),
-                    min: min.clone(),
-                    extent: extent.clone(),
-                    kind: ForKind::Parallel,
-                    body: body.clone(),
-                };
+            ..
+        } if extent.as_int() != Some(1) && work(s) >= min_work && independent(var, body) => {
+            loops.push(var.name.to_string());
+            let mut out = s.clone();
+            if let Stmt::For { kind, .. } = &mut out {
+                *kind = ForKind::Parallel;
             }
-            Stmt::For {
-                var: var.clone(),
-                min: min.clone(),
-                extent: extent.clone(),
-                kind: ForKind::Serial,
-                body: Box::new(rewrite(body, min_work, loops)),
-            }
+            out
         }
-        other => other.clone(),
+        // Serial loops (the one above when it does not qualify), sequences, `let`s,
+        // allocations and branches are looked into; other loops and statements are kept.
+        Stmt::For { kind, .. } if *kind != ForKind::Serial => s.clone(),
+        _ => s.map_children(|c| rewrite(c, min_work, loops)),
     }
 }
 
@@ -162,7 +132,6 @@ struct Access {
     var_dims: Vec<usize>,
 }
 
-#[derive(Default)]
 struct Accesses {
     /// Buffers allocated inside the body (private to an iteration).
     private: HashSet<VarId>,
@@ -170,12 +139,13 @@ struct Accesses {
     loads: HashMap<VarId, Vec<Access>>,
     /// Something that rules the loop out.
     blocked: bool,
-    var: Option<VarId>,
+    /// The loop variable.
+    var: VarId,
 }
 
 impl Accesses {
     fn access(&self, indices: &[Expr]) -> Access {
-        let var = self.var.expect("set before the walk");
+        let var = self.var;
         Access {
             var_dims: indices
                 .iter()
@@ -202,13 +172,11 @@ impl Visitor for Accesses {
                 }
                 self.private.insert(key(buffer));
             }
+            // (A parallel or thread-bound loop cannot be inside: `auto_parallel` leaves a
+            // function with one alone.)
             Stmt::Assert { .. } | Stmt::Return(_) | Stmt::Evaluate(_) | Stmt::Barrier => {
                 self.blocked = true;
             }
-            Stmt::For {
-                kind: ForKind::Parallel | ForKind::ThreadBinding(_),
-                ..
-            } => self.blocked = true,
             _ => {}
         }
         walk_stmt(self, s);
@@ -235,8 +203,11 @@ fn key(b: &Buffer) -> VarId {
 /// body writes (see the module documentation).
 fn independent(var: &Var, body: &Stmt) -> bool {
     let mut a = Accesses {
-        var: Some(var.id),
-        ..Accesses::default()
+        private: HashSet::new(),
+        stores: HashMap::new(),
+        loads: HashMap::new(),
+        blocked: false,
+        var: var.id,
     };
     a.stmt(body);
     if a.blocked {
