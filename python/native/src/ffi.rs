@@ -65,8 +65,10 @@ pub(crate) fn register_system_lib_symbol(
     name: &str,
     f: &kiln::packed_func::PackedFunc,
 ) -> crate::Result<()> {
-    let Some(register) = global_symbol::<RegisterSymbol>(b"TVMFFIEnvModRegisterSystemLibSymbol\0")
-    else {
+    static REGISTER: OnceLock<Option<RegisterSymbol>> = OnceLock::new();
+    let found = REGISTER
+        .get_or_init(|| global_symbol::<RegisterSymbol>(b"TVMFFIEnvModRegisterSystemLibSymbol\0"));
+    let Some(register) = *found else {
         return Err(Raised::new(
             "RuntimeError",
             "kiln.jit: tvm-ffi's TVMFFIEnvModRegisterSystemLibSymbol is not in this process \

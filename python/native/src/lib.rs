@@ -167,7 +167,7 @@ fn apply_options(module: IRModule, text: &str) -> Result<(IRModule, serde_json::
     if !auto {
         return Ok((module, serde_json::Value::Object(parallel)));
     }
-    let mut out = module.clone();
+    let mut out = module;
     for f in &mut out.functions {
         let r = kiln::schedule::auto::auto_parallel(f, min_work);
         if !r.loops.is_empty() {
