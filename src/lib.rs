@@ -71,6 +71,7 @@ pub mod error;
 pub mod ir;
 pub mod npy;
 pub mod packed_func;
+pub mod rpc;
 pub mod runtime;
 pub mod schedule;
 pub mod target;

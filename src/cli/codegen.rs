@@ -34,30 +34,45 @@ pub struct BuildArgs {
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// An IR module (`.json`, compiled in-process) or a library (`.so`).
-    module: PathBuf,
+    pub(crate) module: PathBuf,
     /// The function to call.
-    function: String,
+    pub(crate) function: String,
     /// Arguments: `file.npy`, `rand:SHAPE[:DTYPE]` or `zeros:SHAPE[:DTYPE]` (SHAPE like
     /// `1024x1024`, DTYPE default float32), an integer, a float, `true`/`false`. With an IR module
     /// and no arguments, tensors of constant shape are generated at random.
-    args: Vec<String>,
+    pub(crate) args: Vec<String>,
     /// The target used to compile an IR module. With a device target (`opencl`), tensors are
     /// copied to its device 0, the function runs there, and `--repeat` times it with device
     /// events.
     #[arg(long, short, default_value = DEFAULT_TARGET)]
-    target: String,
+    pub(crate) target: String,
     /// Call the function this many times and print the median, min and max time.
     #[arg(long, default_value_t = 0)]
-    repeat: usize,
+    pub(crate) repeat: usize,
     /// Where to write every tensor argument after the call, as `<name>.npy`.
     #[arg(long, default_value = "kiln-out")]
-    out: PathBuf,
+    pub(crate) out: PathBuf,
     /// Also run the reference interpreter (IR modules only) and report the largest difference.
     #[arg(long)]
-    check: bool,
+    pub(crate) check: bool,
+    /// Run on a remote device through the TVM RPC server at HOST:PORT (kiln's `kiln
+    /// rpc-server` or TVM's): the library (or the IR module, built here for `--target`) is
+    /// uploaded, its tensors copied there and back, and `--repeat` timed there.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "tracker")]
+    pub(crate) rpc: Option<String>,
+    /// Ask the RPC tracker at HOST:PORT for a server of `--key`, and run there.
+    #[arg(long, value_name = "HOST:PORT", requires = "key")]
+    pub(crate) tracker: Option<String>,
+    /// The key: the tracker's device key with `--tracker`, the server's match key with `--rpc`.
+    #[arg(long, default_value = "")]
+    pub(crate) key: String,
+    /// The remote device the function runs on (`cpu`, `opencl`, `cuda`, with `:N` for another
+    /// ordinal).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub(crate) device: String,
 }
 
-fn read_module(path: &Path) -> Result<IRModule, Box<dyn std::error::Error>> {
+pub(crate) fn read_module(path: &Path) -> Result<IRModule, Box<dyn std::error::Error>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("reading `{}`: {e}", path.display()))?;
     Ok(IRModule::from_json_str(&text).map_err(|e| format!("`{}`: {e}", path.display()))?)
@@ -114,7 +129,7 @@ pub fn write_library(module: &IRModule, target: &Target, output: &Path) -> CmdRe
     Ok(())
 }
 
-enum Arg {
+pub(crate) enum Arg {
     Tensor(String, NpyArray),
     Scalar(Any),
 }
@@ -160,7 +175,7 @@ fn parse_shape(s: &str) -> Result<Vec<i64>, String> {
         .collect()
 }
 
-fn parse_arg(s: &str, index: usize, seed: u64) -> Result<Arg, String> {
+pub(crate) fn parse_arg(s: &str, index: usize, seed: u64) -> Result<Arg, String> {
     let name = format!("arg{index}");
     if s.ends_with(".npy") {
         return Ok(Arg::Tensor(
@@ -199,7 +214,7 @@ fn parse_arg(s: &str, index: usize, seed: u64) -> Result<Arg, String> {
     ))
 }
 
-fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
+pub(crate) fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
     f.params
         .iter()
         .enumerate()
@@ -237,6 +252,9 @@ pub fn target_line(target: &Target, given: &str) -> Result<String, crate::error:
 
 /// `kiln run`.
 pub fn run_run(a: &RunArgs) -> CmdResult {
+    if a.rpc.is_some() || a.tracker.is_some() {
+        return super::rpc::run_remote(a);
+    }
     let is_lib = a.module.extension().is_some_and(|e| e == "so");
     // The device the function's tensors live on: the CPU, or the device of its kernels.
     let on_device: Option<DeviceType>;
@@ -337,7 +355,7 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
 }
 
 /// `(median, min, max)` of non-empty timings (sorted in place).
-fn spread(times: &mut [f64]) -> (f64, f64, f64) {
+pub(crate) fn spread(times: &mut [f64]) -> (f64, f64, f64) {
     times.sort_by(f64::total_cmp);
     (times[times.len() / 2], times[0], times[times.len() - 1])
 }
@@ -428,7 +446,7 @@ fn run_on_device(
 
 /// Writes every tensor argument as `.npy` into `--out` and, with `--check`, compares them with
 /// the reference interpreter's results.
-fn finish(
+pub(crate) fn finish(
     a: &RunArgs,
     args: &[Arg],
     interp_inputs: Option<Vec<crate::ir::interp::InterpArg>>,
@@ -510,7 +528,10 @@ fn as_f64(t: &NpyArray) -> Vec<f64> {
         .collect()
 }
 
-fn to_interp(args: &[Arg], p: &PrimFunc) -> Result<Vec<crate::ir::interp::InterpArg>, String> {
+pub(crate) fn to_interp(
+    args: &[Arg],
+    p: &PrimFunc,
+) -> Result<Vec<crate::ir::interp::InterpArg>, String> {
     use crate::ir::interp::{HostBuffer, InterpArg, Scalar};
     if args.len() != p.params.len() {
         return Err(format!(

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 pub mod codegen;
 pub mod devices;
 pub mod ir;
+pub mod rpc;
 pub mod target;
 
 #[derive(Parser)]
@@ -41,6 +42,9 @@ enum Command {
     Functions,
     /// List the registered device backends and each device's attributes.
     Devices(devices::DevicesArgs),
+    /// Serve this machine's devices over TVM's RPC protocol (TVM's tracker and clients drive
+    /// it unchanged).
+    RpcServer(rpc::RpcServerArgs),
 }
 
 /// Writes `text` to stdout; a closed pipe (`kiln tags | head`) is not an error.
@@ -86,6 +90,7 @@ where
             Ok(())
         }
         Command::Devices(args) => devices::run(args),
+        Command::RpcServer(args) => rpc::run_server(&args),
     };
     match result {
         Ok(()) => 0,
