@@ -3,6 +3,15 @@
 //! context slot) into one object, `$OUT_DIR/kiln_export_rt.o`, which the code generator embeds.
 
 fn main() {
+    // The `kiln` binary defines tvm-ffi's error functions that TVM-built libraries call by name
+    // (`src/bin/kiln/main.rs`): export them to the dynamic symbol table so `dlopen`ed
+    // libraries find them.
+    for sym in [
+        "TVMFFIErrorSetRaisedFromCStr",
+        "TVMFFIErrorSetRaisedFromCStrParts",
+    ] {
+        println!("cargo:rustc-link-arg-bin=kiln=-Wl,--export-dynamic-symbol={sym}");
+    }
     let src = "src/runtime/export_rt.c";
     println!("cargo:rerun-if-changed={src}");
     let objs = cc::Build::new()

@@ -112,11 +112,14 @@ impl LibraryModule {
             path: path.clone(),
             reason,
         })?;
+        // Symbols are bound at load time (`RTLD_NOW`): a library that needs a function this
+        // process does not have fails to load with the symbol's name, instead of ending the
+        // process the first time the call is made.
         // SAFETY: the caller vouches for the library's initializers (see `# Safety`).
         let lib = unsafe {
             libloading::os::unix::Library::open(
                 Some(&open_path),
-                libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL,
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
             )
         }
         .map_err(|e| {

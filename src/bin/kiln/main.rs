@@ -17,6 +17,36 @@ fn default_sigpipe() {
     }
 }
 
+/// TVM's libraries raise errors by calling `TVMFFIErrorSetRaisedFromCStrParts` by name (in a
+/// Python process `libtvm_ffi` defines it). In the `kiln` binary kiln's implementation answers,
+/// exported to the dynamic symbol table (`build.rs`), so that a library TVM built reports a
+/// failed check under `kiln run` and `kiln rpc-server` instead of failing to load.
+///
+/// # Safety
+/// As [`kiln::packed_func::ffi::kiln_error_set_raised_from_cstr_parts`].
+#[no_mangle]
+pub unsafe extern "C" fn TVMFFIErrorSetRaisedFromCStrParts(
+    kind: *const std::ffi::c_char,
+    parts: *const *const std::ffi::c_char,
+    n: i32,
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { kiln::packed_func::ffi::kiln_error_set_raised_from_cstr_parts(kind, parts, n) }
+}
+
+/// `TVMFFIErrorSetRaisedFromCStr`, for the same reason.
+///
+/// # Safety
+/// As [`kiln::packed_func::ffi::kiln_error_set_raised_from_cstr`].
+#[no_mangle]
+pub unsafe extern "C" fn TVMFFIErrorSetRaisedFromCStr(
+    kind: *const std::ffi::c_char,
+    message: *const std::ffi::c_char,
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { kiln::packed_func::ffi::kiln_error_set_raised_from_cstr(kind, message) }
+}
+
 fn main() {
     #[cfg(unix)]
     default_sigpipe();

@@ -1,0 +1,123 @@
+"""TVM 0.27's own RPC client against kiln's RPC server (driven by tests/rpc_tvm.rs).
+
+    rpc_client.py direct  PORT KILN_LIB WORKDIR
+    rpc_client.py tracker TRACKER_PORT KEY KILN_LIB SEQUENTIAL CONCURRENT
+
+Every check is an assert; the last line printed is `OK <what>` on success.
+"""
+
+import os
+import sys
+import threading
+
+import numpy as np
+import tvm
+from tvm import rpc, te
+
+
+def tvm_vadd_lib(path):
+    """A vadd library built and exported by TVM itself (parallel, as TVM would schedule it)."""
+    n = te.var("n")
+    a = te.placeholder((n,), name="A")
+    b = te.placeholder((n,), name="B")
+    c = te.compute((n,), lambda i: a[i] + b[i], name="C")
+    f = te.create_prim_func([a, b, c]).with_attr("global_symbol", "vadd")
+    tvm.compile(f, target="llvm").export_library(path)
+
+
+def run_vadd(remote, lib_path, name, n=1000):
+    remote.upload(lib_path, target=name)
+    mod = remote.load_module(name)
+    dev = remote.cpu(0)
+    x = np.random.default_rng(0).standard_normal(n).astype("float32")
+    y = np.arange(n, dtype="float32")
+    a = tvm.runtime.tensor(x, dev)
+    b = tvm.runtime.tensor(y, dev)
+    c = tvm.runtime.tensor(np.zeros(n, dtype="float32"), dev)
+    f = mod["vadd"]
+    f(a, b, c)
+    np.testing.assert_array_equal(c.numpy(), x + y)
+    timer = mod.time_evaluator("vadd", dev, number=10, repeat=3)
+    r = timer(a, b, c)
+    assert len(r.results) == 3 and all(t > 0 for t in r.results), r.results
+    return mod
+
+
+def expect_error(fn, *needles):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - TVM raises its own error classes
+        text = str(e)
+        for needle in needles:
+            assert needle in text, f"expected {needle!r} in: {text}"
+        return text
+    raise AssertionError(f"expected an error containing {needles}")
+
+
+def direct(port, kiln_lib, workdir):
+    tvm_lib = os.path.join(workdir, "tvm_vadd.so")
+    tvm_vadd_lib(tvm_lib)
+    remote = rpc.connect("127.0.0.1", port, session_timeout=60)
+    run_vadd(remote, kiln_lib, "kiln_vadd.so")
+    run_vadd(remote, tvm_lib, "tvm_vadd.so")
+    # Files: listdir, download, remove.
+    names = remote.listdir(".")
+    assert "kiln_vadd.so" in names and "tvm_vadd.so" in names, names
+    blob = remote.download("tvm_vadd.so")
+    assert bytes(blob) == open(tvm_lib, "rb").read()
+    remote.remove("tvm_vadd.so")
+    assert "tvm_vadd.so" not in remote.listdir(".")
+    # Uploads that try to leave the session's directory are refused, with the reason.
+    for bad in ["../escape.so", "/tmp/escape.so", "a/../../escape.so"]:
+        expect_error(lambda b=bad: remote.upload(bytearray(b"x"), target=b), "session's directory")
+    # A module that is not there, a function that is not there.
+    expect_error(lambda: remote.load_module("missing.so"), "missing.so")
+    mod = remote.load_module("kiln_vadd.so")
+    expect_error(lambda: mod["no_such_function"])
+    # Device attributes through the remote device.
+    dev = remote.cpu(0)
+    assert dev.exist
+    # A 64 MiB round trip.
+    big = np.random.default_rng(1).integers(0, 255, size=64 << 20, dtype="uint8")
+    t = tvm.runtime.tensor(big, dev)
+    np.testing.assert_array_equal(t.numpy(), big)
+    # Tensors freed by the client are gone on the server: a fresh one of 4 elements works.
+    small = tvm.runtime.tensor(np.ones(4, dtype="float32"), dev)
+    mod["vadd"](small, small, small)
+    np.testing.assert_array_equal(small.numpy(), np.full(4, 2, dtype="float32"))
+    print("OK direct")
+
+
+def tracker(tracker_port, key, kiln_lib, sequential, concurrent):
+    tr = rpc.connect_tracker("127.0.0.1", tracker_port)
+    for _ in range(sequential):
+        remote = tr.request(key, priority=1, session_timeout=60)
+        run_vadd(remote, kiln_lib, "lib.so", n=64)
+        del remote
+    errors = []
+
+    def worker(i):
+        try:
+            t = rpc.connect_tracker("127.0.0.1", tracker_port)
+            remote = t.request(key, priority=1, session_timeout=60)
+            run_vadd(remote, kiln_lib, f"lib{i}.so", n=100 + i)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"client {i}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrent)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    print(f"OK tracker {sequential} sequential, {concurrent} concurrent")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "direct":
+        direct(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif mode == "tracker":
+        tracker(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
