@@ -904,9 +904,16 @@ impl<R: Read, W: Write> Session<R, W> {
             Builtin::RandomFill => {
                 let t = a.tensor(0)?;
                 let r = self.region(t, name)?;
-                let data = random_bytes(&mut self.rng, t.dtype, r.nbytes)
-                    .map_err(|e| format!("{name}: {e}"))?;
-                self.memory.write(r, &data)?;
+                let mut rng = self.rng;
+                if let Some(dst) = self.memory.host_slice_mut(r) {
+                    fill_random(&mut rng, t.dtype, dst).map_err(|e| format!("{name}: {e}"))?;
+                } else {
+                    let mut data = vec![0u8; r.nbytes as usize];
+                    fill_random(&mut rng, t.dtype, &mut data)
+                        .map_err(|e| format!("{name}: {e}"))?;
+                    self.memory.write(r, &data)?;
+                }
+                self.rng = rng;
                 none()
             }
             Builtin::CacheFlush => {
@@ -1181,35 +1188,43 @@ fn next_rand(s: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Random contents for a tensor of `dtype`: floats uniform in [-1, 1), integers in [-8, 8) (or
-/// [0, 16) unsigned), booleans 0 or 1. Finite and small, so that timing never meets NaNs,
+/// Fills `out` with random elements of `dtype`: floats uniform in [-1, 1), integers in [-8, 8)
+/// (or [0, 16) unsigned), booleans 0 or 1. Finite and small, so that timing never meets NaNs,
 /// denormals or overflow.
-fn random_bytes(s: &mut u64, dtype: DLDataType, nbytes: u64) -> Result<Vec<u8>, String> {
-    let bits = u64::from(dtype.bits);
-    let mut out = Vec::with_capacity(nbytes as usize);
+fn fill_random(s: &mut u64, dtype: DLDataType, out: &mut [u8]) -> Result<(), String> {
     let unif = |s: &mut u64| (next_rand(s) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-    while (out.len() as u64) < nbytes {
-        match (dtype.code, bits) {
-            (DLDataTypeCode::FLOAT, 32) => out.extend_from_slice(&(unif(s) as f32).to_le_bytes()),
-            (DLDataTypeCode::FLOAT, 64) => out.extend_from_slice(&unif(s).to_le_bytes()),
+    let elem = match (dtype.code, dtype.bits) {
+        (DLDataTypeCode::FLOAT, 16 | 32 | 64)
+        | (DLDataTypeCode::BFLOAT, 16)
+        | (DLDataTypeCode::INT | DLDataTypeCode::UINT, 8 | 16 | 32 | 64) => {
+            usize::from(dtype.bits / 8)
+        }
+        (DLDataTypeCode::INT | DLDataTypeCode::UINT, 1) => 1,
+        _ => return Err(format!("no random fill for {dtype}")),
+    };
+    for chunk in out.chunks_mut(elem) {
+        let v: [u8; 8] = match (dtype.code, dtype.bits) {
+            (DLDataTypeCode::FLOAT, 32) => {
+                let b = (unif(s) as f32).to_le_bytes();
+                [b[0], b[1], b[2], b[3], 0, 0, 0, 0]
+            }
+            (DLDataTypeCode::FLOAT, 64) => unif(s).to_le_bytes(),
             (DLDataTypeCode::FLOAT, 16) => {
-                out.extend_from_slice(&half::f16::from_f64(unif(s)).to_le_bytes())
+                let b = half::f16::from_f64(unif(s)).to_le_bytes();
+                [b[0], b[1], 0, 0, 0, 0, 0, 0]
             }
             (DLDataTypeCode::BFLOAT, 16) => {
-                out.extend_from_slice(&half::bf16::from_f64(unif(s)).to_le_bytes())
+                let b = half::bf16::from_f64(unif(s)).to_le_bytes();
+                [b[0], b[1], 0, 0, 0, 0, 0, 0]
             }
-            (DLDataTypeCode::INT, 8 | 16 | 32 | 64) => {
-                let v = (next_rand(s) % 16) as i64 - 8;
-                out.extend_from_slice(&v.to_le_bytes()[..(bits / 8) as usize]);
+            (DLDataTypeCode::INT, _) if dtype.bits > 1 => {
+                ((next_rand(s) % 16) as i64 - 8).to_le_bytes()
             }
-            (DLDataTypeCode::UINT, 8 | 16 | 32 | 64) => {
-                let v = next_rand(s) % 16;
-                out.extend_from_slice(&v.to_le_bytes()[..(bits / 8) as usize]);
-            }
-            (DLDataTypeCode::UINT | DLDataTypeCode::INT, 1) => out.push((next_rand(s) & 1) as u8),
-            _ => return Err(format!("no random fill for {dtype}")),
-        }
+            _ if dtype.bits == 1 => (next_rand(s) & 1).to_le_bytes(),
+            _ => (next_rand(s) % 16).to_le_bytes(),
+        };
+        let n = chunk.len();
+        chunk.copy_from_slice(&v[..n]);
     }
-    out.truncate(nbytes as usize);
-    Ok(out)
+    Ok(())
 }
