@@ -5,6 +5,8 @@
 //!
 //! After every bad peer a good client is served, so the server demonstrably keeps serving.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -578,4 +580,115 @@ fn a_session_leaves_nothing_behind() {
     }
     assert_eq!(cpu_in_use(), before, "allocations outlived their sessions");
     assert!(!dir.exists(), "{} outlived its session", dir.display());
+}
+
+/// `C[i] = A[i] + B[i]` as an OpenCL kernel, 64 threads per block.
+fn opencl_vadd() -> kiln::ir::PrimFunc {
+    use kiln::ir::builder::{if_then_else, size_var, thread_for};
+    use kiln::ir::{Buffer, DataType, Expr, Param, PrimFunc, ThreadTag};
+    let n = size_var("n");
+    let ne = Expr::Var(n.clone());
+    let buf = |name: &str| Buffer::new(name, DataType::f32(), vec![ne.clone()]);
+    let (a, b, c) = (buf("A"), buf("B"), buf("C"));
+    let blocks = (ne.clone() + 63i64).floordiv(64i64);
+    let body = thread_for("bx", blocks, ThreadTag::Block(0), |bx| {
+        thread_for("tx", Expr::from(64i64), ThreadTag::Thread(0), |tx| {
+            let i = bx * 64i64 + tx;
+            if_then_else(
+                i.clone().lt(ne.clone()),
+                c.store([i.clone()], a.load([i.clone()]) + b.load([i])),
+                None,
+            )
+        })
+    });
+    PrimFunc::new(
+        "vadd",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+}
+
+#[test]
+fn opencl_kernels_run_on_the_remote_device() {
+    let _g = serial();
+    if common::opencl_device("opencl_kernels_run_on_the_remote_device").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("vadd_cl.json");
+    std::fs::write(
+        &ir,
+        IRModule::from_functions(vec![opencl_vadd()]).to_json_string(),
+    )
+    .unwrap();
+    let srv = start(None);
+    // `kiln run --rpc`: built here for OpenCL, uploaded, run on the server's OpenCL device,
+    // checked against the interpreter.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(&ir)
+        .args([
+            "vadd",
+            "rand:1000",
+            "rand:1000",
+            "zeros:1000",
+            "--check",
+            "--repeat",
+            "3",
+        ])
+        .args(["--target", "opencl", "--device", "opencl"])
+        .args(["--rpc", &format!("127.0.0.1:{}", srv.port), "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("max abs difference 0e0"), "{text}");
+    assert!(text.contains("3 runs on the remote opencl"), "{text}");
+    // A CPU pointer passed where the kernel wants the OpenCL device's memory.
+    let lib = dir.path().join("vadd_cl.so");
+    kiln::cli::run([
+        "kiln",
+        "build",
+        ir.to_str().unwrap(),
+        "-t",
+        "opencl",
+        "-o",
+        lib.to_str().unwrap(),
+    ]);
+    let mut s = RemoteSession::connect(&format!("127.0.0.1:{}", srv.port), "", None).unwrap();
+    s.upload("cl.so", &std::fs::read(&lib).unwrap()).unwrap();
+    let m = s.load_module("cl.so").unwrap();
+    let f = s.module_function(m, "vadd").unwrap();
+    let cl = DLDevice {
+        device_type: DLDeviceType::OPENCL,
+        device_id: 0,
+    };
+    let a = s.alloc(cl, &[8], f32()).unwrap();
+    let h = s.alloc(CPU, &[8], f32()).unwrap();
+    s.copy_to(&a, &bytes_of(&[1.0; 8])).unwrap();
+    let err = s
+        .call(
+            f,
+            &[
+                WireValue::Tensor(a.clone()),
+                WireValue::Tensor(a.clone()),
+                WireValue::Tensor(h),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("device"), "{err}");
+    s.call(
+        f,
+        &[
+            WireValue::Tensor(a.clone()),
+            WireValue::Tensor(a.clone()),
+            WireValue::Tensor(a.clone()),
+        ],
+    )
+    .unwrap();
+    assert_eq!(f32s(&s.copy_from(&a).unwrap()), vec![2.0; 8]);
+    s.shutdown().unwrap();
 }

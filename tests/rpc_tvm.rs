@@ -38,6 +38,32 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// `C[i] = A[i] + B[i]` as an OpenCL kernel, 64 threads per block.
+fn opencl_vadd() -> kiln::ir::PrimFunc {
+    use kiln::ir::builder::{if_then_else, size_var, thread_for};
+    use kiln::ir::{Buffer, DataType, Expr, Param, PrimFunc, ThreadTag};
+    let n = size_var("n");
+    let ne = Expr::Var(n.clone());
+    let buf = |name: &str| Buffer::new(name, DataType::f32(), vec![ne.clone()]);
+    let (a, b, c) = (buf("A"), buf("B"), buf("C"));
+    let blocks = (ne.clone() + 63i64).floordiv(64i64);
+    let body = thread_for("bx", blocks, ThreadTag::Block(0), |bx| {
+        thread_for("tx", Expr::from(64i64), ThreadTag::Thread(0), |tx| {
+            let i = bx * 64i64 + tx;
+            if_then_else(
+                i.clone().lt(ne.clone()),
+                c.store([i.clone()], a.load([i.clone()]) + b.load([i])),
+                None,
+            )
+        })
+    });
+    PrimFunc::new(
+        "vadd",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+}
+
 fn kiln_vadd(dir: &Path) -> PathBuf {
     let path = dir.join("kiln_vadd.so");
     let t = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap();
@@ -157,17 +183,30 @@ fn tvm_client_drives_kiln_server() {
     let port = free_port();
     let log = dir.path().join("server.log");
     let _server = start_server(&["--port", &port.to_string()], &log);
-    let out = run_client(
-        &py,
-        &[
-            "direct",
-            &port.to_string(),
-            lib.to_str().unwrap(),
-            dir.path().to_str().unwrap(),
-        ],
-        Duration::from_secs(180),
-    );
+    // With an OpenCL device here (PoCL in CI), the TVM client also runs a kiln OpenCL kernel
+    // on the server's `remote.cl(0)`.
+    let cl_lib = dir.path().join("vadd_cl.so");
+    let has_cl = common::opencl_device("tvm_client_drives_kiln_server").is_some();
+    if has_cl {
+        let m = IRModule::from_functions(vec![opencl_vadd()]);
+        kiln::codegen::opencl::build(&m, &Target::parse(r#"{"kind": "opencl"}"#).unwrap())
+            .unwrap()
+            .export(&cl_lib)
+            .unwrap();
+    }
+    let port_s = port.to_string();
+    let mut args = vec![
+        "direct",
+        &port_s,
+        lib.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+    ];
+    if has_cl {
+        args.push(cl_lib.to_str().unwrap());
+    }
+    let out = run_client(&py, &args, Duration::from_secs(180));
     assert!(out.contains("OK direct"), "{out}");
+    assert_eq!(out.contains("OK opencl"), has_cl, "{out}");
     // The session's directory is gone once it ended.
     let log_text = std::fs::read_to_string(&log).unwrap();
     let session_dir = log_text

@@ -459,8 +459,8 @@ impl<R: Read, W: Write> Session<R, W> {
                         from.shape, from.dtype, to.shape, to.dtype
                     ));
                 }
-                let rf = self.region(&from, "CopyAmongRemote source")?;
-                let rt = self.region(&to, "CopyAmongRemote destination")?;
+                let rf = self.region(from, "CopyAmongRemote source")?;
+                let rt = self.region(to, "CopyAmongRemote destination")?;
                 self.memory.copy(rf, rt)?;
                 one(WireValue::None)
             }

@@ -1,6 +1,6 @@
 """TVM 0.27's own RPC client against kiln's RPC server (driven by tests/rpc_tvm.rs).
 
-    rpc_client.py direct  PORT KILN_LIB WORKDIR
+    rpc_client.py direct  PORT KILN_LIB WORKDIR [OPENCL_LIB]
     rpc_client.py tracker TRACKER_PORT KEY KILN_LIB SEQUENTIAL CONCURRENT
 
 Every check is an assert; the last line printed is `OK <what>` on success.
@@ -54,7 +54,24 @@ def expect_error(fn, *needles):
     raise AssertionError(f"expected an error containing {needles}")
 
 
-def direct(port, kiln_lib, workdir):
+def opencl_vadd(remote, lib):
+    """A kiln library with an OpenCL kernel, run on the server's OpenCL device: TVM's wheel has
+    no OpenCL runtime, the server's kiln does."""
+    remote.upload(lib, target="vadd_cl.so")
+    mod = remote.load_module("vadd_cl.so")
+    dev = remote.cl(0)
+    assert dev.exist
+    n = 1000
+    x = np.random.default_rng(2).standard_normal(n).astype("float32")
+    a = tvm.runtime.tensor(x, dev)
+    c = tvm.runtime.tensor(np.zeros(n, dtype="float32"), dev)
+    mod["vadd"](a, a, c)
+    np.testing.assert_array_equal(c.numpy(), x + x)
+    r = mod.time_evaluator("vadd", dev, number=5, repeat=2)(a, a, c)
+    assert len(r.results) == 2
+
+
+def direct(port, kiln_lib, workdir, opencl_lib=None):
     tvm_lib = os.path.join(workdir, "tvm_vadd.so")
     tvm_vadd_lib(tvm_lib)
     remote = rpc.connect("127.0.0.1", port, session_timeout=60)
@@ -85,6 +102,9 @@ def direct(port, kiln_lib, workdir):
     small = tvm.runtime.tensor(np.ones(4, dtype="float32"), dev)
     mod["vadd"](small, small, small)
     np.testing.assert_array_equal(small.numpy(), np.full(4, 2, dtype="float32"))
+    if opencl_lib:
+        opencl_vadd(remote, opencl_lib)
+        print("OK opencl")
     print("OK direct")
 
 
@@ -116,7 +136,7 @@ def tracker(tracker_port, key, kiln_lib, sequential, concurrent):
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "direct":
-        direct(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        direct(int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[5:6])
     elif mode == "tracker":
         tracker(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
     else:
