@@ -179,6 +179,11 @@ fn guide_codegen_commands_run() {
 }
 
 #[test]
+fn guide_rpc_commands_run() {
+    run_guide("rpc.md");
+}
+
+#[test]
 fn guide_python_commands_and_snippets_run() {
     run_guide("python.md");
 }

@@ -101,22 +101,6 @@ pub fn run_remote(a: &RunArgs) -> CmdResult {
     };
     let bytes =
         std::fs::read(&lib_path).map_err(|e| format!("reading `{}`: {e}", lib_path.display()))?;
-    let mut s = match (&a.rpc, &a.tracker) {
-        (Some(addr), _) => RemoteSession::connect(addr, &a.key, None)?,
-        (None, Some(t)) => RemoteSession::connect_tracker(t, &a.key, 1, None)?,
-        (None, None) => unreachable!("run_remote is called with --rpc or --tracker"),
-    };
-    eprintln!("connected to {}", s.remote_key());
-    let name = format!(
-        "{}.so",
-        lib_path
-            .file_stem()
-            .map(|x| x.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "module".into())
-    );
-    s.upload(&name, &bytes)?;
-    let m = s.load_module(&name)?;
-    let f = s.module_function(m, &a.function)?;
     let mut args: Vec<Arg> = if a.args.is_empty() {
         match &pf {
             Some(p) => generated_args(p)?,
@@ -140,6 +124,26 @@ pub fn run_remote(a: &RunArgs) -> CmdResult {
         (Some(p), true) => Some(super::codegen::to_interp(&args, p)?),
         _ => None,
     };
+    let mut s = match (&a.rpc, &a.tracker) {
+        (Some(addr), _) => RemoteSession::connect(addr, &a.key, None)?,
+        (None, Some(t)) => RemoteSession::connect_tracker(t, &a.key, 1, None)?,
+        (None, None) => unreachable!("run_remote is called with --rpc or --tracker"),
+    };
+    eprintln!(
+        "connected to {} ({})",
+        a.rpc.as_deref().or(a.tracker.as_deref()).unwrap_or("?"),
+        s.remote_key()
+    );
+    let name = format!(
+        "{}.so",
+        lib_path
+            .file_stem()
+            .map(|x| x.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "module".into())
+    );
+    s.upload(&name, &bytes)?;
+    let m = s.load_module(&name)?;
+    let f = s.module_function(m, &a.function)?;
     let mut wire: Vec<WireValue> = Vec::with_capacity(args.len());
     let mut remote: Vec<Option<WireTensor>> = Vec::with_capacity(args.len());
     for x in &args {
