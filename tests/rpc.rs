@@ -542,6 +542,13 @@ fn paths_stay_in_the_session_directory() {
     s.upload("sub/dir/x.txt", b"hello").unwrap();
     let err = s.load_module("sub/dir/x.txt").unwrap_err().to_string();
     assert!(err.contains("loads shared libraries"), "{err}");
+    s.upload("bad.tar", &[0u8; 100]).unwrap();
+    s.upload("bad.o", b"not an object").unwrap();
+    let err = s.load_module("bad.o").unwrap_err().to_string();
+    assert!(
+        err.contains("-shared` failed") || err.contains("C compiler"),
+        "{err}"
+    );
     s.upload("junk.so", b"not an ELF file").unwrap();
     let err = s.load_module("junk.so").unwrap_err().to_string();
     assert!(err.contains("junk.so"), "{err}");
@@ -691,4 +698,24 @@ fn opencl_kernels_run_on_the_remote_device() {
     .unwrap();
     assert_eq!(f32s(&s.copy_from(&a).unwrap()), vec![2.0; 8]);
     s.shutdown().unwrap();
+}
+
+#[test]
+fn a_session_past_its_timeout_is_closed_and_the_server_goes_on() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = kiln_vadd(dir.path());
+    let srv = start(None);
+    let mut s = RemoteSession::connect(
+        &format!("127.0.0.1:{}", srv.port),
+        "",
+        Some(Duration::from_secs(1)),
+    )
+    .unwrap();
+    s.alloc(CPU, &[1024], f32()).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(s.get_function("tvm.rpc.server.upload").is_err());
+    good_client(srv.port, &lib);
+    let log = srv.log.lock().unwrap().join("\n");
+    assert!(log.contains("timeout expired"), "{log}");
 }

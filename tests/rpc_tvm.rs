@@ -277,6 +277,30 @@ fn tvm_tracker_hands_out_kiln_server() {
     let out = run_client(&py, &a, Duration::from_secs(240));
     assert!(out.contains("OK tracker"), "{out}");
 
+    // MetaSchedule's RPCRunner: a `.tar.gz` of objects linked on the server, inputs from
+    // `random_fill_for_measure`, the CPU cache flushed before each repeat.
+    let port_s = tracker_port.to_string();
+    let out = run_client(
+        &py,
+        &["metaschedule", &port_s, "kiln-cpu"],
+        Duration::from_secs(240),
+    );
+    assert!(out.contains("OK metaschedule"), "{out}");
+
+    // kiln as the client, through the same tracker.
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(&lib)
+        .args(["vadd", "rand:100", "rand:100", "zeros:100", "--repeat", "3"])
+        .args(["--tracker", &tracker_addr, "--key", "kiln-cpu", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("3 runs on the remote cpu"), "{text}");
+
     // The tracker restarts: the server registers again and serves the next client.
     drop(tracker);
     std::thread::sleep(Duration::from_millis(500));

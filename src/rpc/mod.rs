@@ -14,6 +14,7 @@
 //! | [`wire`] | packets, codes, the packed argument sequence (pure; fuzzed) |
 //! | [`session`] | one client's session: the packet loop, handles, syscalls, the server's global functions |
 //! | `memory` | the session's allocations, against which every tensor a client sends is checked |
+//! | [`link`] | `.o` and `.tar` uploads linked into a `.so` with the system's C compiler (a tar reader that unpacks plain files only) |
 //! | [`server`] | listening, the handshake, session threads, tracker registration |
 //! | [`tracker`] | the tracker's JSON protocol (server and client sides) |
 //! | [`client`] | [`RemoteSession`]: kiln as a client |
@@ -30,6 +31,7 @@
 //! told otherwise; put it on a network only behind a trusted boundary, as with TVM's.
 
 pub mod client;
+pub mod link;
 mod memory;
 pub mod server;
 pub mod session;

@@ -1057,13 +1057,6 @@ impl<R: Read, W: Write> Session<R, W> {
             return Err(format!("{what}: {} is not a file", path.display()));
         }
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        if ext != "so" {
-            return Err(format!(
-                "{what}: `{rel}`: kiln's server loads shared libraries (`.so`, from \
-                 `export_library` or `kiln build`); a `.{ext}` would need the server to link it, \
-                 which it does not do"
-            ));
-        }
         // `dlopen` hands back a library it already holds for the same path: a client that
         // uploads a new `lib.so` over the old one must get the new code, so every load is of
         // its own copy.
@@ -1074,8 +1067,48 @@ impl<R: Read, W: Write> Session<R, W> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let copy = dir.join(format!("{}-{name}", self.loaded));
-        std::fs::copy(&path, &copy).map_err(|e| format!("{what}: {e}"))?;
+        let copy = dir.join(format!("{}-{name}.so", self.loaded));
+        match ext {
+            "so" => {
+                std::fs::copy(&path, &copy).map_err(|e| format!("{what}: {e}"))?;
+            }
+            // Objects, as TVM's `export_library(fcompile=tar)` and MetaSchedule's builder
+            // write them: linked here, as TVM's server does.
+            "o" | "tar" => {
+                let objects = if ext == "o" {
+                    vec![path.clone()]
+                } else {
+                    let raw = std::fs::read(&path).map_err(|e| format!("{what}: {e}"))?;
+                    let data = super::link::maybe_gunzip(&raw, self.limits.max_packet_bytes)
+                        .map_err(|e| format!("{what}: `{rel}`: {e}"))?;
+                    let members = super::link::tar_members(&data)
+                        .map_err(|e| format!("{what}: `{rel}`: {e}"))?;
+                    let unpack = dir.join(format!("{}-{name}.d", self.loaded));
+                    std::fs::create_dir_all(&unpack).map_err(|e| format!("{what}: {e}"))?;
+                    let mut objects = Vec::new();
+                    for (m, bytes) in members {
+                        let p = unpack.join(&m);
+                        std::fs::write(&p, bytes).map_err(|e| format!("{what}: {e}"))?;
+                        if m.ends_with(".o") {
+                            objects.push(p);
+                        }
+                    }
+                    if objects.is_empty() {
+                        return Err(format!("{what}: `{rel}` holds no `.o` file"));
+                    }
+                    objects
+                };
+                super::link::link_shared(&objects, &copy)
+                    .map_err(|e| format!("{what}: `{rel}`: {e}"))?;
+            }
+            _ => {
+                return Err(format!(
+                    "{what}: `{rel}`: kiln's server loads shared libraries (`.so`, from \
+                     `export_library` or `kiln build`) and links `.o` and `.tar` files of \
+                     objects; `.{ext}` is neither"
+                ))
+            }
+        }
         // SAFETY: running the client's code is what an RPC server is for: a client that can
         // connect can upload and run any library (as with TVM's server; the docs say so and the
         // server listens on loopback unless told otherwise). The library is a private copy no

@@ -2,12 +2,14 @@
 
     rpc_client.py direct  PORT KILN_LIB WORKDIR [OPENCL_LIB]
     rpc_client.py tracker TRACKER_PORT KEY KILN_LIB SEQUENTIAL CONCURRENT
+    rpc_client.py metaschedule TRACKER_PORT KEY
 
 Every check is an assert; the last line printed is `OK <what>` on success.
 """
 
 import os
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -133,11 +135,54 @@ def tracker(tracker_port, key, kiln_lib, sequential, concurrent):
     print(f"OK tracker {sequential} sequential, {concurrent} concurrent")
 
 
+def metaschedule(tracker_port, key):
+    """MetaSchedule's own builder and RPCRunner, defaults but for the tracker: the builder
+    exports a `.tar` of objects, which the server links; inputs are filled remotely with
+    `random_fill_for_measure`; the CPU cache is flushed before each repeat."""
+    from tvm.s_tir import meta_schedule as ms
+
+    n = 64
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    # What MetaSchedule's LocalBuilder writes (`default_build` + `default_export`: a `.tar` of
+    # objects); the builder itself is not run, as pickling its input crashes TVM 0.27's
+    # LocalBuilder here (a segfault in `ffi::ToJSONGraph`, client side).
+    from tvm.support import tar
+
+    artifact = os.path.join(tempfile.mkdtemp(), "candidate.tar")
+    tvm.compile(mod, target=tvm.target.Target("llvm")).export_library(artifact, fcompile=tar.tar)
+    runner = ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(
+            tracker_host="127.0.0.1",
+            tracker_port=tracker_port,
+            tracker_key=key,
+            session_priority=1,
+            session_timeout_sec=60,
+        ),
+        evaluator_config=ms.runner.EvaluatorConfig(
+            number=3, repeat=2, min_repeat_ms=0, enable_cpu_cache_flush=True
+        ),
+        max_workers=1,
+    )
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    (future,) = runner.run([ms.runner.RunnerInput(artifact, "cpu", args_info)])
+    result = future.result()
+    assert result.error_msg is None, result.error_msg
+    secs = [float(x) for x in result.run_secs]
+    assert len(secs) == 2 and all(0 < x < 1 for x in secs), secs
+    print(f"OK metaschedule {secs}")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "direct":
         direct(int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[5:6])
     elif mode == "tracker":
         tracker(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    elif mode == "metaschedule":
+        metaschedule(int(sys.argv[2]), sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {mode}")
