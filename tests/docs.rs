@@ -197,6 +197,7 @@ fn every_guide_with_ci_blocks_has_a_test() {
         "ir.md",
         "codegen.md",
         "python.md",
+        "rpc.md",
     ];
     for g in guides() {
         let n = ci_blocks(&g, &read_guide(&g)).len();

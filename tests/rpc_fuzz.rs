@@ -149,6 +149,25 @@ proptest! {
     }
 
     #[test]
+    fn tar_reader_takes_any_bytes(mut bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+                                  ustar in any::<bool>()) {
+        // Half the inputs get a plausible header so the member paths are reached.
+        if ustar && bytes.len() >= 512 {
+            bytes[..6].copy_from_slice(b"lib0.o");
+            bytes[6..100].fill(0);
+            bytes[124..135].copy_from_slice(b"00000000100");
+            bytes[135] = 0;
+        }
+        if let Ok(members) = kiln::rpc::link::tar_members(&bytes) {
+            for (name, data) in members {
+                prop_assert!(!name.contains('/') && name != ".." && !name.is_empty());
+                prop_assert!(data.len() <= bytes.len());
+            }
+        }
+        let _ = kiln::rpc::link::maybe_gunzip(&bytes, 1 << 20);
+    }
+
+    #[test]
     fn encoded_values_decode_to_themselves(v in proptest::collection::vec(any_value(), 0..6)) {
         let mut w = Writer::packet(RpcCode::Return);
         w.seq(&v);
