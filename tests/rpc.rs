@@ -46,10 +46,15 @@ impl Drop for Running {
 }
 
 fn start(limits: Option<u64>) -> Running {
+    start_with(limits, Duration::from_micros(200))
+}
+
+fn start_with(limits: Option<u64>, spin: Duration) -> Running {
     let log = std::sync::Arc::new(Mutex::new(Vec::new()));
     let l2 = log.clone();
     let mut cfg = ServerConfig {
         port: 0,
+        spin,
         log: Some(std::sync::Arc::new(move |m: &str| {
             l2.lock().unwrap().push(m.to_owned());
         })),
@@ -236,6 +241,9 @@ fn kiln_client_runs_on_kiln_server() {
     let lib = kiln_vadd(dir.path());
     let srv = start(None);
     good_client(srv.port, &lib);
+    good_client(srv.port, &lib);
+    // A server that blocks at once for each request (no polling).
+    let srv = start_with(None, Duration::ZERO);
     good_client(srv.port, &lib);
 }
 

@@ -41,6 +41,9 @@ pub struct RpcServerArgs {
     /// The largest request accepted, in MiB (copies into an allocation are bounded by it).
     #[arg(long, default_value_t = 1024)]
     max_packet_mib: u64,
+    /// Microseconds a session polls for the next request before it blocks (0: block at once).
+    #[arg(long, default_value_t = 200)]
+    spin_us: u64,
     /// Print nothing but errors.
     #[arg(long, short)]
     quiet: bool,
@@ -63,6 +66,7 @@ pub fn run_server(a: &RpcServerArgs) -> CmdResult {
             max_packet_bytes: a.max_packet_mib.saturating_mul(1 << 20),
         },
         workdir_root: a.workdir.clone(),
+        spin: std::time::Duration::from_micros(a.spin_us),
         log: Some(Arc::new(move |m: &str| {
             if !quiet || m.starts_with("kiln rpc server listening") {
                 eprintln!("[kiln rpc] {m}");

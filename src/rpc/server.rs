@@ -52,6 +52,10 @@ pub struct ServerConfig {
     pub workdir_root: Option<PathBuf>,
     /// Where log lines go (default: nowhere).
     pub log: Option<LogFn>,
+    /// How long a session polls for the next request before it blocks (default 200 µs; zero
+    /// blocks at once). Polling saves the wake-up of the server's thread on every call of a
+    /// client that calls in a loop, for some CPU time after each reply.
+    pub spin: Duration,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +70,7 @@ impl Default for ServerConfig {
             limits: SessionLimits::default(),
             workdir_root: None,
             log: None,
+            spin: Duration::from_micros(200),
         }
     }
 }
@@ -343,6 +348,7 @@ impl Server {
             _ => return,
         };
         let limits = self.cfg.limits.clone();
+        let spin = self.cfg.spin;
         let start = Instant::now();
         self.log(&format!(
             "session from {peer} in {}{}",
@@ -355,7 +361,7 @@ impl Server {
             .spawn(move || {
                 let end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     let mut s = Session::new(
-                        std::io::BufReader::with_capacity(1 << 16, r),
+                        std::io::BufReader::with_capacity(1 << 16, SpinRead { s: r, spin }),
                         w,
                         dir.path().to_path_buf(),
                         limits,
@@ -401,6 +407,40 @@ impl Server {
                 SessionEnd::Error(e) => format!("error: {e}"),
             }
         ));
+    }
+}
+
+/// The session's reading end: after each reply it polls the socket for the next request for a
+/// while (`spin`) before blocking in the kernel, so that a client calling in a loop does not
+/// pay for the server thread's wake-up on every call. The socket is non-blocking only while it
+/// polls: the reply is always written to a blocking socket.
+struct SpinRead {
+    s: TcpStream,
+    spin: Duration,
+}
+
+impl Read for SpinRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.spin.is_zero() {
+            return self.s.read(buf);
+        }
+        self.s.set_nonblocking(true)?;
+        let start = Instant::now();
+        let r = loop {
+            match self.s.read(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if start.elapsed() < self.spin {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    self.s.set_nonblocking(false)?;
+                    break self.s.read(buf);
+                }
+                r => break r,
+            }
+        };
+        self.s.set_nonblocking(false)?;
+        r
     }
 }
 
