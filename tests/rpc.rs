@@ -6,6 +6,8 @@
 //! After every bad peer a good client is served, so the server demonstrably keeps serving.
 
 mod common;
+#[path = "plugin_util/mod.rs"]
+mod plugin_util;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -726,4 +728,45 @@ fn a_session_past_its_timeout_is_closed_and_the_server_goes_on() {
     good_client(srv.port, &lib);
     let log = srv.log.lock().unwrap().join("\n");
     assert!(log.contains("timeout expired"), "{log}");
+}
+
+#[test]
+fn plugin_devices_are_served_too() {
+    use kiln::device_api::DeviceApi;
+    let _g = serial();
+    // The sample plugin (a C library on the plugin ABI) registered in the server's process.
+    let api = plugin_util::sample("rpc_sample", &[]);
+    let dev = DLDevice {
+        device_type: DLDeviceType(api.device_type().0),
+        device_id: 0,
+    };
+    let srv = start(None);
+    let mut s = RemoteSession::connect(&format!("127.0.0.1:{}", srv.port), "", None).unwrap();
+    let t = s.alloc(dev, &[256], f32()).unwrap();
+    let data: Vec<f32> = (0..256).map(|i| i as f32 * 0.25).collect();
+    s.copy_to(&t, &bytes_of(&data)).unwrap();
+    assert_eq!(f32s(&s.copy_from(&t).unwrap()), data);
+    // Into a second plugin tensor on the server, and back.
+    let u = s.alloc(dev, &[256], f32()).unwrap();
+    let among = s
+        .get_function("tvm.contrib.random.random_fill")
+        .unwrap()
+        .unwrap();
+    s.call(among, &[WireValue::Tensor(u.clone())]).unwrap();
+    let filled = f32s(&s.copy_from(&u).unwrap());
+    assert!(filled.iter().all(|x| (-1.0..1.0).contains(x)) && filled.iter().any(|x| *x != 0.0));
+    // A handle-based device takes no pointer arithmetic.
+    let inside = WireTensor {
+        data: t.data + 4,
+        shape: vec![1],
+        ..t.clone()
+    };
+    let err = s.copy_from(&inside).unwrap_err().to_string();
+    assert!(
+        err.contains("handle") || err.contains("not memory"),
+        "{err}"
+    );
+    s.free(&t).unwrap();
+    s.free(&u).unwrap();
+    s.shutdown().unwrap();
 }
