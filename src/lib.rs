@@ -75,6 +75,8 @@ pub mod rpc;
 pub mod runtime;
 pub mod schedule;
 pub mod target;
+#[cfg(feature = "llvm")]
+pub mod tune;
 pub mod util;
 
 pub use error::{Error, Result};

@@ -14,7 +14,7 @@ use crate::target::Target;
 
 use super::CmdResult;
 
-const DEFAULT_TARGET: &str = r#"{"kind": "llvm", "mcpu": "native"}"#;
+pub(crate) const DEFAULT_TARGET: &str = r#"{"kind": "llvm", "mcpu": "native"}"#;
 
 /// Arguments of `kiln build`.
 #[derive(clap::Args)]
@@ -28,6 +28,13 @@ pub struct BuildArgs {
     /// `.cl` (the kernels' OpenCL C source; `.so` embeds it beside the host code).
     #[arg(long, short)]
     output: PathBuf,
+    /// Apply the best records of this tuning database (`kiln tune`) [default:
+    /// $KILN_TUNING_DB when set].
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// Apply records measured on another CPU model too.
+    #[arg(long)]
+    any_cpu: bool,
 }
 
 /// Arguments of `kiln run`.
@@ -66,6 +73,10 @@ pub struct RunArgs {
     /// The key: the tracker's device key with `--tracker`, the server's match key with `--rpc`.
     #[arg(long, default_value = "")]
     pub(crate) key: String,
+    /// Apply the best records of this tuning database to an IR module [default:
+    /// $KILN_TUNING_DB when set].
+    #[arg(long)]
+    pub(crate) db: Option<PathBuf>,
     /// The remote device the function runs on (`cpu`, `opencl`, `cuda`, with `:N` for another
     /// ordinal).
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
@@ -85,6 +96,10 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
         .verify()
         .map_err(|e| format!("`{}`: {e}", a.module.display()))?;
     let target = Target::parse(&a.target)?;
+    let module = match super::tune::db_path(a.db.as_deref(), None) {
+        Some(p) => super::tune::apply_db(&p, &module, &target, a.any_cpu)?,
+        None => module,
+    };
     let t = Instant::now();
     write_library(&module, &target, &a.output)?;
     eprintln!(
@@ -271,6 +286,10 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
     } else {
         let module = read_module(&a.module)?;
         let target = Target::parse(&a.target)?;
+        let module = match super::tune::db_path(a.db.as_deref(), None) {
+            Some(p) => super::tune::apply_db(&p, &module, &target, false)?,
+            None => module,
+        };
         on_device = device::codegen_for(target.kind_name()).map(|cg| cg.device_type().into());
         let t = Instant::now();
         let rt = crate::codegen::build(&module, &target)?;

@@ -12,6 +12,7 @@ pub mod devices;
 pub mod ir;
 pub mod rpc;
 pub mod target;
+pub mod tune;
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +46,12 @@ enum Command {
     /// Serve this machine's devices over TVM's RPC protocol (TVM's tracker and clients drive
     /// it unchanged).
     RpcServer(rpc::RpcServerArgs),
+    /// Search for the fastest schedule of a function on this machine; record it in a tuning
+    /// database that `kiln build --db` applies.
+    Tune(tune::TuneArgs),
+    /// The process `kiln tune` measures candidates in (JSON lines on stdin and stdout).
+    #[command(hide = true)]
+    TuneWorker,
 }
 
 /// Writes `text` to stdout; a closed pipe (`kiln tags | head`) is not an error.
@@ -91,6 +98,8 @@ where
         }
         Command::Devices(args) => devices::run(args),
         Command::RpcServer(args) => rpc::run_server(&args),
+        Command::Tune(args) => tune::run(&args),
+        Command::TuneWorker => tune::run_worker(),
     };
     match result {
         Ok(()) => 0,

@@ -1,0 +1,200 @@
+//! `kiln tune` (and the worker it measures in, `kiln tune-worker`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::ir::IRModule;
+use crate::target::Target;
+use crate::tune::{self, Database, Record, Subprocess, TuneOptions, WorkerInit};
+
+use super::codegen::{read_module, DEFAULT_TARGET};
+use super::CmdResult;
+
+/// The database used when neither `--db` nor `KILN_TUNING_DB` names one.
+pub const DEFAULT_DB: &str = "kiln-tuning.jsonl";
+
+/// `kiln tune`.
+#[derive(clap::Args)]
+pub struct TuneArgs {
+    /// An IR module (kiln-ir/1 JSON), best as written, before any schedule.
+    module: PathBuf,
+    /// The function to tune.
+    function: String,
+    /// The target to tune for (JSON, legacy string or tag).
+    #[arg(long, short, default_value = DEFAULT_TARGET)]
+    target: String,
+    /// Measured candidates at most.
+    #[arg(long, default_value_t = 64)]
+    trials: usize,
+    /// Seconds at most.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// The tuning database (JSON lines) records are appended to [default: $KILN_TUNING_DB, else
+    /// kiln-tuning.jsonl].
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// The seed of the search and of the inputs: the same seed proposes the same candidates.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Seconds a candidate may take before its worker is restarted.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// Measure in this process instead of a worker process (faster to start; a crashing
+    /// candidate then ends the search).
+    #[arg(long)]
+    in_process: bool,
+    /// Print only the summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// The database path: `--db`, else `KILN_TUNING_DB`, else `default`.
+pub fn db_path(given: Option<&Path>, default: Option<&str>) -> Option<PathBuf> {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("KILN_TUNING_DB").map(PathBuf::from))
+        .or_else(|| default.map(PathBuf::from))
+}
+
+/// `module` with the best records of the database at `path` applied (for `kiln build` and
+/// `kiln run`); prints what was applied and what was skipped.
+///
+/// # Errors
+/// A database that cannot be read.
+pub fn apply_db(
+    path: &Path,
+    module: &IRModule,
+    target: &Target,
+    any_cpu: bool,
+) -> Result<IRModule, Box<dyn std::error::Error>> {
+    let db = Database::open(path)?;
+    for w in &db.warnings {
+        eprintln!("warning: {w}");
+    }
+    let (m, notes) = db.apply(module, target, any_cpu);
+    for n in notes {
+        eprintln!("{n}");
+    }
+    Ok(m)
+}
+
+/// `kiln tune`.
+pub fn run(a: &TuneArgs) -> CmdResult {
+    let module = read_module(&a.module)?;
+    module
+        .verify()
+        .map_err(|e| format!("`{}`: {e}", a.module.display()))?;
+    let f = module.get(&a.function).cloned().ok_or_else(|| {
+        format!(
+            "`{}` has no function `{}` (it has {:?})",
+            a.module.display(),
+            a.function,
+            module
+                .functions
+                .iter()
+                .map(|f| f.name.clone())
+                .collect::<Vec<_>>()
+        )
+    })?;
+    let target = Target::parse(&a.target)?;
+    if target.kind_name() != "llvm" {
+        return Err(format!(
+            "`kiln tune` measures on the CPU (target kind `llvm`) for now; `{}` is not supported yet",
+            target.kind_name()
+        )
+        .into());
+    }
+    let path = db_path(a.db.as_deref(), Some(DEFAULT_DB)).unwrap_or_else(|| DEFAULT_DB.into());
+    let mut db = Database::open(&path)?;
+    for w in &db.warnings {
+        eprintln!("warning: {w}");
+    }
+    let init = WorkerInit {
+        module: IRModule::from_functions(vec![f.clone()]).to_json(),
+        target: target.to_string(),
+        seed: a.seed,
+    };
+    let mut measurer: Box<dyn tune::Measurer> = if a.in_process {
+        Box::new(tune::InProcess::new(&f, &target, a.seed)?)
+    } else {
+        let exe = std::env::current_exe()?;
+        Box::new(Subprocess::new(exe, &init, Duration::from_secs(a.timeout))?)
+    };
+    let default = measurer.baseline();
+    let w = tune::db::workload(&f);
+    eprintln!(
+        "tuning {} for {} on {}: the default build takes {:.4} ms [{:.4}, {:.4}]",
+        w.key,
+        target,
+        tune::db::host_cpu(),
+        default.median * 1e3,
+        default.min * 1e3,
+        default.max * 1e3
+    );
+    let opts = TuneOptions {
+        trials: a.trials,
+        seconds: a.seconds,
+        seed: a.seed,
+        progress: !a.quiet,
+        stop: None,
+    };
+    let cpu = tune::db::host_cpu();
+    let mut save_err = None;
+    let report = tune::tune(&f, measurer.as_mut(), &opts, |steps, t, trials| {
+        let r = Record {
+            format: tune::db::FORMAT.to_owned(),
+            workload: w.clone(),
+            target: target.to_string(),
+            cpu: cpu.clone(),
+            device: "cpu".to_owned(),
+            steps: steps.to_vec(),
+            time: t,
+            default_time: default,
+            trials,
+            seed: a.seed,
+            kiln: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        if let Err(e) = db.append(r) {
+            save_err.get_or_insert(e);
+        }
+    })?;
+    if let Some(e) = save_err {
+        return Err(e.into());
+    }
+    println!(
+        "{}: {} candidates in {:.1} s ({:.2} s each; {} refused, {} wrong, {} crashed)",
+        w.key,
+        report.trials,
+        report.seconds,
+        report.seconds / report.trials.max(1) as f64,
+        report.invalid,
+        report.wrong,
+        report.crashed
+    );
+    println!(
+        "default: {:.4} ms [{:.4}, {:.4}]",
+        default.median * 1e3,
+        default.min * 1e3,
+        default.max * 1e3
+    );
+    match &report.best {
+        Some((steps, t)) => {
+            println!(
+                "best:    {:.4} ms [{:.4}, {:.4}], {:.2}x the default",
+                t.median * 1e3,
+                t.min * 1e3,
+                t.max * 1e3,
+                default.median / t.median.max(f64::MIN_POSITIVE)
+            );
+            println!("steps:   {}", serde_json::to_string(steps)?);
+            println!("record written to {}", path.display());
+        }
+        None => println!("no candidate beat the default: nothing written"),
+    }
+    Ok(())
+}
+
+/// `kiln tune-worker`: the process `kiln tune` measures candidates in.
+pub fn run_worker() -> CmdResult {
+    tune::worker::worker_main().map_err(|e| e.into())
+}

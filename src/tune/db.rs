@@ -1,0 +1,243 @@
+//! The tuning database: JSON lines, one [`Record`] per line, appended as a search finds better
+//! schedules (so an interrupted search keeps what it found). Databases merge by concatenation
+//! (`cat a.jsonl b.jsonl > c.jsonl`): the best record for a workload wins wherever it sits.
+//!
+//! A record is applied to a function only when all of these hold:
+//! - the function's *workload hash* is the record's: the blake3 of the function's kiln-ir/1 JSON
+//!   with its name taken out (the same loops over the same shapes and types under another name
+//!   are the same workload);
+//! - the target's canonical JSON is the record's;
+//! - the host CPU's model name is the record's, unless the caller allows any CPU;
+//! - the steps still apply (a record kiln cannot replay is stale: skipped with a warning).
+//!
+//! A line that is not a record (corrupt, truncated, another format) is skipped with a warning
+//! naming its line; nothing is applied blindly.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::measure::Timing;
+use crate::ir::{IRModule, PrimFunc};
+use crate::schedule::{Schedule, Step};
+use crate::target::Target;
+
+/// The `format` of a record.
+pub const FORMAT: &str = "kiln-tune/1";
+
+/// A workload: what a record is for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// The structural hash (hex).
+    pub hash: String,
+    /// A readable key: `name(A: float32[1024, 1024], ...)`.
+    pub key: String,
+}
+
+/// One tuning result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    /// [`FORMAT`].
+    pub format: String,
+    /// The workload.
+    pub workload: Workload,
+    /// The target, canonical JSON.
+    pub target: String,
+    /// The model name of the CPU it was measured on.
+    pub cpu: String,
+    /// The device it ran on (`cpu`).
+    pub device: String,
+    /// The schedule.
+    pub steps: Vec<Step>,
+    /// Its time per call.
+    pub time: Timing,
+    /// The default build's time per call, measured in the same search.
+    pub default_time: Timing,
+    /// Candidates measured until this one was found.
+    pub trials: usize,
+    /// The search's seed.
+    pub seed: u64,
+    /// kiln's version.
+    pub kiln: String,
+}
+
+fn func_json(f: &PrimFunc) -> serde_json::Value {
+    let mut v = IRModule::from_functions(vec![f.clone()]).to_json();
+    if let Some(func) = v.get_mut("functions").and_then(|x| x.get_mut(0)) {
+        if let Some(o) = func.as_object_mut() {
+            o.insert("name".into(), serde_json::Value::String(String::new()));
+            if let Some(a) = o.get_mut("attrs").and_then(|a| a.as_object_mut()) {
+                a.remove("global_symbol");
+            }
+        }
+    }
+    v
+}
+
+/// The workload of `f`.
+pub fn workload(f: &PrimFunc) -> Workload {
+    let hash = blake3::hash(func_json(f).to_string().as_bytes())
+        .to_hex()
+        .to_string();
+    let params: Vec<String> = f
+        .params
+        .iter()
+        .map(|p| match p {
+            crate::ir::Param::Buffer(b) => format!(
+                "{}: {}[{}]",
+                b.name,
+                b.dtype,
+                b.shape
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            crate::ir::Param::Scalar(v) => format!("{}: {}", v.name, v.dtype),
+        })
+        .collect();
+    Workload {
+        hash: hash[..32].to_owned(),
+        key: format!("{}({})", f.name, params.join(", ")),
+    }
+}
+
+/// The host CPU's model name (`/proc/cpuinfo`), or `unknown`.
+pub fn host_cpu() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// A database file and its records.
+#[derive(Debug, Default)]
+pub struct Database {
+    path: Option<PathBuf>,
+    /// The records read or added.
+    pub records: Vec<Record>,
+    /// Lines that were skipped, and why.
+    pub warnings: Vec<String>,
+}
+
+impl Database {
+    /// Reads `path` (a missing file is an empty database).
+    ///
+    /// # Errors
+    /// A file that exists but cannot be read.
+    pub fn open(path: &Path) -> Result<Database, String> {
+        let mut db = Database {
+            path: Some(path.to_path_buf()),
+            ..Database::default()
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(db),
+            Err(e) => {
+                return Err(format!(
+                    "reading the tuning database `{}`: {e}",
+                    path.display()
+                ))
+            }
+        };
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Record>(line) {
+                Ok(r) if r.format == FORMAT => db.records.push(r),
+                Ok(r) => db.warnings.push(format!(
+                    "{}:{}: format `{}`, expected `{FORMAT}`: skipped",
+                    path.display(),
+                    i + 1,
+                    r.format
+                )),
+                Err(e) => db.warnings.push(format!(
+                    "{}:{}: not a tuning record ({e}): skipped",
+                    path.display(),
+                    i + 1
+                )),
+            }
+        }
+        Ok(db)
+    }
+
+    /// Appends `r` to the file (and to the records).
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn append(&mut self, r: Record) -> Result<(), String> {
+        if let Some(p) = &self.path {
+            let line = serde_json::to_string(&r).map_err(|e| e.to_string())?;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| format!("writing the tuning database `{}`: {e}", p.display()))?;
+            writeln!(f, "{line}")
+                .and_then(|()| f.flush())
+                .map_err(|e| format!("writing the tuning database `{}`: {e}", p.display()))?;
+        }
+        self.records.push(r);
+        Ok(())
+    }
+
+    /// The fastest record for `f` on `target` (and this CPU, unless `any_cpu`).
+    pub fn best(&self, f: &PrimFunc, target: &Target, any_cpu: bool) -> Option<&Record> {
+        let w = workload(f);
+        let t = target.to_string();
+        let cpu = host_cpu();
+        self.records
+            .iter()
+            .filter(|r| r.workload.hash == w.hash && r.target == t && (any_cpu || r.cpu == cpu))
+            .min_by(|a, b| a.time.median.total_cmp(&b.time.median))
+    }
+
+    /// `module` with every function that has a record scheduled by it; notes say what was
+    /// applied and what was skipped.
+    pub fn apply(
+        &self,
+        module: &IRModule,
+        target: &Target,
+        any_cpu: bool,
+    ) -> (IRModule, Vec<String>) {
+        let mut notes = Vec::new();
+        let mut out = Vec::new();
+        for f in &module.functions {
+            let Some(r) = self.best(f, target, any_cpu) else {
+                out.push(f.clone());
+                continue;
+            };
+            let mut s = Schedule::new(f.clone());
+            match s.apply(&r.steps).and_then(|()| s.finish()) {
+                Ok(g) => {
+                    notes.push(format!(
+                        "`{}`: tuning record applied ({:.4} ms, {:.2}x the default, {} on {})",
+                        f.name,
+                        r.time.median * 1e3,
+                        r.default_time.median / r.time.median.max(f64::MIN_POSITIVE),
+                        r.kiln,
+                        r.cpu
+                    ));
+                    out.push(g);
+                }
+                Err(e) => {
+                    notes.push(format!(
+                        "warning: `{}`: a stale tuning record was skipped ({e})",
+                        f.name
+                    ));
+                    out.push(f.clone());
+                }
+            }
+        }
+        (IRModule::from_functions(out), notes)
+    }
+}

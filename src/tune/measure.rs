@@ -1,0 +1,281 @@
+//! Measuring a candidate: build it, check it against the function's default build, time it.
+//!
+//! A [`Bench`] holds the function's inputs (random, from a seed: every candidate sees the same
+//! ones) and what the default build leaves in every buffer. A candidate is built for the target,
+//! called once on fresh copies of the inputs, and compared buffer by buffer with that reference
+//! (integers exactly, floats to 1e-3 relative, as reassociated sums may differ in the last
+//! bits); only a candidate that agrees is timed. The default build itself is the code kiln's
+//! differential tests hold to the reference interpreter.
+//!
+//! Timing: calls are batched until a batch lasts 2 ms, then 7 batches are timed; the result is
+//! the median time per call with the fastest and slowest batch. When the spread is above 10 %
+//! of the median, up to 8 more batches are taken.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ir::{IRModule, Param, PrimFunc};
+use crate::npy::{parse_dtype, NpyArray};
+use crate::packed_func::{AnyView, DLTensor, PackedFunc};
+use crate::target::Target;
+
+/// A candidate's time per call, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// The median.
+    pub median: f64,
+    /// The fastest batch.
+    pub min: f64,
+    /// The slowest batch.
+    pub max: f64,
+}
+
+impl Timing {
+    /// `(max - min) / median`.
+    pub fn spread(&self) -> f64 {
+        (self.max - self.min) / self.median.max(f64::MIN_POSITIVE)
+    }
+}
+
+/// What measuring a candidate gave.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// It agrees with the default build; its time.
+    Ok(Timing),
+    /// The schedule or the build refused it.
+    Invalid(String),
+    /// It computes something else than the default build.
+    Wrong(String),
+    /// The process measuring it died (or ran past its time).
+    Crashed(String),
+}
+
+/// The inputs of a function and what its default build computes from them.
+pub struct Bench {
+    inputs: Vec<NpyArray>,
+    reference: Vec<NpyArray>,
+}
+
+fn fill(a: &mut NpyArray, seed: u64) {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let dt = a.dtype;
+    let n = a.numel();
+    let elem = a.elem_bytes();
+    let bytes = a.data.as_mut_slice();
+    for i in 0..n {
+        let r = next();
+        let chunk = &mut bytes[i * elem..(i + 1) * elem];
+        match (dt.code.0, dt.bits) {
+            (2, 32) => {
+                let v = ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                chunk.copy_from_slice(&v.to_le_bytes());
+            }
+            (2, 64) => {
+                let v = ((r >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0;
+                chunk.copy_from_slice(&v.to_le_bytes());
+            }
+            (2, 16) => {
+                let v = half::f16::from_f64(((r >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0);
+                chunk.copy_from_slice(&v.to_le_bytes());
+            }
+            _ => {
+                // Integers and anything else: small values (indices stay in range, sums do not
+                // overflow).
+                let v = r % 7;
+                let b = v.to_le_bytes();
+                let k = chunk.len().min(8);
+                chunk[..k].copy_from_slice(&b[..k]);
+            }
+        }
+    }
+}
+
+fn arrays(f: &PrimFunc, seed: u64) -> Result<Vec<NpyArray>, String> {
+    f.params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match p {
+            Param::Buffer(b) => {
+                let shape: Option<Vec<i64>> = b.shape.iter().map(|e| e.as_int()).collect();
+                let shape = shape.ok_or_else(|| {
+                    format!(
+                        "parameter `{}` has a symbolic shape: tuning needs constant shapes (one \
+                         workload per shape)",
+                        b.name
+                    )
+                })?;
+                let dt = parse_dtype(&b.dtype.to_string()).ok_or_else(|| {
+                    format!("parameter `{}`: no host array of {}", b.name, b.dtype)
+                })?;
+                let mut a = NpyArray::zeros(dt, &shape).map_err(|e| e.to_string())?;
+                fill(&mut a, seed.wrapping_add(i as u64 + 1));
+                Ok(a)
+            }
+            Param::Scalar(v) => Err(format!(
+                "parameter `{}` is a scalar: tuning takes functions of buffers only",
+                v.name
+            )),
+        })
+        .collect()
+}
+
+/// Builds `f` for `target` and returns its function, its O3 code ready.
+fn build(f: &PrimFunc, target: &Target) -> Result<PackedFunc, String> {
+    let m = crate::codegen::build(&IRModule::from_functions(vec![f.clone()]), target)
+        .map_err(|e| e.to_string())?;
+    crate::codegen::llvm::wait_all_optimized();
+    let name = f.name.clone();
+    let func = m.require_function(&name).map_err(|e| e.to_string())?;
+    // The module stays alive through the function's own reference.
+    drop(m);
+    Ok(func)
+}
+
+fn call(func: &PackedFunc, args: &mut [NpyArray]) -> Result<(), String> {
+    let dls: Vec<DLTensor> = args.iter_mut().map(|a| a.as_dltensor()).collect();
+    let views: Vec<AnyView<'_>> = dls.iter().map(AnyView::from).collect();
+    func.call(&views).map(drop).map_err(|e| e.to_string())
+}
+
+fn compare(got: &[NpyArray], want: &[NpyArray], f: &PrimFunc) -> Result<(), String> {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let name = f
+            .params
+            .get(i)
+            .map(|p| p.name().to_owned())
+            .unwrap_or_default();
+        let (gb, wb) = (g.data.as_slice(), w.data.as_slice());
+        match (g.dtype.code.0, g.dtype.bits) {
+            (2, 32) | (2, 64) => {
+                let elem = g.elem_bytes();
+                for j in 0..g.numel() {
+                    let rd = |b: &[u8]| -> f64 {
+                        let c = &b[j * elem..(j + 1) * elem];
+                        if elem == 4 {
+                            f32::from_le_bytes(c.try_into().unwrap_or_default()) as f64
+                        } else {
+                            f64::from_le_bytes(c.try_into().unwrap_or_default())
+                        }
+                    };
+                    let (x, y) = (rd(gb), rd(wb));
+                    let ok = x == y
+                        || (x.is_nan() && y.is_nan())
+                        || (x - y).abs() <= 1e-3 * y.abs().max(1.0);
+                    if !ok {
+                        return Err(format!("`{name}`[{j}] is {x}, the default build gives {y}"));
+                    }
+                }
+            }
+            _ => {
+                if gb != wb {
+                    let j = gb.iter().zip(wb).position(|(a, b)| a != b).unwrap_or(0);
+                    return Err(format!(
+                        "`{name}` differs from the default build at byte {j}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn clone_arrays(v: &[NpyArray]) -> Result<Vec<NpyArray>, String> {
+    v.iter()
+        .map(|a| {
+            let mut b = NpyArray::zeros(a.dtype, &a.shape).map_err(|e| e.to_string())?;
+            b.data.as_mut_slice().copy_from_slice(a.data.as_slice());
+            Ok(b)
+        })
+        .collect()
+}
+
+impl Bench {
+    /// Inputs for `f` from `seed`, and the default build's results on them (`f` as given, for
+    /// `target`).
+    ///
+    /// # Errors
+    /// Symbolic shapes, scalar parameters, a default build that fails.
+    pub fn new(f: &PrimFunc, target: &Target, seed: u64) -> Result<(Bench, PackedFunc), String> {
+        let inputs = arrays(f, seed)?;
+        let func = build(f, target)?;
+        let mut out = clone_arrays(&inputs)?;
+        call(&func, &mut out)?;
+        Ok((
+            Bench {
+                inputs,
+                reference: out,
+            },
+            func,
+        ))
+    }
+
+    /// Times `func` (already checked).
+    pub fn time(&self, func: &PackedFunc) -> Result<Timing, String> {
+        let mut args = clone_arrays(&self.inputs)?;
+        let dls: Vec<DLTensor> = args.iter_mut().map(|a| a.as_dltensor()).collect();
+        let views: Vec<AnyView<'_>> = dls.iter().map(AnyView::from).collect();
+        let run = |n: u64| -> Result<f64, String> {
+            let t = Instant::now();
+            for _ in 0..n {
+                func.call(&views).map_err(|e| e.to_string())?;
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run(1)?;
+        let mut number = 1u64;
+        loop {
+            let t = run(number)?;
+            if t >= 2e-3 || number >= 1 << 20 {
+                break;
+            }
+            number = (number * 2).max((number as f64 * 2.2e-3 / t.max(1e-9)) as u64);
+        }
+        let mut per: Vec<f64> = Vec::new();
+        for i in 0..15 {
+            per.push(run(number)? / number as f64);
+            if i >= 6 {
+                let mut s = per.clone();
+                s.sort_by(f64::total_cmp);
+                let t = Timing {
+                    median: s[s.len() / 2],
+                    min: s[0],
+                    max: s[s.len() - 1],
+                };
+                if t.spread() <= 0.1 || i == 14 {
+                    return Ok(t);
+                }
+            }
+        }
+        unreachable!("the loop returns at its last iteration")
+    }
+
+    /// Builds, checks and times `f` (a scheduled version of the function).
+    pub fn measure(&self, f: &PrimFunc, target: &Target) -> Outcome {
+        let func = match build(f, target) {
+            Ok(x) => x,
+            Err(e) => return Outcome::Invalid(e),
+        };
+        let mut out = match clone_arrays(&self.inputs) {
+            Ok(x) => x,
+            Err(e) => return Outcome::Invalid(e),
+        };
+        if let Err(e) = call(&func, &mut out) {
+            return Outcome::Invalid(e);
+        }
+        if let Err(e) = compare(&out, &self.reference, f) {
+            return Outcome::Wrong(e);
+        }
+        match self.time(&func) {
+            Ok(t) => Outcome::Ok(t),
+            Err(e) => Outcome::Invalid(e),
+        }
+    }
+}

@@ -1,0 +1,425 @@
+//! The search space of a function: its loop nests, the knobs of each, and the schedule steps a
+//! choice of knobs gives.
+//!
+//! A function's body is read as a sequence of top-level loop nests (the statements at its root,
+//! through `allocate`, `let` and `seq`). Each nest is the chain of loops each of which is the
+//! whole body of the one outside it; a loop is *spatial* when the buffers stored under it are
+//! indexed by its variable, a *reduction* otherwise. Each nest gets four knobs, the choices a
+//! hand schedule makes (TVM's `MultiLevelTiling` and `ParallelizeVectorizeUnroll` in small):
+//!
+//! | knob | values | steps |
+//! |---|---|---|
+//! | `tile` | `(ti, tj)`, 0 = none, for the two outer spatial loops of a nest of three or more | split both, reorder to `i_o, j_o, <the rest>, i_i, j_i` |
+//! | `vector` | 0, 4, 8, 16, 32 | split the innermost spatial loop, vectorize the inner part |
+//! | `unroll` | 0, 2, 4, 8 | split the innermost reduction loop, unroll the inner part |
+//! | `parallel` | none, outermost, outer two fused | `parallel` (after `fuse`) |
+//!
+//! A choice becomes [`Step`]s by running the primitives on a [`Schedule`] (so the steps carry
+//! the loop names the primitives chose); a choice the primitives refuse is not a candidate.
+//! Whether a candidate computes the right thing is not decided here: every candidate is run
+//! against the function's default build before it is timed ([`super::measure`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::ir::{Expr, PrimFunc, Stmt, Var};
+use crate::schedule::{Schedule, Step};
+
+/// One loop of a nest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopInfo {
+    /// Its name.
+    pub name: String,
+    /// Its constant extent, if it has one.
+    pub extent: Option<i64>,
+    /// No buffer stored under it is indexed by it.
+    pub reduction: bool,
+}
+
+/// A top-level loop nest: the perfectly nested chain from its outermost loop down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nest {
+    /// Outermost first.
+    pub loops: Vec<LoopInfo>,
+}
+
+/// The knobs of one nest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Knobs {
+    /// Tile factors of the two outer spatial loops (0: no tiling).
+    pub tile: [i64; 2],
+    /// Vector width of the innermost spatial loop (0: none).
+    pub vector: i64,
+    /// Unroll factor of the innermost reduction loop (0: none).
+    pub unroll: i64,
+    /// 0: serial, 1: the outermost loop parallel, 2: the outer two fused and parallel.
+    pub parallel: u8,
+}
+
+/// The knobs of every nest of a function: one candidate.
+pub type Choice = Vec<Knobs>;
+
+fn stores_under(s: &Stmt, out: &mut Vec<Vec<Expr>>) {
+    match s {
+        Stmt::Store { indices, .. } => out.push(indices.clone()),
+        Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {
+            stores_under(body, out)
+        }
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => {
+            stores_under(then_case, out);
+            if let Some(e) = else_case {
+                stores_under(e, out);
+            }
+        }
+        Stmt::Seq(v) => v.iter().for_each(|x| stores_under(x, out)),
+        _ => {}
+    }
+}
+
+fn nest_of(s: &Stmt) -> Option<Nest> {
+    let mut loops = Vec::new();
+    let mut cur = s;
+    while let Stmt::For {
+        var, extent, body, ..
+    } = cur
+    {
+        let mut stores = Vec::new();
+        stores_under(body, &mut stores);
+        let v: &Var = var;
+        let reduction = !stores.is_empty() && !stores.iter().flatten().any(|e| e.mentions(v));
+        loops.push(LoopInfo {
+            name: var.name.to_string(),
+            extent: extent.as_int(),
+            reduction,
+        });
+        cur = body;
+    }
+    (!loops.is_empty()).then_some(Nest { loops })
+}
+
+fn collect(s: &Stmt, out: &mut Vec<Nest>) {
+    match s {
+        Stmt::For { .. } => out.extend(nest_of(s)),
+        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => collect(body, out),
+        Stmt::Seq(v) => v.iter().for_each(|x| collect(x, out)),
+        _ => {}
+    }
+}
+
+/// The loops from a top-level loop down to one whose body is a sequence ending in a loop (a
+/// reduction's initialization beside its loop), when there is one.
+fn imperfect_chain(s: &Stmt) -> Option<Vec<String>> {
+    match s {
+        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => imperfect_chain(body),
+        Stmt::Seq(v) => v.iter().find_map(imperfect_chain),
+        Stmt::For { .. } => {
+            let mut names = Vec::new();
+            let mut cur = s;
+            loop {
+                match cur {
+                    Stmt::For { var, body, .. } => {
+                        names.push(var.name.to_string());
+                        cur = body;
+                    }
+                    Stmt::Seq(v) if v.len() >= 2 && matches!(v.last(), Some(Stmt::For { .. })) => {
+                        return Some(names)
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `f` with its loop nests made perfect where a reduction's initialization sits beside the
+/// reduction's loop (`for i { for j { C = 0; for k { C += .. } } }`, the form kiln's builder
+/// writes): `fission` from the inside out separates the initialization into a nest of its own,
+/// as a hand schedule does first. Returns the function and the steps; `f` itself, with no steps,
+/// when there is nothing to separate or a primitive refuses.
+pub fn normalize(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
+    let mut s = Schedule::new(f.clone());
+    let mut steps = Vec::new();
+    for _ in 0..8 {
+        let Some(chain) = imperfect_chain(&s.func().body) else {
+            break;
+        };
+        let mut trial = s.clone();
+        let mut more = Vec::new();
+        for name in chain.iter().rev() {
+            if trial.fission(name).is_err() {
+                return (f.clone(), Vec::new());
+            }
+            more.push(Step::Fission {
+                loop_: name.clone(),
+            });
+        }
+        s = trial;
+        steps.extend(more);
+    }
+    match s.finish() {
+        Ok(g) => (g, steps),
+        Err(_) => (f.clone(), Vec::new()),
+    }
+}
+
+/// The top-level loop nests of `f`.
+pub fn nests(f: &PrimFunc) -> Vec<Nest> {
+    let mut out = Vec::new();
+    collect(&f.body, &mut out);
+    out
+}
+
+/// The values each knob of `nest` may take (the first is always "off").
+pub fn knob_values(nest: &Nest) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<u8>) {
+    let fits = |f: i64, e: Option<i64>| e.is_none_or(|e| f < e);
+    let spatial: Vec<&LoopInfo> = nest.loops.iter().filter(|l| !l.reduction).collect();
+    let tiles = if nest.loops.len() >= 3 && spatial.len() >= 2 {
+        std::iter::once(0)
+            .chain(
+                [8, 16, 32, 64]
+                    .into_iter()
+                    .filter(|&t| fits(t, spatial[0].extent) && fits(t, spatial[1].extent)),
+            )
+            .collect()
+    } else {
+        vec![0]
+    };
+    let inner_spatial = nest.loops.last().filter(|l| !l.reduction);
+    let vectors = match inner_spatial {
+        Some(l) => std::iter::once(0)
+            .chain(
+                [4, 8, 16, 32]
+                    .into_iter()
+                    .filter(|&v| fits(v - 1, l.extent)),
+            )
+            .collect(),
+        None if spatial.len() >= 2 => vec![0, 8, 16],
+        None => vec![0],
+    };
+    let unrolls = match nest.loops.iter().rev().find(|l| l.reduction) {
+        Some(l) => std::iter::once(0)
+            .chain([2, 4, 8].into_iter().filter(|&u| fits(u, l.extent)))
+            .collect(),
+        None => vec![0],
+    };
+    let parallel = match nest.loops.as_slice() {
+        [a, b, ..] if !a.reduction && !b.reduction => vec![0, 1, 2],
+        [a, ..] if !a.reduction => vec![0, 1],
+        _ => vec![0],
+    };
+    (tiles, vectors, unrolls, parallel)
+}
+
+/// Applies `k` to the nest `nest` of the schedule `s`, appending the steps to `steps`.
+fn apply_nest(
+    s: &mut Schedule,
+    nest: &Nest,
+    k: &Knobs,
+    steps: &mut Vec<Step>,
+) -> Result<(), String> {
+    let e = |x: crate::schedule::ScheduleError| x.to_string();
+    let names: Vec<String> = nest.loops.iter().map(|l| l.name.clone()).collect();
+    let spatial: Vec<usize> = (0..names.len())
+        .filter(|&i| !nest.loops[i].reduction)
+        .collect();
+    // The loop that is currently outermost, and the innermost spatial loop, after tiling.
+    let mut outer = names[0].clone();
+    let mut second: Option<String> = names.get(1).cloned();
+    let mut inner_spatial = spatial.last().map(|&i| names[i].clone());
+    let innermost_is_spatial = !nest.loops[names.len() - 1].reduction;
+    if k.tile[0] > 0 && k.tile[1] > 0 && spatial.len() >= 2 && spatial[0] == 0 && spatial[1] == 1 {
+        let (io, ii) = s.split(&names[0], k.tile[0]).map_err(e)?;
+        steps.push(Step::Split {
+            loop_: names[0].clone(),
+            factor: k.tile[0],
+        });
+        let (jo, ji) = s.split(&names[1], k.tile[1]).map_err(e)?;
+        steps.push(Step::Split {
+            loop_: names[1].clone(),
+            factor: k.tile[1],
+        });
+        let mut order = vec![io.clone(), jo.clone()];
+        order.extend(names[2..].iter().cloned());
+        order.push(ii.clone());
+        order.push(ji.clone());
+        let refs: Vec<&str> = order.iter().map(String::as_str).collect();
+        s.reorder(&refs).map_err(e)?;
+        steps.push(Step::Reorder { loops: order });
+        outer = io;
+        second = Some(jo);
+        inner_spatial = Some(ji);
+    } else if k.tile != [0, 0] {
+        return Err("tiling needs two outer spatial loops".into());
+    }
+    let tiled = k.tile[0] > 0;
+    if k.vector > 0 {
+        // The innermost spatial loop, when it is innermost (or was made so by tiling).
+        let Some(v) = inner_spatial
+            .clone()
+            .filter(|_| tiled || innermost_is_spatial)
+        else {
+            return Err("no innermost spatial loop to vectorize".into());
+        };
+        let (_vo, vi) = s.split(&v, k.vector).map_err(e)?;
+        steps.push(Step::Split {
+            loop_: v.clone(),
+            factor: k.vector,
+        });
+        s.vectorize(&vi).map_err(e)?;
+        steps.push(Step::Kind {
+            loop_: vi,
+            kind: "vectorized".into(),
+        });
+    }
+    if k.unroll > 0 {
+        let Some(r) = nest.loops.iter().rev().find(|l| l.reduction) else {
+            return Err("no reduction loop to unroll".into());
+        };
+        let (_ro, ri) = s.split(&r.name, k.unroll).map_err(e)?;
+        steps.push(Step::Split {
+            loop_: r.name.clone(),
+            factor: k.unroll,
+        });
+        s.unroll(&ri).map_err(e)?;
+        steps.push(Step::Kind {
+            loop_: ri,
+            kind: "unrolled".into(),
+        });
+    }
+    match k.parallel {
+        0 => {}
+        1 => {
+            s.parallel(&outer).map_err(e)?;
+            steps.push(Step::Kind {
+                loop_: outer,
+                kind: "parallel".into(),
+            });
+        }
+        _ => {
+            let Some(second) = second else {
+                return Err("no second loop to fuse".into());
+            };
+            let fused = s.fuse(&outer, &second).map_err(e)?;
+            steps.push(Step::Fuse {
+                outer,
+                inner: second,
+            });
+            s.parallel(&fused).map_err(e)?;
+            steps.push(Step::Kind {
+                loop_: fused,
+                kind: "parallel".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The steps of `choice` for `f`, or why the primitives refuse it.
+pub fn steps_for(f: &PrimFunc, nests: &[Nest], choice: &Choice) -> Result<Vec<Step>, String> {
+    let mut s = Schedule::new(f.clone());
+    let mut steps = Vec::new();
+    for (n, k) in nests.iter().zip(choice) {
+        apply_nest(&mut s, n, k, &mut steps)?;
+    }
+    s.finish().map_err(|e| e.to_string())?;
+    Ok(steps)
+}
+
+/// A small deterministic generator (splitmix64), so that a seed gives the same search.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5851_f42d_4c95_7f2d)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// An index below `n` (`n` > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    /// One of `v` (non-empty).
+    pub fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len())]
+    }
+}
+
+/// A random choice of every knob.
+pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
+    nests
+        .iter()
+        .map(|n| {
+            let (t, v, u, p) = knob_values(n);
+            let mut k = Knobs {
+                tile: [rng.pick(&t), rng.pick(&t)],
+                vector: rng.pick(&v),
+                unroll: rng.pick(&u),
+                parallel: rng.pick(&p),
+            };
+            if (k.tile[0] == 0) != (k.tile[1] == 0) {
+                k.tile = [0, 0];
+            }
+            k
+        })
+        .collect()
+}
+
+/// `c` with one knob of one nest changed.
+pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
+    let mut out = c.clone();
+    if nests.is_empty() {
+        return out;
+    }
+    let i = rng.below(nests.len());
+    let (t, v, u, p) = knob_values(&nests[i]);
+    let k = &mut out[i];
+    match rng.below(5) {
+        0 => k.tile[0] = rng.pick(&t),
+        1 => k.tile[1] = rng.pick(&t),
+        2 => k.vector = rng.pick(&v),
+        3 => k.unroll = rng.pick(&u),
+        _ => k.parallel = rng.pick(&p),
+    }
+    if (k.tile[0] == 0) != (k.tile[1] == 0) {
+        k.tile = [0, 0];
+    }
+    out
+}
+
+/// The hand-written starting points: the default (nothing) and the usual first schedule
+/// (outermost loop parallel, innermost spatial loop vectorized by 8 or 16).
+pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
+    let none: Choice = nests.iter().map(|_| Knobs::default()).collect();
+    let mut out = vec![none];
+    for width in [8, 16] {
+        out.push(
+            nests
+                .iter()
+                .map(|n| {
+                    let (_, v, _, p) = knob_values(n);
+                    Knobs {
+                        vector: if v.contains(&width) { width } else { 0 },
+                        parallel: if p.contains(&1) { 1 } else { 0 },
+                        ..Knobs::default()
+                    }
+                })
+                .collect(),
+        );
+    }
+    out
+}

@@ -1,0 +1,274 @@
+//! Where candidates are measured: in this process ([`InProcess`]), or in a child process
+//! ([`Subprocess`], what `kiln tune` uses) so that a candidate that crashes or hangs costs one
+//! trial and a restarted worker, never the search.
+//!
+//! The child is `kiln tune-worker`. It reads one JSON line ([`WorkerInit`]: the function, the
+//! target, the seed of the inputs), builds the default, answers `{"baseline": timing}`, then
+//! answers each `{"steps": [...]}` line with `{"outcome": ...}` ([`Outcome`]).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::measure::{Bench, Outcome, Timing};
+use crate::ir::{IRModule, PrimFunc};
+use crate::schedule::{Schedule, Step};
+use crate::target::Target;
+
+/// What a worker measures.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerInit {
+    /// The function, as a one-function IR module (kiln-ir/1 JSON).
+    pub module: serde_json::Value,
+    /// The target, canonical JSON.
+    pub target: String,
+    /// The seed of the inputs.
+    pub seed: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Reply {
+    Baseline(Timing),
+    Outcome(Outcome),
+    Error(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Request {
+    steps: Vec<Step>,
+}
+
+/// Measures candidates of one function.
+pub trait Measurer {
+    /// The default build's time.
+    fn baseline(&self) -> Timing;
+    /// Applies `steps` to the function, builds, checks and times it.
+    fn measure(&mut self, steps: &[Step]) -> Outcome;
+}
+
+fn scheduled(f: &PrimFunc, steps: &[Step]) -> Result<PrimFunc, String> {
+    let mut s = Schedule::new(f.clone());
+    s.apply(steps).map_err(|e| e.to_string())?;
+    s.finish().map_err(|e| e.to_string())
+}
+
+/// Measures in this process.
+pub struct InProcess {
+    f: PrimFunc,
+    target: Target,
+    bench: Bench,
+    baseline: Timing,
+}
+
+impl InProcess {
+    /// Builds and times the default of `f`.
+    ///
+    /// # Errors
+    /// As [`Bench::new`].
+    pub fn new(f: &PrimFunc, target: &Target, seed: u64) -> Result<Self, String> {
+        let (bench, func) = Bench::new(f, target, seed)?;
+        let baseline = bench.time(&func)?;
+        Ok(Self {
+            f: f.clone(),
+            target: target.clone(),
+            bench,
+            baseline,
+        })
+    }
+}
+
+impl Measurer for InProcess {
+    fn baseline(&self) -> Timing {
+        self.baseline
+    }
+
+    fn measure(&mut self, steps: &[Step]) -> Outcome {
+        match scheduled(&self.f, steps) {
+            Ok(g) => self.bench.measure(&g, &self.target),
+            Err(e) => Outcome::Invalid(e),
+        }
+    }
+}
+
+/// `kiln tune-worker`: serves one [`WorkerInit`] and then requests, on stdin and stdout.
+///
+/// # Errors
+/// A first line that is not a [`WorkerInit`], or a function that cannot be benched.
+pub fn worker_main() -> Result<(), String> {
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut out = std::io::stdout().lock();
+    let mut say = |r: &Reply| -> Result<(), String> {
+        let text = serde_json::to_string(r).map_err(|e| e.to_string())?;
+        writeln!(out, "{text}")
+            .and_then(|()| out.flush())
+            .map_err(|e| e.to_string())
+    };
+    let first = lines
+        .next()
+        .ok_or("no init line")?
+        .map_err(|e| e.to_string())?;
+    let init: WorkerInit =
+        serde_json::from_str(&first).map_err(|e| format!("the init line: {e}"))?;
+    let setup = (|| {
+        let m = IRModule::from_json_str(&init.module.to_string()).map_err(|e| e.to_string())?;
+        let f = m.functions.first().cloned().ok_or("an empty module")?;
+        let target = Target::parse(&init.target).map_err(|e| e.to_string())?;
+        let me = InProcess::new(&f, &target, init.seed)?;
+        Ok::<_, String>(me)
+    })();
+    let mut me = match setup {
+        Ok(m) => m,
+        Err(e) => {
+            say(&Reply::Error(e.clone()))?;
+            return Err(e);
+        }
+    };
+    say(&Reply::Baseline(me.baseline))?;
+    for line in lines {
+        let line = line.map_err(|e| e.to_string())?;
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Ok(r) => Reply::Outcome(me.measure(&r.steps)),
+            Err(e) => Reply::Error(format!("a request that is not {{\"steps\": [...]}}: {e}")),
+        };
+        say(&reply)?;
+    }
+    Ok(())
+}
+
+struct Child2 {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+}
+
+impl Drop for Child2 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Measures in a child process (`<exe> tune-worker`), restarted after a crash.
+pub struct Subprocess {
+    exe: PathBuf,
+    init: String,
+    child: Option<Child2>,
+    timeout: Duration,
+    baseline: Timing,
+    /// How many times the worker was restarted.
+    pub restarts: usize,
+}
+
+impl Subprocess {
+    /// Starts the worker `exe tune-worker` for `init`; a candidate may take `timeout`.
+    ///
+    /// # Errors
+    /// The worker cannot start, or cannot build the default.
+    pub fn new(exe: PathBuf, init: &WorkerInit, timeout: Duration) -> Result<Self, String> {
+        let init = serde_json::to_string(init).map_err(|e| e.to_string())?;
+        let mut s = Self {
+            exe,
+            init,
+            child: None,
+            timeout,
+            baseline: Timing {
+                median: 0.0,
+                min: 0.0,
+                max: 0.0,
+            },
+            restarts: 0,
+        };
+        s.baseline = s.start()?;
+        Ok(s)
+    }
+
+    fn start(&mut self) -> Result<Timing, String> {
+        let mut child = Command::new(&self.exe)
+            .arg("tune-worker")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting `{} tune-worker`: {e}", self.exe.display()))?;
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        writeln!(stdin, "{}", self.init).map_err(|e| e.to_string())?;
+        stdin.flush().map_err(|e| e.to_string())?;
+        let c = Child2 {
+            child,
+            stdin,
+            lines: rx,
+        };
+        let line = c
+            .lines
+            .recv_timeout(self.timeout.max(Duration::from_secs(120)))
+            .map_err(|_| "the worker did not answer its init line".to_owned())?;
+        let t = match serde_json::from_str::<Reply>(&line) {
+            Ok(Reply::Baseline(t)) => t,
+            Ok(Reply::Error(e)) => return Err(e),
+            _ => return Err(format!("the worker answered `{line}`")),
+        };
+        self.child = Some(c);
+        Ok(t)
+    }
+}
+
+impl Measurer for Subprocess {
+    fn baseline(&self) -> Timing {
+        self.baseline
+    }
+
+    fn measure(&mut self, steps: &[Step]) -> Outcome {
+        if self.child.is_none() {
+            self.restarts += 1;
+            if let Err(e) = self.start() {
+                return Outcome::Crashed(format!("restarting the worker: {e}"));
+            }
+        }
+        let Some(c) = self.child.as_mut() else {
+            return Outcome::Crashed("no worker".into());
+        };
+        let req = match serde_json::to_string(&Request {
+            steps: steps.to_vec(),
+        }) {
+            Ok(r) => r,
+            Err(e) => return Outcome::Invalid(e.to_string()),
+        };
+        if writeln!(c.stdin, "{req}")
+            .and_then(|()| c.stdin.flush())
+            .is_err()
+        {
+            self.child = None;
+            return Outcome::Crashed("the worker is gone".into());
+        }
+        match c.lines.recv_timeout(self.timeout) {
+            Ok(line) => match serde_json::from_str::<Reply>(&line) {
+                Ok(Reply::Outcome(o)) => o,
+                Ok(Reply::Error(e)) => Outcome::Invalid(e),
+                _ => Outcome::Invalid(format!("the worker answered `{line}`")),
+            },
+            Err(_) => {
+                let status = c.child.try_wait().ok().flatten();
+                self.child = None;
+                Outcome::Crashed(match status {
+                    Some(s) => format!("the worker died ({s})"),
+                    None => format!("the candidate ran past {:?}", self.timeout),
+                })
+            }
+        }
+    }
+}

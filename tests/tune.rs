@@ -1,0 +1,295 @@
+//! `kiln tune`: the search space, the search's reproducibility, that a wrong schedule never wins,
+//! the database (matching, corrupt and stale records, merging), and the command line end to end
+//! with its worker process.
+
+use std::path::Path;
+use std::process::Command;
+
+use kiln::ir::builder::for_range;
+use kiln::ir::{kernels, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt};
+use kiln::schedule::Step;
+use kiln::target::Target;
+use kiln::tune::{self, space, Database, Measurer, Outcome, Record, Timing, TuneOptions};
+
+fn host() -> Target {
+    Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap()
+}
+
+#[test]
+fn matmul_has_one_nest_with_a_reduction_inside() {
+    // The builder's matmul initializes C beside the k loop: normalized, the initialization is
+    // a nest of its own and the update a perfect nest i, j, k.
+    let f0 = kernels::matmul_sized(64, 48, 32);
+    assert_eq!(space::nests(&f0)[0].loops.len(), 2);
+    let (f, prefix) = space::normalize(&f0);
+    assert_eq!(prefix.len(), 2, "{prefix:?}");
+    let n = space::nests(&f);
+    assert_eq!(n.len(), 2, "{n:?}");
+    let n = &n[1..];
+    let kinds: Vec<bool> = n[0].loops.iter().map(|l| l.reduction).collect();
+    assert_eq!(kinds, vec![false, false, true], "{n:?}");
+    let (tiles, vectors, unrolls, par) = space::knob_values(&n[0]);
+    assert_eq!(tiles[0], 0);
+    assert!(tiles.contains(&16) && !tiles.contains(&64), "{tiles:?}");
+    assert!(vectors.contains(&8), "{vectors:?}");
+    assert_eq!(unrolls, vec![0, 2, 4, 8]);
+    assert_eq!(par, vec![0, 1, 2]);
+    // Every seed and random choice either schedules or is refused by a primitive: never a
+    // panic, and the steps replay.
+    let n = space::nests(&f);
+    let mut rng = space::Rng::new(7);
+    let mut scheduled = 0;
+    for _ in 0..50 {
+        let c = space::random_choice(&n, &mut rng);
+        if let Ok(steps) = space::steps_for(&f, &n, &c) {
+            scheduled += 1;
+            let steps: Vec<Step> = prefix.iter().cloned().chain(steps).collect();
+            let mut s = kiln::schedule::Schedule::new(f0.clone());
+            s.apply(&steps).unwrap();
+            s.finish().unwrap();
+        }
+    }
+    assert!(scheduled > 25, "{scheduled} of 50 random choices scheduled");
+}
+
+/// A measurer with made-up times (a hash of the steps): searches without compiling anything.
+struct Fake {
+    calls: Vec<Vec<Step>>,
+}
+
+impl Measurer for Fake {
+    fn baseline(&self) -> Timing {
+        Timing {
+            median: 1.0,
+            min: 1.0,
+            max: 1.0,
+        }
+    }
+
+    fn measure(&mut self, steps: &[Step]) -> Outcome {
+        self.calls.push(steps.to_vec());
+        let h = blake3::hash(serde_json::to_string(steps).unwrap().as_bytes());
+        let t = 0.1 + (h.as_bytes()[0] as f64) / 255.0;
+        Outcome::Ok(Timing {
+            median: t,
+            min: t,
+            max: t,
+        })
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_search() {
+    let f = kernels::matmul_sized(64, 64, 64);
+    let run = |seed| {
+        let mut m = Fake { calls: Vec::new() };
+        let opts = TuneOptions {
+            trials: 40,
+            seed,
+            ..TuneOptions::default()
+        };
+        let r = tune::tune(&f, &mut m, &opts, |_, _, _| {}).unwrap();
+        (m.calls, r.best.map(|b| b.0))
+    };
+    let (a, best_a) = run(1);
+    let (b, best_b) = run(1);
+    assert_eq!(a.len(), 40);
+    assert_eq!(a, b);
+    assert_eq!(best_a, best_b);
+    let (c, _) = run(2);
+    assert_ne!(a, c, "another seed explores otherwise");
+    // No candidate is measured twice.
+    let mut keys: Vec<String> = a
+        .iter()
+        .map(|s| serde_json::to_string(s).unwrap())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), a.len());
+}
+
+/// `for i { B[i] = A[i] + 1; A[i + 1] = B[i] * 0.5 }`: each iteration reads what the one before
+/// wrote, so distributing the loop over its two statements (`fission`) changes the results.
+fn chained(n: i64) -> PrimFunc {
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(n)]);
+    let b = Buffer::new("B", DataType::f32(), vec![Expr::from(n)]);
+    let body = for_range("i", Expr::from(n - 1), ForKind::Serial, |i| {
+        Stmt::Seq(vec![
+            b.store([i.clone()], a.load([i.clone()]) + Expr::from(1.0f32)),
+            a.store([i.clone() + 1i64], b.load([i]) * Expr::from(0.5f32)),
+        ])
+    });
+    PrimFunc::new("chained", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true)
+}
+
+#[test]
+fn a_schedule_that_computes_something_else_never_wins() {
+    let f = chained(256);
+    let mut m = tune::InProcess::new(&f, &host(), 3).unwrap();
+    let wrong = vec![Step::Fission { loop_: "i".into() }];
+    match m.measure(&wrong) {
+        Outcome::Wrong(e) => assert!(e.contains("the default build gives"), "{e}"),
+        other => panic!("expected a wrong result, got {other:?}"),
+    }
+    // The search over the same function: whatever it finds agrees with the default.
+    let r = tune::tune(
+        &f,
+        &mut m,
+        &TuneOptions {
+            trials: 12,
+            ..TuneOptions::default()
+        },
+        |_, _, _| {},
+    )
+    .unwrap();
+    if let Some((steps, _)) = &r.best {
+        assert!(matches!(m.measure(steps), Outcome::Ok(_)));
+    }
+}
+
+fn record(f: &PrimFunc, target: &Target, steps: Vec<Step>, ms: f64, cpu: &str) -> Record {
+    let t = |x: f64| Timing {
+        median: x / 1e3,
+        min: x / 1e3,
+        max: x / 1e3,
+    };
+    Record {
+        format: tune::db::FORMAT.into(),
+        workload: tune::db::workload(f),
+        target: target.to_string(),
+        cpu: cpu.into(),
+        device: "cpu".into(),
+        steps,
+        time: t(ms),
+        default_time: t(10.0),
+        trials: 1,
+        seed: 0,
+        kiln: "test".into(),
+    }
+}
+
+#[test]
+fn the_database_applies_the_best_matching_record_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.jsonl");
+    let f = kernels::matmul_sized(32, 32, 32);
+    let target = host();
+    let cpu = tune::db::host_cpu();
+    let par = |l: &str| {
+        vec![Step::Kind {
+            loop_: l.into(),
+            kind: "parallel".into(),
+        }]
+    };
+    let mut db = Database::open(&path).unwrap();
+    assert!(db.records.is_empty());
+    db.append(record(&f, &target, par("i"), 2.0, &cpu)).unwrap();
+    db.append(record(&f, &target, par("j"), 1.0, "Another CPU"))
+        .unwrap();
+    // A stale record (a loop that no longer exists) for the same workload, slower.
+    db.append(record(&f, &target, par("nope"), 3.0, &cpu))
+        .unwrap();
+    // Corrupt lines, and a record of another format.
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    writeln!(file, "{{not json").unwrap();
+    writeln!(file, "{}", r#"{"format": "kiln-tune/0"}"#).unwrap();
+    let mut other = serde_json::to_value(record(&f, &target, par("i"), 0.5, &cpu)).unwrap();
+    other["format"] = "kiln-tune/9".into();
+    writeln!(file, "{other}").unwrap();
+    drop(file);
+
+    let db = Database::open(&path).unwrap();
+    assert_eq!(db.records.len(), 3);
+    assert_eq!(db.warnings.len(), 3, "{:?}", db.warnings);
+    assert!(
+        db.warnings[0].contains(":4: not a tuning record"),
+        "{:?}",
+        db.warnings
+    );
+    // This CPU: the 2 ms record (the 1 ms one is another CPU's).
+    let best = db.best(&f, &target, false).unwrap();
+    assert_eq!(best.steps, par("i"));
+    assert_eq!(db.best(&f, &target, true).unwrap().steps, par("j"));
+    // Another target, another shape: nothing.
+    let avx2 = Target::parse(r#"{"kind": "llvm", "mcpu": "haswell"}"#).unwrap();
+    assert!(db.best(&f, &avx2, true).is_none());
+    assert!(db
+        .best(&kernels::matmul_sized(32, 32, 64), &target, true)
+        .is_none());
+    // The same loops under another name are the same workload.
+    let mut renamed = f.clone();
+    renamed.name = "mm".into();
+    assert!(db.best(&renamed, &target, false).is_some());
+    // Applied twice: the same function.
+    let m = IRModule::from_functions(vec![f.clone()]);
+    let (a, notes) = db.apply(&m, &target, false);
+    let (b, _) = db.apply(&m, &target, false);
+    assert_eq!(a.to_json_string(), b.to_json_string());
+    assert!(notes[0].contains("tuning record applied"), "{notes:?}");
+    assert!(a.to_string().contains("parallel"));
+    // Only the stale record matches: skipped with a warning, the function left as it was.
+    let only_stale = tempfile::NamedTempFile::new().unwrap();
+    let mut db2 = Database::open(only_stale.path()).unwrap();
+    db2.append(record(&f, &target, par("nope"), 3.0, &cpu))
+        .unwrap();
+    let (c, notes) = db2.apply(&m, &target, false);
+    assert!(notes[0].contains("stale tuning record"), "{notes:?}");
+    assert_eq!(c.to_json_string(), m.to_json_string());
+}
+
+fn kiln(args: &[&str], dir: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("KILN_TUNING_DB")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn kiln_tune_records_and_kiln_build_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = IRModule::from_functions(vec![kernels::matmul_sized(96, 96, 96)]);
+    std::fs::write(dir.path().join("mm.json"), m.to_json_string()).unwrap();
+    let (ok, text) = kiln(
+        &[
+            "tune", "mm.json", "matmul", "--trials", "8", "--db", "db.jsonl", "--seed", "5",
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("8 candidates"), "{text}");
+    assert!(text.contains("default:"), "{text}");
+    // A 96^3 matmul is always beaten by some schedule of 8.
+    assert!(text.contains("record written to db.jsonl"), "{text}");
+    let db = Database::open(&dir.path().join("db.jsonl")).unwrap();
+    assert!(!db.records.is_empty() && db.warnings.is_empty());
+    let (ok, text) = kiln(
+        &["build", "mm.json", "-o", "mm.so", "--db", "db.jsonl"],
+        dir.path(),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("`matmul`: tuning record applied"), "{text}");
+    let (ok, text) = kiln(
+        &["run", "mm.json", "matmul", "--db", "db.jsonl", "--check"],
+        dir.path(),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("tuning record applied"), "{text}");
+    // Bad input: a library, a missing function, a device target.
+    let (ok, text) = kiln(&["tune", "mm.json", "nope"], dir.path());
+    assert!(!ok && text.contains("has no function `nope`"), "{text}");
+    let (ok, text) = kiln(
+        &["tune", "mm.json", "matmul", "--target", "opencl"],
+        dir.path(),
+    );
+    assert!(!ok && text.contains("not supported yet"), "{text}");
+}
