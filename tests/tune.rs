@@ -196,7 +196,7 @@ fn the_database_applies_the_best_matching_record_only() {
         .open(&path)
         .unwrap();
     writeln!(file, "{{not json").unwrap();
-    writeln!(file, "{}", r#"{"format": "kiln-tune/0"}"#).unwrap();
+    writeln!(file, r#"{{"format": "kiln-tune/0"}}"#).unwrap();
     let mut other = serde_json::to_value(record(&f, &target, par("i"), 0.5, &cpu)).unwrap();
     other["format"] = "kiln-tune/9".into();
     writeln!(file, "{other}").unwrap();
