@@ -114,13 +114,18 @@ impl Allocations {
             .range(..=key(dev, data_us))
             .next_back()
             .filter(|((t, id, _), _)| *t == dev.device_type.0 && *id == dev.device_id);
-        let ((_, _, base), a) = found.ok_or_else(|| {
+        let not_ours = || {
             format!(
                 "{what}: {data:#x} on {dev} is not memory this session allocated (the session has \
                  {} allocations)",
                 self.map.len()
             )
-        })?;
+        };
+        let ((_, _, base), a) = found.ok_or_else(not_ours)?;
+        // A pointer past the end of the nearest allocation below it is in none of them.
+        if data - *base as u64 >= a.nbytes.max(1) {
+            return Err(not_ours());
+        }
         let host = a.api.host_accessible();
         let inner = data - *base as u64;
         if inner != 0 && !host {
