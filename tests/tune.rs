@@ -66,7 +66,7 @@ impl Measurer for Fake {
         }
     }
 
-    fn measure(&mut self, steps: &[Step]) -> Outcome {
+    fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
         self.calls.push(steps.to_vec());
         let h = blake3::hash(serde_json::to_string(steps).unwrap().as_bytes());
         let t = 0.1 + (h.as_bytes()[0] as f64) / 255.0;
@@ -88,7 +88,7 @@ fn the_same_seed_gives_the_same_search() {
             seed,
             ..TuneOptions::default()
         };
-        let r = tune::tune(&f, &mut m, &opts, |_, _, _| {}).unwrap();
+        let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {}).unwrap();
         (m.calls, r.best.map(|b| b.0))
     };
     let (a, best_a) = run(1);
@@ -127,13 +127,14 @@ fn a_schedule_that_computes_something_else_never_wins() {
     let f = chained(256);
     let mut m = tune::InProcess::new(&f, &host(), 3).unwrap();
     let wrong = vec![Step::Fission { loop_: "i".into() }];
-    match m.measure(&wrong) {
+    match m.measure(&wrong, None) {
         Outcome::Wrong(e) => assert!(e.contains("the default build gives"), "{e}"),
         other => panic!("expected a wrong result, got {other:?}"),
     }
     // The search over the same function: whatever it finds agrees with the default.
     let r = tune::tune(
         &f,
+        &host(),
         &mut m,
         &TuneOptions {
             trials: 12,
@@ -143,7 +144,7 @@ fn a_schedule_that_computes_something_else_never_wins() {
     )
     .unwrap();
     if let Some((steps, _)) = &r.best {
-        assert!(matches!(m.measure(steps), Outcome::Ok(_)));
+        assert!(matches!(m.measure(steps, None), Outcome::Ok(_)));
     }
 }
 
@@ -292,4 +293,27 @@ fn kiln_tune_records_and_kiln_build_applies() {
         dir.path(),
     );
     assert!(!ok && text.contains("not supported yet"), "{text}");
+}
+
+#[test]
+fn hand_schedules_are_traced_as_steps_that_replay() {
+    use kiln::schedule::kernels::{matmul_tiled_schedule, MatmulTiles};
+    use kiln::schedule::Schedule;
+    let s = matmul_tiled_schedule(96, 64, 80, MatmulTiles::AVX2).unwrap();
+    let steps = s.trace().to_vec();
+    assert!(steps.len() > 10, "{steps:?}");
+    let direct = s.finish().unwrap();
+    let mut r = Schedule::new(kernels::matmul_sized(96, 64, 80));
+    r.apply(&steps).unwrap();
+    assert_eq!(r.trace(), &steps[..]);
+    assert_eq!(r.finish().unwrap().to_string(), direct.to_string());
+    let json = serde_json::to_string(&steps).unwrap();
+    let back: Vec<Step> = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, steps);
+    // kiln's matmul gets its hand schedules as the search's first candidates; a function kiln
+    // has no hand schedule for gets none.
+    let tpl = space::templates(&kernels::matmul_sized(96, 64, 80), &host());
+    assert!(tpl.len() >= 4, "{}", tpl.len());
+    assert!(space::templates(&kernels::rowsum_sized(8, 8), &host()).is_empty());
+    assert!(space::templates(&kernels::matmul_sized(96, 60, 80), &host()).is_empty());
 }

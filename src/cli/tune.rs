@@ -140,7 +140,7 @@ pub fn run(a: &TuneArgs) -> CmdResult {
     };
     let cpu = tune::db::host_cpu();
     let mut save_err = None;
-    let report = tune::tune(&f, measurer.as_mut(), &opts, |steps, t, trials| {
+    let report = tune::tune(&f, &target, measurer.as_mut(), &opts, |steps, t, trials| {
         let r = Record {
             format: tune::db::FORMAT.to_owned(),
             workload: w.clone(),

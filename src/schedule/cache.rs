@@ -7,15 +7,12 @@ use crate::ir::rewrite::{self, linear, rw_stmt, Lin, Rewriter};
 use crate::ir::{Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
 
 impl Schedule {
-    /// Caches `buffer` over one iteration of loop `at`: the region the body of `at` reads and
-    /// writes (indices affine in the loops inside `at`, with constant bounds) gets a `local`
-    /// buffer `<buffer>_local`, loaded before the body and written back after it, guarded where
-    /// the region may pass the buffer's end. Returns the cache's name.
-    ///
-    /// # Errors
-    /// Non-affine indices, accesses with different offsets outside `at`, or symbolic inner
-    /// bounds.
-    pub fn cache_write(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
+    /// The body of [`Schedule::cache_write`] (which records it in the trace).
+    pub(super) fn cache_write_untraced(
+        &mut self,
+        buffer: &str,
+        at: &str,
+    ) -> ScheduleResult<String> {
         let target = self.find_buffer(buffer).ok_or_else(|| {
             self.form(
                 "cache_write",

@@ -128,31 +128,8 @@ fn thread_id(path: &[Loop]) -> Option<(Expr, i64)> {
 }
 
 impl Schedule {
-    /// Binds loop `name` to the thread index `tag` (a [`ForKind::ThreadBinding`] loop). A loop
-    /// that does not start at 0 is rebased: `for i in [m, m + e)` becomes `for i in [0, e)` with
-    /// `i` replaced by `i + m` in the body. The usual pattern is a split and two binds:
-    /// `let (bo, ti) = s.split("i", 64)?; s.bind(&bo, ThreadTag::Block(0))?;
-    /// s.bind(&ti, ThreadTag::Thread(0))?;` — the guard that `split` inserts for a remainder keeps
-    /// the threads past the end idle. Where the loop may be bound (`threadIdx` inside `blockIdx`,
-    /// one extent per tag per kernel, ...) is checked by the verifier in [`finish`](Self::finish).
-    ///
-    /// ```
-    /// use kiln::ir::{device, kernels, ThreadTag};
-    /// use kiln::schedule::Schedule;
-    /// let mut s = Schedule::new(kernels::vadd());
-    /// let (bo, ti) = s.split("i", 256)?;
-    /// s.bind(&bo, ThreadTag::Block(0))?;
-    /// s.bind(&ti, ThreadTag::Thread(0))?;
-    /// let f = s.finish()?;
-    /// device::check_device_limits(&f, 256, 16384)?;
-    /// assert!(f.to_string().contains("if i_o * 256i64 + i_i < n"));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// No such loop, or a `parallel` or `vectorized` loop (its iterations are not meant for
-    /// threads of a device).
-    pub fn bind(&mut self, name: &str, tag: ThreadTag) -> ScheduleResult<()> {
+    /// The body of [`Schedule::bind`] (which records it in the trace).
+    pub(super) fn bind_untraced(&mut self, name: &str, tag: ThreadTag) -> ScheduleResult<()> {
         let mut bad = None;
         self.edit(name, &mut |s, _| {
             let (var, min, extent, kind, body) = parts(s);
@@ -192,31 +169,12 @@ impl Schedule {
         }
     }
 
-    /// Stages the tile of the read-only buffer `buffer` that one iteration of loop `at` reads in a
-    /// `shared` buffer `<buffer>_shared` (TVM's `cache_read(.., "shared")` at `at`, with the load
-    /// loop bound to the block's threads). `at` must be inside the `threadIdx` loops of a kernel
-    /// (constant extents). The tile is the bounding box of the indices read in `at`'s body over
-    /// the loops inside `at` and the enclosing `threadIdx` loops (indices affine, constant
-    /// bounds); the other variables (`blockIdx`, `at`, outer loops) give its origin, which must
-    /// be the same for every read. The body of `at` becomes
-    ///
-    /// ```text
-    /// for <buffer>_l in [0, ceil(tile / threads)) {   // cooperative load, one element per thread
-    ///   e = <buffer>_l * threads + thread_id           // guarded when threads do not divide the tile
-    ///   <buffer>_shared[unflatten(e)] = buffer[origin + unflatten(e)]  // guarded at the buffer's end
-    /// }
-    /// barrier; <body reading <buffer>_shared>; barrier
-    /// ```
-    ///
-    /// A second buffer staged at the same loop shares the two barriers. The shared buffer is
-    /// allocated around the kernel's outermost `threadIdx` loop. Returns its name. `at` must not
-    /// be under an `if` or in a loop whose bounds depend on the thread (the verifier rejects the
-    /// barriers then).
-    ///
-    /// # Errors
-    /// `at` not inside `threadIdx` loops, `buffer` not a parameter or written in `at`,
-    /// non-affine indices, different origins, or symbolic inner bounds.
-    pub fn cache_read_shared(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
+    /// The body of [`Schedule::cache_read_shared`] (which records it in the trace).
+    pub(super) fn cache_read_shared_untraced(
+        &mut self,
+        buffer: &str,
+        at: &str,
+    ) -> ScheduleResult<String> {
         const P: &str = "cache_read_shared";
         let target = self
             .find_buffer(buffer)
@@ -492,29 +450,12 @@ impl Schedule {
         Ok(sname)
     }
 
-    /// A block-wide reduction (TVM's cross-thread allreduce). `outer` must be
-    /// `for outer { for inner { X[ix] = X[ix] op f } }` with `op` a sum, max or min, `ix`
-    /// independent of both loops, `inner` of constant power-of-two extent `T` starting at 0,
-    /// inside a kernel's `blockIdx` loops and outside its `threadIdx` loops. It becomes
-    ///
-    /// ```text
-    /// allocate red[T] shared
-    /// for inner in thread_binding[threadIdx.x](0, T) {
-    ///   part = identity; for outer { part = part op f }     // part: local, per thread
-    ///   red[inner] = part; barrier
-    ///   for h = T/2, T/4, .., 1 { if inner < h { red[inner] op= red[inner + h] }; barrier }
-    ///   X[ix] = X[ix] op red[0]          // under `if inner == 0` unless X is `local`
-    /// }
-    /// ```
-    ///
-    /// A `local` `X` (per thread in a kernel) is updated by every thread, so all of them see the
-    /// result (softmax's row max); any other `X` by thread 0 only. When the statement just
-    /// before `outer` is `X[ix] = v` (the reduction's init), it is folded in: `X[ix] = v op
-    /// red[0]`. Returns the shared buffer's name (`red`, `red1`, ...).
-    ///
-    /// # Errors
-    /// The loops do not have this form.
-    pub fn block_reduce(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
+    /// The body of [`Schedule::block_reduce`] (which records it in the trace).
+    pub(super) fn block_reduce_untraced(
+        &mut self,
+        outer: &str,
+        inner: &str,
+    ) -> ScheduleResult<String> {
         const P: &str = "block_reduce";
         let mut path = Vec::new();
         if loop_path(&self.func.body, outer, &mut path).is_some() {

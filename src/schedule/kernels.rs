@@ -185,6 +185,20 @@ pub fn matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
 /// # Errors
 /// `n` not a multiple of `tiles.nr`.
 pub fn matmul_tiled(m: i64, n: i64, k: i64, tiles: MatmulTiles) -> ScheduleResult<PrimFunc> {
+    matmul_tiled_schedule(m, n, k, tiles)?.finish()
+}
+
+/// The schedule of [`matmul_tiled`], before [`Schedule::finish`]: its [`Schedule::trace`] is
+/// the hand schedule as steps (what `kiln tune` starts its search of a matmul from).
+///
+/// # Errors
+/// `n` not a multiple of `tiles.nr`.
+pub fn matmul_tiled_schedule(
+    m: i64,
+    n: i64,
+    k: i64,
+    tiles: MatmulTiles,
+) -> ScheduleResult<Schedule> {
     let mut s = Schedule::new(plain::matmul_sized(m, n, k));
     let nr = tiles.nr;
     // Bp[n / nr, k, n % nr]: each register block reads one contiguous k x nr panel.
@@ -208,7 +222,7 @@ pub fn matmul_tiled(m: i64, n: i64, k: i64, tiles: MatmulTiles) -> ScheduleResul
     let parts = row_parts(m, tiles.mb, tiles.mr);
     if parts.is_empty() {
         // No rows: nothing to tile.
-        return s.finish();
+        return Ok(s);
     }
     let mut names = [("i".to_owned(), "j".to_owned(), "k0".to_owned())].to_vec();
     for (p, &(rows, _, _)) in parts.iter().enumerate().take(parts.len() - 1) {
@@ -262,7 +276,7 @@ pub fn matmul_tiled(m: i64, n: i64, k: i64, tiles: MatmulTiles) -> ScheduleResul
         let pairs = s.fuse(&io, &jo)?;
         s.parallel(&pairs)?;
     }
-    s.finish()
+    Ok(s)
 }
 
 /// The row parts of a `matmul` with `m` rows, as (rows, rows per register tile, rows per task

@@ -61,27 +61,18 @@ impl Schedule {
         Ok(old)
     }
 
-    /// Runs loop `name`'s iterations on the thread pool.
-    ///
-    /// # Errors
-    /// No such loop.
-    pub fn parallel(&mut self, name: &str) -> ScheduleResult<()> {
+    /// The body of [`Schedule::parallel`] (which records it in the trace).
+    pub(super) fn parallel_untraced(&mut self, name: &str) -> ScheduleResult<()> {
         self.set_kind(name, ForKind::Parallel)
     }
 
-    /// Runs loop `name`'s iterations as SIMD lanes (constant extent).
-    ///
-    /// # Errors
-    /// No such loop, or a symbolic extent.
-    pub fn vectorize(&mut self, name: &str) -> ScheduleResult<()> {
+    /// The body of [`Schedule::vectorize`] (which records it in the trace).
+    pub(super) fn vectorize_untraced(&mut self, name: &str) -> ScheduleResult<()> {
         self.set_kind(name, ForKind::Vectorized)
     }
 
-    /// Unrolls loop `name` (constant extent).
-    ///
-    /// # Errors
-    /// No such loop, or a symbolic extent.
-    pub fn unroll(&mut self, name: &str) -> ScheduleResult<()> {
+    /// The body of [`Schedule::unroll`] (which records it in the trace).
+    pub(super) fn unroll_untraced(&mut self, name: &str) -> ScheduleResult<()> {
         self.set_kind(name, ForKind::Unrolled)
     }
 }

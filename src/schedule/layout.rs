@@ -52,14 +52,8 @@ impl AxisMap {
 }
 
 impl Schedule {
-    /// Packs the read-only parameter buffer `buffer` into a new `workspace` buffer `into` whose
-    /// dimension `d` is indexed by `dims[d]` applied to the old indices, filled at the start of
-    /// the function by a loop nest named `into_l0, into_l1, ...` (one loop per old dimension,
-    /// returned, to be scheduled like any other); every load of `buffer` then reads `into`.
-    ///
-    /// # Errors
-    /// Unknown or written buffer, symbolic shape, or a map that is not one-to-one.
-    pub fn transform_layout(
+    /// The body of [`Schedule::transform_layout`] (which records it in the trace).
+    pub(super) fn transform_layout_untraced(
         &mut self,
         buffer: &str,
         into: &str,

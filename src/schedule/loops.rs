@@ -7,14 +7,12 @@ use crate::ir::rewrite::{self, subst_stmt};
 use crate::ir::{BinOp, Expr, ForKind, Stmt, Var};
 
 impl Schedule {
-    /// Splits loop `name` into `name_o` (outer) and `name_i` (inner, extent `factor`), returning
-    /// their names. When `factor` does not divide a constant extent (or the extent is symbolic),
-    /// the body is guarded by `if name_o * factor + name_i < extent`. A factor above a constant
-    /// extent is taken as the extent (`name_o` then has one iteration).
-    ///
-    /// # Errors
-    /// No such loop, or `factor < 1`.
-    pub fn split(&mut self, name: &str, factor: i64) -> ScheduleResult<(String, String)> {
+    /// The body of [`Schedule::split`] (which records it in the trace).
+    pub(super) fn split_untraced(
+        &mut self,
+        name: &str,
+        factor: i64,
+    ) -> ScheduleResult<(String, String)> {
         if factor < 1 {
             return Err(self.form("split", format!("needs a factor >= 1, found {factor}")));
         }
@@ -84,13 +82,8 @@ impl Schedule {
         Ok([ao, bo, ai, bi])
     }
 
-    /// Reorders the named loops, which must lie in one perfect nest (each loop's body directly
-    /// the next loop) whose bounds do not depend on each other's variables. Loops of the nest
-    /// that are not named keep their places.
-    ///
-    /// # Errors
-    /// Unknown loops, or loops that are not one perfect nest.
-    pub fn reorder(&mut self, order: &[&str]) -> ScheduleResult<()> {
+    /// The body of [`Schedule::reorder`] (which records it in the trace).
+    pub(super) fn reorder_untraced(&mut self, order: &[&str]) -> ScheduleResult<()> {
         let names = self.names();
         let Some(first) = names.iter().find(|n| order.contains(&n.as_str())).cloned() else {
             return Err(self.form("reorder", format!("found none of the loops {order:?}")));
@@ -160,12 +153,8 @@ impl Schedule {
         Ok(())
     }
 
-    /// Fuses `outer` and `inner` (the whole body of `outer`, constant-or-independent extents) into
-    /// one loop `outer_inner` and returns its name.
-    ///
-    /// # Errors
-    /// The loops are not directly nested, or `inner`'s bounds depend on `outer`.
-    pub fn fuse(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
+    /// The body of [`Schedule::fuse`] (which records it in the trace).
+    pub(super) fn fuse_untraced(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
         let name = self.fresh(&format!("{outer}_{inner}"), &[]);
         let mut bad = None;
         let n2 = name.clone();
@@ -212,19 +201,12 @@ impl Schedule {
         }
     }
 
-    /// Splits the range of loop `name` at `at` iterations: `for i in [min, min + extent) { b }`
-    /// becomes `for i in [min, min + at) { b }; for i_p in [0, extent - at) { b' }`, where `b'`
-    /// is `b` with `i` replaced by `i_p + min + at` and every loop inside renamed (`j` ->
-    /// `j_p`, or the first free `j_p_1`, ...), so that each part can be scheduled on its own (the
-    /// full tiles of a split in one part, the rest in the other, with no bounds guard in the
-    /// first: TVM's loop partitioning, by hand). Returns the second part's loop names: the
-    /// partitioned loop and each loop inside it, from its name in the first part to its name
-    /// in the second.
-    ///
-    /// # Errors
-    /// A loop without constant bounds, `at` not strictly inside the range, or a body that
-    /// allocates or binds variables (partition before `cache_write` and the like).
-    pub fn partition(&mut self, name: &str, at: i64) -> ScheduleResult<HashMap<String, String>> {
+    /// The body of [`Schedule::partition`] (which records it in the trace).
+    pub(super) fn partition_untraced(
+        &mut self,
+        name: &str,
+        at: i64,
+    ) -> ScheduleResult<HashMap<String, String>> {
         let mut renamed: Vec<(String, String)> = Vec::new();
         let mut problem: Option<String> = None;
         let me = self.clone();
@@ -276,12 +258,8 @@ impl Schedule {
         }
     }
 
-    /// Distributes loop `name` over the statements of its body (a sequence): `for i { a; b }`
-    /// becomes `for i { a }; for i_1 { b }`. Returns the new loops' names in order.
-    ///
-    /// # Errors
-    /// The body is not a sequence.
-    pub fn fission(&mut self, name: &str) -> ScheduleResult<Vec<String>> {
+    /// The body of [`Schedule::fission`] (which records it in the trace).
+    pub(super) fn fission_untraced(&mut self, name: &str) -> ScheduleResult<Vec<String>> {
         let mut out = Vec::new();
         let mut bad = false;
         let me = self.clone();

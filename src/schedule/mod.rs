@@ -116,6 +116,10 @@ pub type ScheduleResult<T> = Result<T, ScheduleError>;
 #[derive(Clone, Debug)]
 pub struct Schedule {
     func: PrimFunc,
+    /// The primitives applied so far, as steps ([`Schedule::trace`]).
+    trace: Vec<Step>,
+    /// Nesting of primitive calls: a primitive that calls others is one step.
+    depth: u32,
 }
 
 type Enclosing = Vec<(Var, Expr, Expr)>;
@@ -231,7 +235,33 @@ fn guard(cond: Expr, body: Stmt) -> Stmt {
 impl Schedule {
     /// Starts scheduling `func`.
     pub fn new(func: PrimFunc) -> Schedule {
-        Schedule { func }
+        Schedule {
+            func,
+            trace: Vec::new(),
+            depth: 0,
+        }
+    }
+
+    /// The primitives applied so far, as [`Step`]s that [`Schedule::apply`] replays on the
+    /// same function (a primitive that applies others is recorded once, as itself). A hand
+    /// schedule written in Rust thus becomes data: a tuning record, a search's starting point.
+    pub fn trace(&self) -> &[Step] {
+        &self.trace
+    }
+
+    /// Runs a primitive and records it when it succeeds at the outermost level.
+    fn traced<T>(
+        &mut self,
+        step: impl FnOnce() -> Step,
+        f: impl FnOnce(&mut Self) -> ScheduleResult<T>,
+    ) -> ScheduleResult<T> {
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        if r.is_ok() && self.depth == 0 {
+            self.trace.push(step());
+        }
+        r
     }
 
     /// The function as scheduled so far (not verified).

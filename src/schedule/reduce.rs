@@ -5,17 +5,8 @@ use crate::ir::builder::Reducer;
 use crate::ir::{BinOp, Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
 
 impl Schedule {
-    /// Factors a reduction: `outer` must be `for outer { for inner { X[ix] = X[ix] op f } }` with
-    /// `op` a sum, max or min and `ix` independent of both loops. It becomes
-    /// `rf[inner] = identity; for outer { for inner { rf[inner] = rf[inner] op f } };
-    /// for inner { X[ix] = X[ix] op rf[inner] }`, so the inner loop can be vectorized with
-    /// `rf` in registers. When the inner extent is a power of two (>= 4), the final reduction is
-    /// a tree of vectorized halvings (`<inner>_t0, <inner>_t1, ...`) instead of the serial loop
-    /// `<inner>_r`. Returns the name of the factor-init loop (`<inner>_z`).
-    ///
-    /// # Errors
-    /// The loops do not have this form.
-    pub fn rfactor(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
+    /// The body of [`Schedule::rfactor`] (which records it in the trace).
+    pub(super) fn rfactor_untraced(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
         let fin = self.fresh(&format!("{inner}_r"), &[]);
         let init = self.fresh(&format!("{inner}_z"), std::slice::from_ref(&fin));
         let mut tree_names: Vec<String> = Vec::new();

@@ -132,7 +132,7 @@ impl Schedule {
                             ),
                         )
                     })?;
-                    self.set_kind(loop_, k)?;
+                    self.traced(|| s.clone(), |x| x.set_kind(loop_, k))?;
                 }
                 Step::TransformLayout { buffer, into, dims } => {
                     self.transform_layout(buffer, into, dims)?;
@@ -161,5 +161,297 @@ impl Schedule {
             }
         }
         Ok(())
+    }
+}
+
+/// The primitives, recorded in the schedule's trace (their bodies are in the files of their
+/// kind: `loops.rs`, `kinds.rs`, `layout.rs`, `cache.rs`, `reduce.rs`, `device.rs`).
+impl Schedule {
+    /// Splits loop `name` into `name_o` (outer) and `name_i` (inner, extent `factor`), returning
+    /// their names. When `factor` does not divide a constant extent (or the extent is symbolic),
+    /// the body is guarded by `if name_o * factor + name_i < extent`. A factor above a constant
+    /// extent is taken as the extent (`name_o` then has one iteration).
+    ///
+    /// # Errors
+    /// No such loop, or `factor < 1`.
+    pub fn split(&mut self, name: &str, factor: i64) -> ScheduleResult<(String, String)> {
+        self.traced(
+            || Step::Split {
+                loop_: name.into(),
+                factor,
+            },
+            |s| s.split_untraced(name, factor),
+        )
+    }
+
+    /// Reorders the named loops, which must lie in one perfect nest (each loop's body directly
+    /// the next loop) whose bounds do not depend on each other's variables. Loops of the nest
+    /// that are not named keep their places.
+    ///
+    /// # Errors
+    /// Unknown loops, or loops that are not one perfect nest.
+    pub fn reorder(&mut self, order: &[&str]) -> ScheduleResult<()> {
+        self.traced(
+            || Step::Reorder {
+                loops: order.iter().map(|x| x.to_string()).collect(),
+            },
+            |s| s.reorder_untraced(order),
+        )
+    }
+
+    /// Fuses `outer` and `inner` (the whole body of `outer`, constant-or-independent extents) into
+    /// one loop `outer_inner` and returns its name.
+    ///
+    /// # Errors
+    /// The loops are not directly nested, or `inner`'s bounds depend on `outer`.
+    pub fn fuse(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
+        self.traced(
+            || Step::Fuse {
+                outer: outer.into(),
+                inner: inner.into(),
+            },
+            |s| s.fuse_untraced(outer, inner),
+        )
+    }
+
+    /// Splits the range of loop `name` at `at` iterations: `for i in [min, min + extent) { b }`
+    /// becomes `for i in [min, min + at) { b }; for i_p in [0, extent - at) { b' }`, where `b'`
+    /// is `b` with `i` replaced by `i_p + min + at` and every loop inside renamed (`j` ->
+    /// `j_p`, or the first free `j_p_1`, ...), so that each part can be scheduled on its own (the
+    /// full tiles of a split in one part, the rest in the other, with no bounds guard in the
+    /// first: TVM's loop partitioning, by hand). Returns the second part's loop names: the
+    /// partitioned loop and each loop inside it, from its name in the first part to its name
+    /// in the second.
+    ///
+    /// # Errors
+    /// A loop without constant bounds, `at` not strictly inside the range, or a body that
+    /// allocates or binds variables (partition before `cache_write` and the like).
+    pub fn partition(
+        &mut self,
+        name: &str,
+        at: i64,
+    ) -> ScheduleResult<std::collections::HashMap<String, String>> {
+        self.traced(
+            || Step::Partition {
+                loop_: name.into(),
+                at,
+            },
+            |s| s.partition_untraced(name, at),
+        )
+    }
+
+    /// Distributes loop `name` over the statements of its body (a sequence): `for i { a; b }`
+    /// becomes `for i { a }; for i_1 { b }`. Returns the new loops' names in order.
+    ///
+    /// # Errors
+    /// The body is not a sequence.
+    pub fn fission(&mut self, name: &str) -> ScheduleResult<Vec<String>> {
+        self.traced(
+            || Step::Fission { loop_: name.into() },
+            |s| s.fission_untraced(name),
+        )
+    }
+
+    /// Runs loop `name`'s iterations on the thread pool.
+    ///
+    /// # Errors
+    /// No such loop.
+    pub fn parallel(&mut self, name: &str) -> ScheduleResult<()> {
+        self.traced(
+            || Step::Kind {
+                loop_: name.into(),
+                kind: "parallel".into(),
+            },
+            |s| s.parallel_untraced(name),
+        )
+    }
+
+    /// Runs loop `name`'s iterations as SIMD lanes (constant extent).
+    ///
+    /// # Errors
+    /// No such loop, or a symbolic extent.
+    pub fn vectorize(&mut self, name: &str) -> ScheduleResult<()> {
+        self.traced(
+            || Step::Kind {
+                loop_: name.into(),
+                kind: "vectorized".into(),
+            },
+            |s| s.vectorize_untraced(name),
+        )
+    }
+
+    /// Unrolls loop `name` (constant extent).
+    ///
+    /// # Errors
+    /// No such loop, or a symbolic extent.
+    pub fn unroll(&mut self, name: &str) -> ScheduleResult<()> {
+        self.traced(
+            || Step::Kind {
+                loop_: name.into(),
+                kind: "unrolled".into(),
+            },
+            |s| s.unroll_untraced(name),
+        )
+    }
+
+    /// Packs the read-only parameter buffer `buffer` into a new `workspace` buffer `into` whose
+    /// dimension `d` is indexed by `dims[d]` applied to the old indices, filled at the start of
+    /// the function by a loop nest named `into_l0, into_l1, ...` (one loop per old dimension,
+    /// returned, to be scheduled like any other); every load of `buffer` then reads `into`.
+    ///
+    /// # Errors
+    /// Unknown or written buffer, symbolic shape, or a map that is not one-to-one.
+    pub fn transform_layout(
+        &mut self,
+        buffer: &str,
+        into: &str,
+        dims: &[AxisMap],
+    ) -> ScheduleResult<Vec<String>> {
+        self.traced(
+            || Step::TransformLayout {
+                buffer: buffer.into(),
+                into: into.into(),
+                dims: dims.to_vec(),
+            },
+            |s| s.transform_layout_untraced(buffer, into, dims),
+        )
+    }
+
+    /// Caches `buffer` over one iteration of loop `at`: the region the body of `at` reads and
+    /// writes (indices affine in the loops inside `at`, with constant bounds) gets a `local`
+    /// buffer `<buffer>_local`, loaded before the body and written back after it, guarded where
+    /// the region may pass the buffer's end. Returns the cache's name.
+    ///
+    /// # Errors
+    /// Non-affine indices, accesses with different offsets outside `at`, or symbolic inner
+    /// bounds.
+    pub fn cache_write(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
+        self.traced(
+            || Step::CacheWrite {
+                buffer: buffer.into(),
+                at: at.into(),
+            },
+            |s| s.cache_write_untraced(buffer, at),
+        )
+    }
+
+    /// Factors a reduction: `outer` must be `for outer { for inner { X[ix] = X[ix] op f } }` with
+    /// `op` a sum, max or min and `ix` independent of both loops. It becomes
+    /// `rf[inner] = identity; for outer { for inner { rf[inner] = rf[inner] op f } };
+    /// for inner { X[ix] = X[ix] op rf[inner] }`, so the inner loop can be vectorized with
+    /// `rf` in registers. When the inner extent is a power of two (>= 4), the final reduction is
+    /// a tree of vectorized halvings (`<inner>_t0, <inner>_t1, ...`) instead of the serial loop
+    /// `<inner>_r`. Returns the name of the factor-init loop (`<inner>_z`).
+    ///
+    /// # Errors
+    /// The loops do not have this form.
+    pub fn rfactor(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
+        self.traced(
+            || Step::Rfactor {
+                outer: outer.into(),
+                inner: inner.into(),
+            },
+            |s| s.rfactor_untraced(outer, inner),
+        )
+    }
+
+    /// Binds loop `name` to the thread index `tag` (a [`ForKind::ThreadBinding`] loop). A loop
+    /// that does not start at 0 is rebased: `for i in [m, m + e)` becomes `for i in [0, e)` with
+    /// `i` replaced by `i + m` in the body. The usual pattern is a split and two binds:
+    /// `let (bo, ti) = s.split("i", 64)?; s.bind(&bo, ThreadTag::Block(0))?;
+    /// s.bind(&ti, ThreadTag::Thread(0))?;` — the guard that `split` inserts for a remainder keeps
+    /// the threads past the end idle. Where the loop may be bound (`threadIdx` inside `blockIdx`,
+    /// one extent per tag per kernel, ...) is checked by the verifier in [`finish`](Self::finish).
+    ///
+    /// ```
+    /// use kiln::ir::{device, kernels, ThreadTag};
+    /// use kiln::schedule::Schedule;
+    /// let mut s = Schedule::new(kernels::vadd());
+    /// let (bo, ti) = s.split("i", 256)?;
+    /// s.bind(&bo, ThreadTag::Block(0))?;
+    /// s.bind(&ti, ThreadTag::Thread(0))?;
+    /// let f = s.finish()?;
+    /// device::check_device_limits(&f, 256, 16384)?;
+    /// assert!(f.to_string().contains("if i_o * 256i64 + i_i < n"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// No such loop, or a `parallel` or `vectorized` loop (its iterations are not meant for
+    /// threads of a device).
+    pub fn bind(&mut self, name: &str, tag: ThreadTag) -> ScheduleResult<()> {
+        self.traced(
+            || Step::Bind {
+                loop_: name.into(),
+                thread: tag.name().into(),
+            },
+            |s| s.bind_untraced(name, tag),
+        )
+    }
+
+    /// Stages the tile of the read-only buffer `buffer` that one iteration of loop `at` reads in a
+    /// `shared` buffer `<buffer>_shared` (TVM's `cache_read(.., "shared")` at `at`, with the load
+    /// loop bound to the block's threads). `at` must be inside the `threadIdx` loops of a kernel
+    /// (constant extents). The tile is the bounding box of the indices read in `at`'s body over
+    /// the loops inside `at` and the enclosing `threadIdx` loops (indices affine, constant
+    /// bounds); the other variables (`blockIdx`, `at`, outer loops) give its origin, which must
+    /// be the same for every read. The body of `at` becomes
+    ///
+    /// ```text
+    /// for <buffer>_l in [0, ceil(tile / threads)) {   // cooperative load, one element per thread
+    ///   e = <buffer>_l * threads + thread_id           // guarded when threads do not divide the tile
+    ///   <buffer>_shared[unflatten(e)] = buffer[origin + unflatten(e)]  // guarded at the buffer's end
+    /// }
+    /// barrier; <body reading <buffer>_shared>; barrier
+    /// ```
+    ///
+    /// A second buffer staged at the same loop shares the two barriers. The shared buffer is
+    /// allocated around the kernel's outermost `threadIdx` loop. Returns its name. `at` must not
+    /// be under an `if` or in a loop whose bounds depend on the thread (the verifier rejects the
+    /// barriers then).
+    ///
+    /// # Errors
+    /// `at` not inside `threadIdx` loops, `buffer` not a parameter or written in `at`,
+    /// non-affine indices, different origins, or symbolic inner bounds.
+    pub fn cache_read_shared(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
+        self.traced(
+            || Step::CacheReadShared {
+                buffer: buffer.into(),
+                at: at.into(),
+            },
+            |s| s.cache_read_shared_untraced(buffer, at),
+        )
+    }
+
+    /// A block-wide reduction (TVM's cross-thread allreduce). `outer` must be
+    /// `for outer { for inner { X[ix] = X[ix] op f } }` with `op` a sum, max or min, `ix`
+    /// independent of both loops, `inner` of constant power-of-two extent `T` starting at 0,
+    /// inside a kernel's `blockIdx` loops and outside its `threadIdx` loops. It becomes
+    ///
+    /// ```text
+    /// allocate red[T] shared
+    /// for inner in thread_binding[threadIdx.x](0, T) {
+    ///   part = identity; for outer { part = part op f }     // part: local, per thread
+    ///   red[inner] = part; barrier
+    ///   for h = T/2, T/4, .., 1 { if inner < h { red[inner] op= red[inner + h] }; barrier }
+    ///   X[ix] = X[ix] op red[0]          // under `if inner == 0` unless X is `local`
+    /// }
+    /// ```
+    ///
+    /// A `local` `X` (per thread in a kernel) is updated by every thread, so all of them see the
+    /// result (softmax's row max); any other `X` by thread 0 only. When the statement just
+    /// before `outer` is `X[ix] = v` (the reduction's init), it is folded in: `X[ix] = v op
+    /// red[0]`. Returns the shared buffer's name (`red`, `red1`, ...).
+    ///
+    /// # Errors
+    /// The loops do not have this form.
+    pub fn block_reduce(&mut self, outer: &str, inner: &str) -> ScheduleResult<String> {
+        self.traced(
+            || Step::BlockReduce {
+                outer: outer.into(),
+                inner: inner.into(),
+            },
+            |s| s.block_reduce_untraced(outer, inner),
+        )
     }
 }

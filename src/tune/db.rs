@@ -92,7 +92,7 @@ pub fn workload(f: &PrimFunc) -> Workload {
                 b.dtype,
                 b.shape
                     .iter()
-                    .map(|e| e.to_string())
+                    .map(|e| e.as_int().map_or_else(|| e.to_string(), |v| v.to_string()))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

@@ -15,8 +15,9 @@
 //! | [`db`] | the JSON-lines database: records keyed by workload hash, target and CPU model |
 //!
 //! The search ([`tune`]) is seeded and reproducible: the same seed proposes the same
-//! candidates in the same order. It measures the hand-written starting points first (the
-//! default, and "outer loop parallel, inner loop vectorized"), then random choices, then
+//! candidates in the same order. It measures the hand-written starting points first (kiln's
+//! hand schedule of the kernel when it has one, [`space::templates`], as traced steps; then the
+//! default and "outer loop parallel, inner loop vectorized"), then random choices, then
 //! mutations of the best ones found (one knob changed; an evolutionary search with a population
 //! of four, and one random candidate in five, so it does not stall in a corner). Every candidate
 //! is checked against the default build's results before it is timed, so a schedule that
@@ -96,6 +97,7 @@ pub struct TuneReport {
 /// A function with no loop nest.
 pub fn tune(
     f: &PrimFunc,
+    target: &crate::target::Target,
     m: &mut dyn Measurer,
     opts: &TuneOptions,
     mut on_better: impl FnMut(&[Step], Timing, usize),
@@ -127,6 +129,8 @@ pub fn tune(
     for _ in 0..12 {
         queue.push_back(space::random_choice(&nests, &mut rng));
     }
+    // kiln's hand schedules of this kernel, if it has any, go first.
+    let mut hand: std::collections::VecDeque<Vec<Step>> = space::templates(f, target).into();
     let mut attempts = 0usize;
     let out_of_time = |start: &Instant| {
         opts.seconds
@@ -137,6 +141,30 @@ pub fn tune(
             break;
         }
         attempts += 1;
+        if let Some(steps) = hand.pop_front() {
+            let key = serde_json::to_string(&steps).unwrap_or_default();
+            if seen.insert(key) {
+                report.trials += 1;
+                let line = match m.measure(&steps, Some(best * 3.0)) {
+                    Outcome::Ok(t) => {
+                        if t.median < best {
+                            best = t.median;
+                            report.best = Some((steps.clone(), t));
+                            on_better(&steps, t, report.trials);
+                        }
+                        format!("{:.4} ms, a hand schedule", t.median * 1e3)
+                    }
+                    other => {
+                        report.invalid += 1;
+                        format!("a hand schedule was refused: {other:?}")
+                    }
+                };
+                if opts.progress {
+                    eprintln!("[{}/{}] {line}", report.trials, opts.trials);
+                }
+            }
+            continue;
+        }
         let choice = match queue.pop_front() {
             Some(c) => c,
             None if pop.is_empty() || rng.below(5) == 0 => space::random_choice(&nests, &mut rng),
@@ -156,7 +184,7 @@ pub fn tune(
             continue;
         }
         report.trials += 1;
-        let outcome = m.measure(&steps);
+        let outcome = m.measure(&steps, Some(best * 3.0));
         let line = match &outcome {
             Outcome::Ok(t) => {
                 pop.push((t.median, choice));

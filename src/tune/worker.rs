@@ -41,14 +41,17 @@ enum Reply {
 #[derive(Serialize, Deserialize)]
 struct Request {
     steps: Vec<Step>,
+    #[serde(default)]
+    cutoff: Option<f64>,
 }
 
 /// Measures candidates of one function.
 pub trait Measurer {
     /// The default build's time.
     fn baseline(&self) -> Timing;
-    /// Applies `steps` to the function, builds, checks and times it.
-    fn measure(&mut self, steps: &[Step]) -> Outcome;
+    /// Applies `steps` to the function, builds, checks and times it; a candidate whose first
+    /// call takes more than `cutoff` seconds is timed by that call alone.
+    fn measure(&mut self, steps: &[Step], cutoff: Option<f64>) -> Outcome;
 }
 
 fn scheduled(f: &PrimFunc, steps: &[Step]) -> Result<PrimFunc, String> {
@@ -87,9 +90,9 @@ impl Measurer for InProcess {
         self.baseline
     }
 
-    fn measure(&mut self, steps: &[Step]) -> Outcome {
+    fn measure(&mut self, steps: &[Step], cutoff: Option<f64>) -> Outcome {
         match scheduled(&self.f, steps) {
-            Ok(g) => self.bench.measure(&g, &self.target),
+            Ok(g) => self.bench.measure(&g, &self.target, cutoff),
             Err(e) => Outcome::Invalid(e),
         }
     }
@@ -133,7 +136,7 @@ pub fn worker_main() -> Result<(), String> {
     for line in lines {
         let line = line.map_err(|e| e.to_string())?;
         let reply = match serde_json::from_str::<Request>(&line) {
-            Ok(r) => Reply::Outcome(me.measure(&r.steps)),
+            Ok(r) => Reply::Outcome(me.measure(&r.steps, r.cutoff)),
             Err(e) => Reply::Error(format!("a request that is not {{\"steps\": [...]}}: {e}")),
         };
         say(&reply)?;
@@ -232,7 +235,7 @@ impl Measurer for Subprocess {
         self.baseline
     }
 
-    fn measure(&mut self, steps: &[Step]) -> Outcome {
+    fn measure(&mut self, steps: &[Step], cutoff: Option<f64>) -> Outcome {
         if self.child.is_none() {
             self.restarts += 1;
             if let Err(e) = self.start() {
@@ -244,6 +247,7 @@ impl Measurer for Subprocess {
         };
         let req = match serde_json::to_string(&Request {
             steps: steps.to_vec(),
+            cutoff,
         }) {
             Ok(r) => r,
             Err(e) => return Outcome::Invalid(e.to_string()),
