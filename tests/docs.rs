@@ -179,6 +179,11 @@ fn guide_codegen_commands_run() {
 }
 
 #[test]
+fn guide_tune_commands_run() {
+    run_guide("tune.md");
+}
+
+#[test]
 fn guide_rpc_commands_run() {
     run_guide("rpc.md");
 }
@@ -198,6 +203,7 @@ fn every_guide_with_ci_blocks_has_a_test() {
         "codegen.md",
         "python.md",
         "rpc.md",
+        "tune.md",
     ];
     for g in guides() {
         let n = ci_blocks(&g, &read_guide(&g)).len();
