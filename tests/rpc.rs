@@ -599,32 +599,6 @@ fn a_session_leaves_nothing_behind() {
     assert!(!dir.exists(), "{} outlived its session", dir.display());
 }
 
-/// `C[i] = A[i] + B[i]` as an OpenCL kernel, 64 threads per block.
-fn opencl_vadd() -> kiln::ir::PrimFunc {
-    use kiln::ir::builder::{if_then_else, size_var, thread_for};
-    use kiln::ir::{Buffer, DataType, Expr, Param, PrimFunc, ThreadTag};
-    let n = size_var("n");
-    let ne = Expr::Var(n.clone());
-    let buf = |name: &str| Buffer::new(name, DataType::f32(), vec![ne.clone()]);
-    let (a, b, c) = (buf("A"), buf("B"), buf("C"));
-    let blocks = (ne.clone() + 63i64).floordiv(64i64);
-    let body = thread_for("bx", blocks, ThreadTag::Block(0), |bx| {
-        thread_for("tx", Expr::from(64i64), ThreadTag::Thread(0), |tx| {
-            let i = bx * 64i64 + tx;
-            if_then_else(
-                i.clone().lt(ne.clone()),
-                c.store([i.clone()], a.load([i.clone()]) + b.load([i])),
-                None,
-            )
-        })
-    });
-    PrimFunc::new(
-        "vadd",
-        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
-        body,
-    )
-}
-
 #[test]
 fn opencl_kernels_run_on_the_remote_device() {
     let _g = serial();
@@ -635,7 +609,7 @@ fn opencl_kernels_run_on_the_remote_device() {
     let ir = dir.path().join("vadd_cl.json");
     std::fs::write(
         &ir,
-        IRModule::from_functions(vec![opencl_vadd()]).to_json_string(),
+        IRModule::from_functions(vec![common::device_vadd()]).to_json_string(),
     )
     .unwrap();
     let srv = start(None);

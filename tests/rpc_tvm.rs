@@ -38,32 +38,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `C[i] = A[i] + B[i]` as an OpenCL kernel, 64 threads per block.
-fn opencl_vadd() -> kiln::ir::PrimFunc {
-    use kiln::ir::builder::{if_then_else, size_var, thread_for};
-    use kiln::ir::{Buffer, DataType, Expr, Param, PrimFunc, ThreadTag};
-    let n = size_var("n");
-    let ne = Expr::Var(n.clone());
-    let buf = |name: &str| Buffer::new(name, DataType::f32(), vec![ne.clone()]);
-    let (a, b, c) = (buf("A"), buf("B"), buf("C"));
-    let blocks = (ne.clone() + 63i64).floordiv(64i64);
-    let body = thread_for("bx", blocks, ThreadTag::Block(0), |bx| {
-        thread_for("tx", Expr::from(64i64), ThreadTag::Thread(0), |tx| {
-            let i = bx * 64i64 + tx;
-            if_then_else(
-                i.clone().lt(ne.clone()),
-                c.store([i.clone()], a.load([i.clone()]) + b.load([i])),
-                None,
-            )
-        })
-    });
-    PrimFunc::new(
-        "vadd",
-        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
-        body,
-    )
-}
-
 fn kiln_vadd(dir: &Path) -> PathBuf {
     let path = dir.join("kiln_vadd.so");
     let t = Target::parse(r#"{"kind": "llvm", "mcpu": "native"}"#).unwrap();
@@ -188,7 +162,7 @@ fn tvm_client_drives_kiln_server() {
     let cl_lib = dir.path().join("vadd_cl.so");
     let has_cl = common::opencl_device("tvm_client_drives_kiln_server").is_some();
     if has_cl {
-        let m = IRModule::from_functions(vec![opencl_vadd()]);
+        let m = IRModule::from_functions(vec![common::device_vadd()]);
         kiln::codegen::opencl::build(&m, &Target::parse(r#"{"kind": "opencl"}"#).unwrap())
             .unwrap()
             .export(&cl_lib)

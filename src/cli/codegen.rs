@@ -229,6 +229,31 @@ pub(crate) fn parse_arg(s: &str, index: usize, seed: u64) -> Result<Arg, String>
     ))
 }
 
+/// The arguments of `kiln run`: parsed from the command line, or generated for an IR function
+/// given none; tensors take their parameter's name.
+pub(crate) fn run_args(a: &RunArgs, pf: Option<&PrimFunc>) -> Result<Vec<Arg>, String> {
+    let mut args: Vec<Arg> = if a.args.is_empty() {
+        match pf {
+            Some(p) => generated_args(p)?,
+            None => Vec::new(),
+        }
+    } else {
+        a.args
+            .iter()
+            .enumerate()
+            .map(|(i, s)| parse_arg(s, i, i as u64 + 1))
+            .collect::<Result<_, _>>()?
+    };
+    if let Some(p) = pf {
+        for (arg, param) in args.iter_mut().zip(&p.params) {
+            if let Arg::Tensor(name, _) = arg {
+                *name = param.name().to_owned();
+            }
+        }
+    }
+    Ok(args)
+}
+
 pub(crate) fn generated_args(f: &PrimFunc) -> Result<Vec<Arg>, String> {
     f.params
         .iter()
@@ -303,25 +328,7 @@ pub fn run_run(a: &RunArgs) -> CmdResult {
     };
     let f = rt.require_function(&a.function)?;
     let pf = ir.as_ref().and_then(|m| m.get(&a.function)).cloned();
-    let mut args: Vec<Arg> = if a.args.is_empty() {
-        match &pf {
-            Some(p) => generated_args(p)?,
-            None => Vec::new(),
-        }
-    } else {
-        a.args
-            .iter()
-            .enumerate()
-            .map(|(i, s)| parse_arg(s, i, i as u64 + 1))
-            .collect::<Result<_, _>>()?
-    };
-    if let Some(p) = &pf {
-        for (arg, param) in args.iter_mut().zip(&p.params) {
-            if let Arg::Tensor(name, _) = arg {
-                *name = param.name().to_owned();
-            }
-        }
-    }
+    let mut args = run_args(a, pf.as_ref())?;
     let mut interp_inputs = None;
     if a.check {
         let p = pf

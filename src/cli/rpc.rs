@@ -8,9 +8,7 @@ use crate::rpc::wire::{WireTensor, WireValue};
 use crate::rpc::{RemoteSession, Server, ServerConfig};
 use crate::target::Target;
 
-use super::codegen::{
-    finish, generated_args, parse_arg, read_module, spread, write_library, Arg, RunArgs,
-};
+use super::codegen::{finish, read_module, run_args, spread, write_library, Arg, RunArgs};
 use super::CmdResult;
 
 /// `kiln rpc-server`.
@@ -105,25 +103,7 @@ pub fn run_remote(a: &RunArgs) -> CmdResult {
     };
     let bytes =
         std::fs::read(&lib_path).map_err(|e| format!("reading `{}`: {e}", lib_path.display()))?;
-    let mut args: Vec<Arg> = if a.args.is_empty() {
-        match &pf {
-            Some(p) => generated_args(p)?,
-            None => Vec::new(),
-        }
-    } else {
-        a.args
-            .iter()
-            .enumerate()
-            .map(|(i, x)| parse_arg(x, i, i as u64 + 1))
-            .collect::<Result<_, _>>()?
-    };
-    if let Some(p) = &pf {
-        for (arg, param) in args.iter_mut().zip(&p.params) {
-            if let Arg::Tensor(name, _) = arg {
-                *name = param.name().to_owned();
-            }
-        }
-    }
+    let mut args = run_args(a, pf.as_ref())?;
     let interp_inputs = match (&pf, a.check) {
         (Some(p), true) => Some(super::codegen::to_interp(&args, p)?),
         _ => None,
