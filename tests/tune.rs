@@ -317,3 +317,37 @@ fn hand_schedules_are_traced_as_steps_that_replay() {
     assert!(space::templates(&kernels::rowsum_sized(8, 8), &host()).is_empty());
     assert!(space::templates(&kernels::matmul_sized(96, 60, 80), &host()).is_empty());
 }
+
+#[test]
+fn candidates_are_measured_on_a_remote_server() {
+    use kiln::rpc::{Server, ServerConfig};
+    use kiln::tune::remote::{Endpoint, Remote};
+    let server = Server::bind(ServerConfig {
+        port: 0,
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", server.port());
+    let stop = server.stop_handle();
+    let t = std::thread::spawn(move || server.serve().unwrap());
+    let f = kernels::matmul_sized(64, 64, 64);
+    let mut m = Remote::new(Endpoint::Direct(addr), &f, &host(), 1).unwrap();
+    assert!(m.baseline().median > 0.0);
+    let r = tune::tune(
+        &f,
+        &host(),
+        &mut m,
+        &TuneOptions {
+            trials: 6,
+            ..TuneOptions::default()
+        },
+        |_, _, _| {},
+    )
+    .unwrap();
+    assert_eq!(r.trials, 6);
+    assert_eq!(r.invalid + r.wrong + r.crashed, 0, "{r:?}");
+    assert!(r.best.is_some(), "{r:?}");
+    drop(m);
+    stop.stop();
+    t.join().unwrap();
+}

@@ -43,6 +43,21 @@ pub struct TuneArgs {
     /// candidate then ends the search).
     #[arg(long)]
     in_process: bool,
+    /// Measure on the remote CPU of the TVM RPC server at HOST:PORT (`kiln rpc-server` or
+    /// TVM's); `--target` should name that CPU.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["tracker", "in_process"])]
+    rpc: Option<String>,
+    /// Measure on a server the RPC tracker at HOST:PORT hands out for `--key`.
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        requires = "key",
+        conflicts_with = "in_process"
+    )]
+    tracker: Option<String>,
+    /// The tracker's device key.
+    #[arg(long)]
+    key: Option<String>,
     /// Print only the summary.
     #[arg(long, short)]
     quiet: bool,
@@ -114,11 +129,27 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         target: target.to_string(),
         seed: a.seed,
     };
-    let mut measurer: Box<dyn tune::Measurer> = if a.in_process {
+    let remote = match (&a.rpc, &a.tracker) {
+        (Some(addr), _) => Some(tune::remote::Endpoint::Direct(addr.clone())),
+        (None, Some(t)) => Some(tune::remote::Endpoint::Tracker(
+            t.clone(),
+            a.key.clone().unwrap_or_default(),
+        )),
+        _ => None,
+    };
+    let mut measurer: Box<dyn tune::Measurer> = if let Some(at) = remote {
+        Box::new(tune::remote::Remote::new(at, &f, &target, a.seed)?)
+    } else if a.in_process {
         Box::new(tune::InProcess::new(&f, &target, a.seed)?)
     } else {
         let exe = std::env::current_exe()?;
         Box::new(Subprocess::new(exe, &init, Duration::from_secs(a.timeout))?)
+    };
+    // A remote CPU's model is not known here: the record says where it was measured.
+    let cpu = match (&a.rpc, &a.tracker, &a.key) {
+        (Some(addr), _, _) => format!("remote {addr}"),
+        (None, Some(_), Some(k)) => format!("remote key {k}"),
+        _ => tune::db::host_cpu(),
     };
     let default = measurer.baseline();
     let w = tune::db::workload(&f);
@@ -126,7 +157,7 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         "tuning {} for {} on {}: the default build takes {:.4} ms [{:.4}, {:.4}]",
         w.key,
         target,
-        tune::db::host_cpu(),
+        cpu,
         default.median * 1e3,
         default.min * 1e3,
         default.max * 1e3
@@ -138,7 +169,6 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         progress: !a.quiet,
         stop: None,
     };
-    let cpu = tune::db::host_cpu();
     let mut save_err = None;
     let report = tune::tune(&f, &target, measurer.as_mut(), &opts, |steps, t, trials| {
         let r = Record {

@@ -2,7 +2,7 @@
 //!
 //! A session starts after the socket handshake and ends at the client's `Shutdown`, at the end
 //! of the stream, or at an error that leaves the stream out of step. Everything it created goes
-//! with it: allocations are freed ([`super::memory::Allocations`]), handles dropped (which unloads
+//! with it: allocations are freed (the session's allocation table, `memory.rs`), handles dropped (which unloads
 //! libraries no one else holds) and the working directory removed.
 //!
 //! # What a client can do

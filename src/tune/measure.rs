@@ -98,7 +98,7 @@ fn fill(a: &mut NpyArray, seed: u64) {
     }
 }
 
-fn arrays(f: &PrimFunc, seed: u64) -> Result<Vec<NpyArray>, String> {
+pub(crate) fn arrays(f: &PrimFunc, seed: u64) -> Result<Vec<NpyArray>, String> {
     f.params
         .iter()
         .enumerate()
@@ -145,7 +145,7 @@ fn call(func: &PackedFunc, args: &mut [NpyArray]) -> Result<(), String> {
     func.call(&views).map(drop).map_err(|e| e.to_string())
 }
 
-fn compare(got: &[NpyArray], want: &[NpyArray], f: &PrimFunc) -> Result<(), String> {
+pub(crate) fn compare(got: &[NpyArray], want: &[NpyArray], f: &PrimFunc) -> Result<(), String> {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let name = f
             .params
@@ -187,7 +187,7 @@ fn compare(got: &[NpyArray], want: &[NpyArray], f: &PrimFunc) -> Result<(), Stri
     Ok(())
 }
 
-fn clone_arrays(v: &[NpyArray]) -> Result<Vec<NpyArray>, String> {
+pub(crate) fn clone_arrays(v: &[NpyArray]) -> Result<Vec<NpyArray>, String> {
     v.iter()
         .map(|a| {
             let mut b = NpyArray::zeros(a.dtype, &a.shape).map_err(|e| e.to_string())?;

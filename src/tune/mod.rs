@@ -12,6 +12,7 @@
 //! | [`space`] | the function's loop nests (made perfect first where an initialization sits beside its reduction) and their knobs (tiles, vector width, unrolling, parallel loops); a choice of knobs becomes schedule [`Step`]s |
 //! | [`measure`] | inputs from a seed, the default build's results, a candidate's check against them and its timing |
 //! | [`worker`] | where candidates run: this process, or a child process (`kiln tune-worker`) that a crash or a hang cannot take the search down with |
+//! | [`remote`] | candidates measured on another machine through a TVM RPC server (`kiln tune --rpc` / `--tracker`) |
 //! | [`db`] | the JSON-lines database: records keyed by workload hash, target and CPU model |
 //!
 //! The search ([`tune`]) is seeded and reproducible: the same seed proposes the same
@@ -31,6 +32,7 @@ use std::time::Instant;
 
 pub mod db;
 pub mod measure;
+pub mod remote;
 pub mod space;
 pub mod worker;
 
