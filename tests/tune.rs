@@ -331,7 +331,7 @@ fn candidates_are_measured_on_a_remote_server() {
     let stop = server.stop_handle();
     let t = std::thread::spawn(move || server.serve().unwrap());
     let f = kernels::matmul_sized(64, 64, 64);
-    let mut m = Remote::new(Endpoint::Direct(addr), &f, &host(), 1).unwrap();
+    let mut m = Remote::new(Endpoint::Direct(addr.clone()), &f, &host(), 1).unwrap();
     assert!(m.baseline().median > 0.0);
     let r = tune::tune(
         &f,
@@ -347,6 +347,13 @@ fn candidates_are_measured_on_a_remote_server() {
     assert_eq!(r.trials, 6);
     assert_eq!(r.invalid + r.wrong + r.crashed, 0, "{r:?}");
     assert!(r.best.is_some(), "{r:?}");
+    // The server serves one session at a time: this one ends before the next starts.
+    drop(m);
+    // A schedule that computes something else is caught on the remote side too.
+    let g = chained(128);
+    let mut m = Remote::new(Endpoint::Direct(addr), &g, &host(), 1).unwrap();
+    let wrong = vec![Step::Fission { loop_: "i".into() }];
+    assert!(matches!(m.measure(&wrong, None), Outcome::Wrong(_)));
     drop(m);
     stop.stop();
     t.join().unwrap();
