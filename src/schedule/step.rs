@@ -195,7 +195,23 @@ impl Schedule {
             || Step::Reorder {
                 loops: order.iter().map(|x| x.to_string()).collect(),
             },
-            |s| s.reorder_untraced(order),
+            |s| {
+                // Reordering moves loop kinds with their loops: a parallel loop must not end up
+                // inside a vectorized one (the nesting rule `parallel` and `vectorize` keep).
+                let before = s.func.clone();
+                let was_valid = before.verify().is_ok();
+                s.reorder_untraced(order)?;
+                if was_valid {
+                    if let Err(e) = s.func.verify() {
+                        s.func = before;
+                        return Err(s.form(
+                            "reorder",
+                            format!("would give a function that does not verify: {e}"),
+                        ));
+                    }
+                }
+                Ok(())
+            },
         )
     }
 
