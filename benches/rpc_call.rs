@@ -154,14 +154,7 @@ fn main() {
             k.push(measure(kport, &lib, calls));
         }
     }
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = kiln::tune::db::host_cpu();
     println!("rpc_call: {rounds} rounds of {calls} calls, kiln's Rust client, loopback, {cpu}");
     let (km, kmin, kmax) = median(&mut k);
     println!("  kiln rpc-server      {km:7.2} us per call [{kmin:.2}, {kmax:.2}]");

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use kiln::codegen::device::HostDeviceModule;
 use kiln::device_api::{Device, DeviceApi, Tensor};
-use kiln::ir::builder::{barrier, for_range, if_then_else, size_var, thread_for};
+use kiln::ir::builder::{barrier, for_range, if_then_else, thread_for};
 use kiln::ir::interp::{run, HostBuffer, InterpArg};
 use kiln::ir::{
     BinOp, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, StorageScope,
@@ -29,26 +29,7 @@ fn opencl() -> Target {
 
 /// `C[i] = A[i] + B[i]` for `i < n`, 64 threads per block, `ceil(n / 64)` blocks.
 fn vadd() -> PrimFunc {
-    let n = size_var("n");
-    let ne = Expr::Var(n.clone());
-    let buf = |name: &str| Buffer::new(name, DataType::f32(), vec![ne.clone()]);
-    let (a, b, c) = (buf("A"), buf("B"), buf("C"));
-    let blocks = (ne.clone() + 63i64).floordiv(64i64);
-    let body = thread_for("bx", blocks, BX, |bx| {
-        thread_for("tx", Expr::from(64i64), TX, |tx| {
-            let i = bx * 64i64 + tx;
-            if_then_else(
-                i.clone().lt(ne.clone()),
-                c.store([i.clone()], a.load([i.clone()]) + b.load([i])),
-                None,
-            )
-        })
-    });
-    PrimFunc::new(
-        "vadd",
-        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
-        body,
-    )
+    common::device_vadd()
 }
 
 /// `S[r] = sum_j X[r, j]`: one block per row, 64 threads, a tree reduction in shared memory.
