@@ -92,25 +92,30 @@ fn lin_sub(l: &Lin, base: &Lin) -> Lin {
     out
 }
 
-/// The range `[lo, hi]` of an affine form over variables with known `(min, extent)`.
+/// The range `[lo, hi]` of an affine form over variables with known `(min, extent)`. `None`
+/// if a variable's range is unknown or empty, or the arithmetic overflows.
 fn lin_range(l: &Lin, ranges: &HashMap<VarId, (i64, i64)>) -> Option<(i64, i64)> {
     let (mut lo, mut hi) = (l.c, l.c);
     for (v, k) in &l.terms {
         let &(mn, ex) = ranges.get(&v.id)?;
-        let (x, y) = (k * mn, k * (mn + ex - 1));
-        lo += x.min(y);
-        hi += x.max(y);
+        if ex <= 0 {
+            return None;
+        }
+        let last = mn.checked_add(ex - 1)?;
+        let (x, y) = (k.checked_mul(mn)?, k.checked_mul(last)?);
+        lo = lo.checked_add(x.min(y))?;
+        hi = hi.checked_add(x.max(y))?;
     }
     Some((lo, hi))
 }
 
 /// The linear thread id `tx + ty * ex + tz * ex * ey` of the enclosing `threadIdx` loops, and the
-/// number of threads. `None` if an extent is not constant.
+/// number of threads. `None` if an extent is not a positive constant or the count overflows.
 fn thread_id(path: &[Loop]) -> Option<(Expr, i64)> {
     let mut by_axis: Vec<(usize, Var, i64)> = Vec::new();
     for (v, _, ex, k) in path {
         if let ForKind::ThreadBinding(t @ ThreadTag::Thread(_)) = k {
-            by_axis.push((t.axis(), v.clone(), ex.as_int()?));
+            by_axis.push((t.axis(), v.clone(), ex.as_int().filter(|&e| e > 0)?));
         }
     }
     by_axis.sort_by_key(|(a, ..)| *a);
@@ -122,7 +127,7 @@ fn thread_id(path: &[Loop]) -> Option<(Expr, i64)> {
             None => term,
             Some(x) => x + term,
         });
-        n *= ex;
+        n = n.checked_mul(ex)?;
     }
     Some((id.unwrap_or_else(|| imm(DataType::i64(), 0)), n))
 }
@@ -198,7 +203,10 @@ impl Schedule {
         let Some((tid, threads)) = thread_id(&path) else {
             return Err(self.form(
                 P,
-                format!("needs constant threadIdx extents around loop `{at}`"),
+                format!(
+                    "needs positive constant threadIdx extents (with a product that fits in \
+                     64 bits) around loop `{at}`"
+                ),
             ));
         };
         // Known ranges: the enclosing loops and `at` (for the bounds check).
@@ -310,21 +318,37 @@ impl Schedule {
                         }
                     }
                     let rest = lin_sub(&l, &u);
-                    let (a, b) = lin_range(&rest, &varying).expect("only varying terms left");
+                    let Some((a, b)) = lin_range(&rest, &varying) else {
+                        problem = Some(format!(
+                            "needs the loops inside `{at}` that index `{buffer}` to have positive \
+                             constant extents and a tile whose bounds fit in 64 bits, found `{}`",
+                            acc[d]
+                        ));
+                        return Ok(s.clone());
+                    };
                     lo = lo.min(a);
                     hi = hi.max(b);
                 }
                 let mut o = o.expect("some read");
                 o.c = lo;
                 origin.push(o);
-                shape.push(hi - lo + 1);
+                match hi.checked_sub(lo).and_then(|x| x.checked_add(1)) {
+                    Some(e) => shape.push(e),
+                    None => {
+                        problem = Some(format!("tile of `{buffer}` too large for 64 bits"));
+                        return Ok(s.clone());
+                    }
+                }
             }
             let t = DataType::i64();
             let sh = Buffer::shared(&sname, target.dtype, &shape);
             shared = Some(sh.clone());
             // The cooperative load.
-            let total: i64 = shape.iter().product();
-            let iters = (total + threads - 1) / threads;
+            let Some(total) = shape.iter().try_fold(1i64, |a, &b| a.checked_mul(b)) else {
+                problem = Some(format!("tile of `{buffer}` too large for 64 bits"));
+                return Ok(s.clone());
+            };
+            let iters = total / threads + i64::from(total % threads != 0);
             let lv = Var::new(&lname, t);
             let e = rewrite::fold(Expr::Var(lv.clone()) * imm(t, threads) + tid.clone());
             // Row-major unflattening of `e` (`e < total`: guarded when threads do not divide).
