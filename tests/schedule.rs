@@ -774,3 +774,91 @@ fn a_split_factor_beyond_an_int32_loop_is_refused() {
     s.split("i", i64::from(i32::MAX)).unwrap();
     s.finish().unwrap();
 }
+
+/// Columns not a multiple of the register tile: the last `n % nr` columns are a narrower tile
+/// of their own, reading the partly filled last panel; no bounds guard in the `k` loop.
+#[test]
+fn matmul_columns_not_a_multiple_of_the_tile_get_a_narrower_tile() {
+    let tiles = sk::MatmulTiles {
+        mr: 6,
+        nr: 16,
+        mb: 12,
+        kc: 0,
+    };
+    for (m, n, k) in [(13, 40, 5), (7, 8, 3), (12, 17, 4), (6, 1, 2)] {
+        let f = kernels::matmul_sized(m, n, k);
+        let g = sk::matmul_tiled(m, n, k, tiles).unwrap();
+        // The packing of the partial panel is guarded, nothing else.
+        let text = g.to_string();
+        let guards = text.lines().filter(|l| l.contains("if ") && !l.contains("Bp_l"));
+        assert_eq!(guards.count(), 0, "{m}x{n}x{k}: a guard\n{g}");
+        same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+    }
+    let kc = sk::MatmulTiles { kc: 2, ..tiles };
+    let g = sk::matmul_tiled(13, 40, 6, kc).unwrap();
+    same_results(
+        &kernels::matmul_sized(13, 40, 6),
+        &g,
+        &[vec![13, 6], vec![6, 40], vec![13, 40]],
+    );
+}
+
+/// `decompose_reduction` turns TVM's form of a reduction (the init guarded in the first
+/// iteration) into kiln's (the init before the loop), and the matmul schedule then applies to
+/// a TVM matmul by its loop and buffer names.
+#[test]
+fn decompose_reduction_brings_tvms_matmul_to_the_hand_schedule() {
+    let (m, n, k) = (13, 40, 5);
+    let shapes = [vec![m, k], vec![k, n], vec![m, n]];
+    let tvm = kernels::matmul_tvm_form(m, n, k);
+    let mut s = Schedule::new(tvm.clone());
+    s.decompose_reduction("k").unwrap();
+    let text = s.func().to_string();
+    assert!(!text.contains("if "), "{text}");
+    let parts = sk::MatmulParts {
+        k: "k".into(),
+        ..Default::default()
+    };
+    let tiles = sk::MatmulTiles {
+        mr: 6,
+        nr: 16,
+        mb: 12,
+        kc: 0,
+    };
+    let g = sk::matmul_tiled_on(s.clone(), &parts, [m, n, k], tiles)
+        .unwrap()
+        .finish()
+        .unwrap();
+    same_results(&kernels::matmul_sized(m, n, k), &g, &shapes);
+    // The trace replays on the TVM form.
+    let steps = sk::matmul_tiled_on(s, &parts, [m, n, k], tiles)
+        .unwrap()
+        .trace()
+        .to_vec();
+    assert_eq!(steps[0], Step::DecomposeReduction { loop_: "k".into() });
+    let mut r = Schedule::new(tvm.clone());
+    r.apply(&steps).unwrap();
+    assert_eq!(r.finish().unwrap().to_string(), g.to_string());
+}
+
+/// What `decompose_reduction` refuses, each with the function left as it was.
+#[test]
+fn decompose_reduction_refuses_other_forms() {
+    let tvm = kernels::matmul_tvm_form(4, 4, 3);
+    let cases: Vec<(PrimFunc, &str, &str)> = vec![
+        // kiln's own form: nothing to decompose.
+        (kernels::matmul_sized(4, 4, 3), "k0", "needs"),
+        // At a spatial loop: the guard does not test `j`.
+        (tvm.clone(), "j", "every loop from `j` inward"),
+        (tvm.clone(), "nope", "expected exactly one loop"),
+        // A reduction that may run zero times.
+        (kernels::matmul_tvm_form(4, 4, 0), "k", "at least 1"),
+    ];
+    for (f, at, want) in cases {
+        let mut s = Schedule::new(f);
+        let before = s.func().to_string();
+        let e = s.decompose_reduction(at).unwrap_err().to_string();
+        assert!(e.contains(want), "{at}: {e}");
+        assert_eq!(s.func().to_string(), before);
+    }
+}

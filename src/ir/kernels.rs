@@ -2,7 +2,7 @@
 //! (`examples/kernels/*.json` are these functions at their benchmark sizes) and a 2-D convolution.
 //! All are float32, plain loop nests (no schedule), with `noalias` set.
 
-use super::builder::{compute, exp, for_range, reduce, size_var, Reducer};
+use super::builder::{compute, exp, for_range, int, reduce, size_var, Reducer};
 use super::dtype::DataType;
 use super::expr::Expr;
 use super::func::{Buffer, Param, PrimFunc, StorageScope};
@@ -36,6 +36,35 @@ pub fn matmul_sized(m: i64, n: i64, k: i64) -> PrimFunc {
     let c = f32_buffer("C", &[m, n]);
     let body = reduce(&c, Reducer::Sum, &dims(&[k]), |ix, r| {
         a.load(&[ix[0].clone(), r[0].clone()]) * b.load(&[r[0].clone(), ix[1].clone()])
+    });
+    func("matmul", vec![a, b, c], body)
+}
+
+/// `matmul(A[m,k], B[k,n], C[m,n])` in the form TVM 0.27's lowering gives `te.compute` with
+/// `te.sum` (what `kiln.to_kiln` converts): `int32` loops `i, j, k`, and the reduction's
+/// initialization inside the reduction loop, `if k == 0 { C[i, j] = 0 }`.
+pub fn matmul_tvm_form(m: i64, n: i64, k: i64) -> PrimFunc {
+    let a = f32_buffer("A", &[m, k]);
+    let b = f32_buffer("B", &[k, n]);
+    let c = f32_buffer("C", &[m, n]);
+    let i32t = DataType::i32();
+    let body = for_range("i", int(i32t, m), ForKind::Serial, |i| {
+        for_range("j", int(i32t, n), ForKind::Serial, |j| {
+            for_range("k", int(i32t, k), ForKind::Serial, |r| {
+                let ij = [i.clone(), j.clone()];
+                Stmt::Seq(vec![
+                    Stmt::IfThenElse {
+                        cond: r.clone().eq_(int(i32t, 0)),
+                        then_case: Box::new(c.store(ij.clone(), 0.0f32)),
+                        else_case: None,
+                    },
+                    c.store(
+                        ij.clone(),
+                        c.load(ij) + a.load([i.clone(), r.clone()]) * b.load([r, j.clone()]),
+                    ),
+                ])
+            })
+        })
     });
     func("matmul", vec![a, b, c], body)
 }

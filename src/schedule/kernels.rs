@@ -180,10 +180,10 @@ pub fn matmul_sized(m: i64, n: i64, k: i64) -> ScheduleResult<PrimFunc> {
 }
 
 /// Scheduled `matmul` with the register blocking `tiles` (e.g. [`MatmulTiles::for_target`]);
-/// `n` must be a multiple of `tiles.nr`.
+/// when `n` is not a multiple of `tiles.nr`, the last `n % nr` columns get a narrower tile.
 ///
 /// # Errors
-/// `n` not a multiple of `tiles.nr`.
+/// None in practice.
 pub fn matmul_tiled(m: i64, n: i64, k: i64, tiles: MatmulTiles) -> ScheduleResult<PrimFunc> {
     matmul_tiled_schedule(m, n, k, tiles)?.finish()
 }
@@ -192,19 +192,69 @@ pub fn matmul_tiled(m: i64, n: i64, k: i64, tiles: MatmulTiles) -> ScheduleResul
 /// the hand schedule as steps (what `kiln tune` starts its search of a matmul from).
 ///
 /// # Errors
-/// `n` not a multiple of `tiles.nr`.
+/// None in practice.
 pub fn matmul_tiled_schedule(
     m: i64,
     n: i64,
     k: i64,
     tiles: MatmulTiles,
 ) -> ScheduleResult<Schedule> {
-    let mut s = Schedule::new(plain::matmul_sized(m, n, k));
-    let nr = tiles.nr;
+    matmul_tiled_on(
+        Schedule::new(plain::matmul_sized(m, n, k)),
+        &MatmulParts::default(),
+        [m, n, k],
+        tiles,
+    )
+}
+
+/// The loops and buffers of a matmul `C[i, j] = sum_k A[i, k] * B[k, j]` written as `for i {
+/// for j { C[i, j] = 0; for k { C[i, j] += A[i, k] * B[k, j] } } }` (the form of
+/// [`plain::matmul_sized`], and of a TVM matmul after [`Schedule::decompose_reduction`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatmulParts {
+    /// The row loop.
+    pub i: String,
+    /// The column loop.
+    pub j: String,
+    /// The reduction loop.
+    pub k: String,
+    /// The `[k, n]` operand (packed into panels).
+    pub b: String,
+    /// The output.
+    pub c: String,
+}
+
+impl Default for MatmulParts {
+    /// The names of [`plain::matmul_sized`].
+    fn default() -> Self {
+        MatmulParts {
+            i: "i".into(),
+            j: "j".into(),
+            k: "k0".into(),
+            b: "B".into(),
+            c: "C".into(),
+        }
+    }
+}
+
+/// The schedule of [`matmul_tiled`] applied to the matmul `parts` of `s`, of shape `[m, n, k]`.
+/// When `n` is not a multiple of `tiles.nr`, the last `n % nr` columns are a part of their own
+/// (a register tile that many columns wide, reading the last, partly filled panel).
+///
+/// # Errors
+/// A loop or buffer `parts` names that is not there, or a nest of another form.
+pub fn matmul_tiled_on(
+    mut s: Schedule,
+    parts: &MatmulParts,
+    [m, n, k]: [i64; 3],
+    tiles: MatmulTiles,
+) -> ScheduleResult<Schedule> {
+    let nr = tiles.nr.max(1);
+    let packed = s.fresh_buffer(&format!("{}p", parts.b));
     // Bp[n / nr, k, n % nr]: each register block reads one contiguous k x nr panel.
     let fill = s.transform_layout(
-        "B",
-        "Bp",
+        &parts.b,
+        &packed,
         &[AxisMap::outer(1, nr), AxisMap::id(0), AxisMap::inner(1, nr)],
     )?;
     // Fill one panel row (nr contiguous floats of B into nr contiguous floats of Bp) at a time,
@@ -213,19 +263,43 @@ pub fn matmul_tiled_schedule(
     // fills whole panels.
     let (fill_o, fill_j) = s.split(&fill[1], nr)?;
     s.vectorize(&fill_j)?;
-    let (fill_oo, fill_oi) = s.split(&fill_o, 8.min(n / nr))?;
+    let (fill_oo, fill_oi) = s.split(&fill_o, 8.min(n / nr).max(1))?;
     s.reorder(&[&fill_oo, &fill[0], &fill_oi, &fill_j])?;
     s.parallel(&fill_oo)?;
+    if m < 1 || n < 1 {
+        // No rows or columns: nothing to tile.
+        return Ok(s);
+    }
+    // Columns: whole panels, then the last `n % nr` columns as a narrower tile.
+    let (i, j, k0) = (parts.i.clone(), parts.j.clone(), parts.k.clone());
+    let mut column_parts = vec![(i.clone(), j.clone(), k0.clone(), nr.min(n))];
+    if n > nr && n % nr != 0 {
+        let map = s.partition(&j, n / nr * nr)?;
+        let il = s.fission(&i)?;
+        column_parts[0].0 = il[0].clone();
+        column_parts.push((il[1].clone(), map[&j].clone(), map[&k0].clone(), n % nr));
+    }
+    for (i, j, k0, nr) in column_parts {
+        matmul_rows(&mut s, &parts.c, (i, j, k0), [m, k], tiles, nr)?;
+    }
+    Ok(s)
+}
+
+/// The row parts, register tiles and parallel tasks of one column part of [`matmul_tiled_on`].
+fn matmul_rows(
+    s: &mut Schedule,
+    c: &str,
+    (i, j, k0): (String, String, String),
+    [m, k]: [i64; 2],
+    tiles: MatmulTiles,
+    nr: i64,
+) -> ScheduleResult<()> {
     // Rows in up to three parts, each tiled without a bounds guard: whole blocks of `mb` rows,
     // then whole `mr`-row tiles, then the last `m % mr` rows as one narrower tile. (A guard
     // from a split that does not divide would sit in the k loop of every tile.)
     let parts = row_parts(m, tiles.mb, tiles.mr);
-    if parts.is_empty() {
-        // No rows: nothing to tile.
-        return Ok(s);
-    }
-    let mut names = [("i".to_owned(), "j".to_owned(), "k0".to_owned())].to_vec();
-    for (p, &(rows, _, _)) in parts.iter().enumerate().take(parts.len() - 1) {
+    let mut names = [(i, j, k0)].to_vec();
+    for (p, &(rows, _, _)) in parts.iter().enumerate().take(parts.len().saturating_sub(1)) {
         let (i, j, k0) = names[p].clone();
         let map = s.partition(&i, rows)?;
         names.push((map[&i].clone(), map[&j].clone(), map[&k0].clone()));
@@ -250,13 +324,13 @@ pub fn matmul_tiled_schedule(
             // accumulates kc steps, and is stored back.
             let (ko, ki) = s.split(k0, tiles.kc)?;
             s.reorder(&[&io, &jo, &ko, &it, &ir, &ji, &ki])?;
-            s.cache_write("C", &it)?;
+            s.cache_write(c, &it)?;
             s.reorder(&[&ki, &ir, &ji])?;
             s.unroll(&ir)?;
             s.vectorize(&ji)?;
         } else {
             s.reorder(&[&io, &jo, &it, &ir, &ji])?;
-            s.cache_write("C", &it)?;
+            s.cache_write(c, &it)?;
             // Separate the zeroing of the accumulators from the k loop, then move k outside
             // the block.
             let j_loops = s.fission(&ji)?;
@@ -276,7 +350,7 @@ pub fn matmul_tiled_schedule(
         let pairs = s.fuse(&io, &jo)?;
         s.parallel(&pairs)?;
     }
-    Ok(s)
+    Ok(())
 }
 
 /// The row parts of a `matmul` with `m` rows, as (rows, rows per register tile, rows per task

@@ -384,3 +384,132 @@ fn rename_loops(
         other => other.map_children(|c| rename_loops(c, sched, taken, renamed)),
     }
 }
+
+impl Schedule {
+    /// The body of [`Schedule::decompose_reduction`] (which records it in the trace).
+    pub(super) fn decompose_reduction_untraced(&mut self, name: &str) -> ScheduleResult<()> {
+        let mut problem: Option<String> = None;
+        self.edit(name, &mut |s, _| {
+            // The chain of perfectly nested loops from `name` down to the one whose body is
+            // `seq { if cond { init }; rest.. }`.
+            let mut chain: Vec<(&Var, &Expr, &Expr)> = Vec::new();
+            let mut cur = s;
+            let (init, cond, rest) = loop {
+                match cur {
+                    Stmt::For {
+                        var,
+                        min,
+                        extent,
+                        body,
+                        ..
+                    } => {
+                        chain.push((var, min, extent));
+                        cur = body;
+                    }
+                    Stmt::Seq(v) => match v.split_first() {
+                        Some((
+                            Stmt::IfThenElse {
+                                cond,
+                                then_case,
+                                else_case: None,
+                            },
+                            rest,
+                        )) if !rest.is_empty() => break (&**then_case, cond, rest),
+                        _ => {
+                            problem = Some(
+                                "needs the innermost body to start with `if <loops> == <min> \
+                                 { init }` followed by the update"
+                                    .into(),
+                            );
+                            return Ok(s.clone());
+                        }
+                    },
+                    _ => {
+                        problem = Some(
+                            "needs a chain of loops ending in a body `if <loops> == <min> \
+                             { init }; update`"
+                                .into(),
+                        );
+                        return Ok(s.clone());
+                    }
+                }
+            };
+            // `cond` must be exactly `v == min` for every loop of the chain, and the loops must
+            // run at least once (the init runs once, before them, instead of in their first
+            // iteration).
+            let parts = cond.conjuncts();
+            let mut covered = vec![false; chain.len()];
+            for c in &parts {
+                let hit = match c {
+                    Expr::Binary {
+                        op: BinOp::Eq,
+                        a,
+                        b,
+                    } => chain.iter().position(|(v, mn, _)| {
+                        let is_v = |e: &Expr| matches!(e, Expr::Var(w) if w.id == v.id);
+                        let is_min = |e: &Expr| e.as_int().is_some() && e.as_int() == mn.as_int();
+                        (is_v(a) && is_min(b)) || (is_v(b) && is_min(a))
+                    }),
+                    _ => None,
+                };
+                match hit {
+                    Some(p) if !covered[p] => covered[p] = true,
+                    _ => {
+                        problem = Some(format!(
+                            "needs the init's condition to be `<loop> == <min>` for each loop \
+                             from `{name}` inward and nothing else, found `{c}`"
+                        ));
+                        return Ok(s.clone());
+                    }
+                }
+            }
+            if let Some(p) = covered.iter().position(|c| !c) {
+                problem = Some(format!(
+                    "needs the init's condition to test loop `{}` (every loop from `{name}` \
+                     inward); decompose at the outermost reduction loop",
+                    chain[p].0.name
+                ));
+                return Ok(s.clone());
+            }
+            if let Some((v, ..)) = chain
+                .iter()
+                .find(|(_, _, ex)| ex.as_int().is_none_or(|e| e < 1))
+            {
+                problem = Some(format!(
+                    "needs loop `{}` to have a constant extent of at least 1",
+                    v.name
+                ));
+                return Ok(s.clone());
+            }
+            if let Some((v, ..)) = chain.iter().find(|(v, ..)| init.mentions(v)) {
+                problem = Some(format!("needs the init not to use loop `{}`", v.name));
+                return Ok(s.clone());
+            }
+            // Rebuild the chain without the guarded init.
+            fn strip(s: &Stmt, rest: &[Stmt]) -> Stmt {
+                match s {
+                    Stmt::For {
+                        var,
+                        min,
+                        extent,
+                        kind,
+                        body,
+                    } => for_(
+                        var.clone(),
+                        min.clone(),
+                        extent.clone(),
+                        *kind,
+                        strip(body, rest),
+                    ),
+                    _ if rest.len() == 1 => rest[0].clone(),
+                    _ => Stmt::Seq(rest.to_vec()),
+                }
+            }
+            Ok(Stmt::Seq(vec![init.clone(), strip(s, rest)]))
+        })?;
+        match problem {
+            Some(m) => Err(self.form("decompose_reduction", m)),
+            None => Ok(()),
+        }
+    }
+}

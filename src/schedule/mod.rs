@@ -16,6 +16,7 @@
 //! | [`reorder`](Schedule::reorder) | permute loops of one perfect nest |
 //! | [`fuse`](Schedule::fuse) | `for i { for j }` → `for i_j` |
 //! | [`fission`](Schedule::fission) | `for i { a; b }` → `for i { a }; for i_1 { b }` (e.g. split a reduction's init from its update) |
+//! | [`decompose_reduction`](Schedule::decompose_reduction) | `for k { if k == 0 { init }; update }` (TVM's form of every reduction) → `init; for k { update }` |
 //! | [`parallel`](Schedule::parallel), [`vectorize`](Schedule::vectorize), [`unroll`](Schedule::unroll) | set the loop kind |
 //! | [`transform_layout`](Schedule::transform_layout) | pack a read-only buffer into a workspace with another layout (e.g. `B[k, n]` → `Bp[n/16, k, n%16]`) |
 //! | [`cache_write`](Schedule::cache_write) | accumulate a buffer's region touched by one iteration of a loop in a `local` buffer (registers), then write it back |
@@ -34,7 +35,7 @@
 //! | file | holds |
 //! |---|---|
 //! | `mod.rs` | [`Schedule`], [`ScheduleError`], and the loop lookup every primitive edits through |
-//! | `loops.rs` | loop structure: `split`, `tile`, `reorder`, `fuse`, `partition`, `fission` |
+//! | `loops.rs` | loop structure: `split`, `tile`, `reorder`, `fuse`, `partition`, `fission`, `decompose_reduction` |
 //! | `kinds.rs` | loop kinds: `parallel`, `vectorize`, `unroll` (and the nesting rule they keep) |
 //! | `layout.rs` | `transform_layout` and its [`AxisMap`] |
 //! | `cache.rs` | `cache_write` |

@@ -44,6 +44,12 @@ pub enum Step {
         #[serde(rename = "loop")]
         loop_: String,
     },
+    /// [`Schedule::decompose_reduction`].
+    DecomposeReduction {
+        /// The outermost reduction loop.
+        #[serde(rename = "loop")]
+        loop_: String,
+    },
     /// Sets a loop's kind (`parallel`, `vectorized`, `unrolled`, `serial`).
     Kind {
         /// Loop name.
@@ -119,6 +125,9 @@ impl Schedule {
                 }
                 Step::Fission { loop_ } => {
                     self.fission(loop_)?;
+                }
+                Step::DecomposeReduction { loop_ } => {
+                    self.decompose_reduction(loop_)?;
                 }
                 Step::Partition { loop_, at } => {
                     self.partition(loop_, *at)?;
@@ -265,6 +274,22 @@ impl Schedule {
         self.traced(
             || Step::Fission { loop_: name.into() },
             |s| s.fission_untraced(name),
+        )
+    }
+
+    /// Moves a reduction's initialization out of its loops: `for k { if k == 0 { C = 0 }; C +=
+    /// .. }` (the form TVM's lowering gives every reduction) becomes `C = 0; for k { C += .. }`,
+    /// and likewise for a chain of reduction loops whose init is guarded by all of them (`if
+    /// k1 == 0 && k2 == 0`). TVM's `decompose_reduction` at the outermost reduction loop.
+    ///
+    /// # Errors
+    /// No such loop; a body of another form; a guard that does not test exactly the loops from
+    /// `name` inward against their minimums; a loop that may run zero times; an init that uses a
+    /// reduction loop.
+    pub fn decompose_reduction(&mut self, name: &str) -> ScheduleResult<()> {
+        self.traced(
+            || Step::DecomposeReduction { loop_: name.into() },
+            |s| s.decompose_reduction_untraced(name),
         )
     }
 
