@@ -2,6 +2,8 @@
 //! the database (matching, corrupt and stale records, merging), and the command line end to end
 //! with its worker process.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -9,6 +11,7 @@ use kiln::ir::builder::for_range;
 use kiln::ir::{kernels, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt};
 use kiln::schedule::Step;
 use kiln::target::Target;
+use kiln::tune::templates::templates;
 use kiln::tune::{self, space, Database, Measurer, Outcome, Record, Timing, TuneOptions};
 
 fn host() -> Target {
@@ -312,10 +315,71 @@ fn hand_schedules_are_traced_as_steps_that_replay() {
     assert_eq!(back, steps);
     // kiln's matmul gets its hand schedules as the search's first candidates; a function kiln
     // has no hand schedule for gets none.
-    let tpl = space::templates(&kernels::matmul_sized(96, 64, 80), &host());
+    let tpl = templates(&kernels::matmul_sized(96, 64, 80), &host());
     assert!(tpl.len() >= 4, "{}", tpl.len());
-    assert!(space::templates(&kernels::rowsum_sized(8, 8), &host()).is_empty());
-    assert!(space::templates(&kernels::matmul_sized(96, 60, 80), &host()).is_empty());
+    assert!(templates(&kernels::rowsum_sized(8, 8), &host()).is_empty());
+}
+
+/// The matmul is recognized by its loops, in kiln's form and TVM's, under any names and with
+/// any `n`; every template computes the product; near misses get no template.
+#[test]
+fn matmul_templates_follow_the_loops_not_the_name() {
+    use kiln::tune::templates::match_matmul;
+    let (m, n, k) = (37, 45, 19);
+    let shapes = [vec![m, k], vec![k, n], vec![m, n]];
+    let want = common::interp_last(&kernels::matmul_sized(m, n, k), &shapes);
+    for (form, f) in [
+        ("kiln", kernels::matmul_sized(m, n, k)),
+        ("tvm", kernels::matmul_tvm_form(m, n, k)),
+    ] {
+        let mm = match_matmul(&f).unwrap_or_else(|| panic!("{form}: not recognized"));
+        assert_eq!(mm.shape, [m, n, k]);
+        assert_eq!(mm.prefix.is_empty(), form == "kiln");
+        let tpl = templates(&f, &host());
+        assert!(tpl.len() >= 4, "{form}: {}", tpl.len());
+        for steps in &tpl {
+            let mut s = kiln::schedule::Schedule::new(f.clone());
+            s.apply(steps).unwrap();
+            let g = s.finish().unwrap();
+            let got = common::interp_last(&g, &shapes);
+            assert_eq!(got.len(), want.len());
+            for (x, y) in got.iter().zip(&want) {
+                assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{form}: {x} vs {y}");
+            }
+        }
+    }
+    // Renamed buffers and loops: still a matmul.
+    let json = IRModule::from_functions(vec![kernels::matmul_tvm_form(8, 8, 8)])
+        .to_json_string()
+        .replace("\"A\"", "\"lhs\"")
+        .replace("\"k\"", "\"red\"");
+    let renamed = IRModule::from_json_str(&json).unwrap().functions[0].clone();
+    let mm = match_matmul(&renamed).unwrap();
+    assert_eq!(mm.parts.k, "red");
+    // Not a matmul: B transposed, a rowsum, float64.
+    let v = IRModule::from_functions(vec![kernels::matmul_sized(8, 8, 8)]).to_json();
+    let bt = IRModule::from_json(&swap_b_indices(v)).unwrap().functions[0].clone();
+    assert!(match_matmul(&bt).is_none(), "{bt}");
+    assert!(match_matmul(&kernels::rowsum_sized(8, 8)).is_none());
+}
+
+/// The matmul's JSON with `B[k, j]` read as `B[j, k]`.
+fn swap_b_indices(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(mut o) => {
+            if o.get("op").and_then(Value::as_str) == Some("load")
+                && o.get("buffer").and_then(Value::as_str) == Some("B")
+            {
+                if let Some(Value::Array(ix)) = o.get_mut("indices") {
+                    ix.reverse();
+                }
+            }
+            Value::Object(o.into_iter().map(|(k, x)| (k, swap_b_indices(x))).collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(swap_b_indices).collect()),
+        x => x,
+    }
 }
 
 #[test]

@@ -11,13 +11,15 @@
 //! |---|---|
 //! | [`space`] | the function's loop nests (made perfect first where an initialization sits beside its reduction) and their knobs (tiles, vector width, unrolling, parallel loops); a choice of knobs becomes schedule [`Step`]s |
 //! | [`measure`] | inputs from a seed, the default build's results, a candidate's check against them and its timing |
+//! | [`templates`] | kiln's hand schedules (today the matmul, in kiln's form or TVM's) recognized in a function, as steps: the first candidates |
 //! | [`worker`] | where candidates run: this process, or a child process (`kiln tune-worker`) that a crash or a hang cannot take the search down with |
 //! | [`remote`] | candidates measured on another machine through a TVM RPC server (`kiln tune --rpc` / `--tracker`) |
 //! | [`db`] | the JSON-lines database: records keyed by workload hash, target and CPU model |
 //!
 //! The search ([`tune`]) is seeded and reproducible: the same seed proposes the same
 //! candidates in the same order. It measures the hand-written starting points first (kiln's
-//! hand schedule of the kernel when it has one, [`space::templates`], as traced steps; then the
+//! hand schedule of the kernel when it has one, recognized by its loops ([`templates`]), as traced
+//! steps; then the
 //! default and "outer loop parallel, inner loop vectorized"), then random choices, then
 //! mutations of the best ones found (one knob changed; an evolutionary search with a population
 //! of four, and one random candidate in five, so it does not stall in a corner). Every candidate
@@ -34,6 +36,7 @@ pub mod db;
 pub mod measure;
 pub mod remote;
 pub mod space;
+pub mod templates;
 pub mod worker;
 
 pub use db::{Database, Record, Workload};
@@ -132,7 +135,7 @@ pub fn tune(
         queue.push_back(space::random_choice(&nests, &mut rng));
     }
     // kiln's hand schedules of this kernel, if it has any, go first.
-    let mut hand: std::collections::VecDeque<Vec<Step>> = space::templates(f, target).into();
+    let mut hand: std::collections::VecDeque<Vec<Step>> = templates::templates(f, target).into();
     let mut attempts = 0usize;
     let out_of_time = |start: &Instant| {
         opts.seconds

@@ -21,10 +21,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ir::{Expr, Param, PrimFunc, Stmt, Var};
-use crate::schedule::kernels::{matmul_tiled_schedule, MatmulTiles};
+use crate::ir::{Expr, PrimFunc, Stmt, Var};
 use crate::schedule::{Schedule, Step};
-use crate::target::Target;
 
 /// One loop of a nest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,14 +135,29 @@ fn imperfect_chain(s: &Stmt) -> Option<Vec<String>> {
     }
 }
 
-/// `f` with its loop nests made perfect where a reduction's initialization sits beside the
-/// reduction's loop (`for i { for j { C = 0; for k { C += .. } } }`, the form kiln's builder
+/// `f` with its loop nests made perfect: TVM's reductions (`for k { if k == 0 { init };
+/// update }`) decomposed first ([`Schedule::decompose_reduction`]); then, where a reduction's
+/// initialization sits beside the reduction's loop (`for i { for j { C = 0; for k { C += .. } } }`, the form kiln's builder
 /// writes): `fission` from the inside out separates the initialization into a nest of its own,
 /// as a hand schedule does first. Returns the function and the steps; `f` itself, with no steps,
 /// when there is nothing to separate or a primitive refuses.
 pub fn normalize(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
     let mut s = Schedule::new(f.clone());
     let mut steps = Vec::new();
+    // TVM's reductions (the init guarded in the first iteration) to kiln's form, outermost
+    // reduction loops first.
+    for _ in 0..16 {
+        let mut names = Vec::new();
+        crate::ir::rewrite::loop_names(&s.func().body, &mut names);
+        let Some((name, t)) = names.iter().find_map(|n| {
+            let mut t = s.clone();
+            t.decompose_reduction(n).ok().map(|_| (n.clone(), t))
+        }) else {
+            break;
+        };
+        s = t;
+        steps.push(Step::DecomposeReduction { loop_: name });
+    }
     for _ in 0..8 {
         let Some(chain) = imperfect_chain(&s.func().body) else {
             break;
@@ -153,7 +166,7 @@ pub fn normalize(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
         let mut more = Vec::new();
         for name in chain.iter().rev() {
             if trial.fission(name).is_err() {
-                return (f.clone(), Vec::new());
+                return finish_or(f, s, steps);
             }
             more.push(Step::Fission {
                 loop_: name.clone(),
@@ -162,6 +175,11 @@ pub fn normalize(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
         s = trial;
         steps.extend(more);
     }
+    finish_or(f, s, steps)
+}
+
+/// `s` finished with its `steps`, or `f` itself with none if it does not verify.
+fn finish_or(f: &PrimFunc, s: Schedule, steps: Vec<Step>) -> (PrimFunc, Vec<Step>) {
     match s.finish() {
         Ok(g) => (g, steps),
         Err(_) => (f.clone(), Vec::new()),
@@ -424,71 +442,4 @@ pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
         );
     }
     out
-}
-
-fn const_shapes(f: &PrimFunc) -> Option<Vec<Vec<i64>>> {
-    f.params
-        .iter()
-        .map(|p| match p {
-            Param::Buffer(b) => b.shape.iter().map(|e| e.as_int()).collect(),
-            Param::Scalar(_) => None,
-        })
-        .collect()
-}
-
-/// kiln's hand schedules for `f`, as steps, when `f` is a kernel kiln has one for: today the
-/// matmul of [`crate::ir::kernels::matmul_sized`] (recognized by its workload hash), with the
-/// register tiles and blocks [`MatmulTiles::for_target_and_depth`] picks for `target` and their
-/// neighbours (other tile heights, half and double the row block, `k` in one pass or in
-/// passes). They are the first candidates of a search, so a tuned kernel is never slower than
-/// the hand-scheduled one, and a machine where another tile is faster finds it.
-pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
-    let Some(shapes) = const_shapes(f) else {
-        return Vec::new();
-    };
-    let [a, b, c] = shapes.as_slice() else {
-        return Vec::new();
-    };
-    if a.len() != 2 || b.len() != 2 || c.len() != 2 {
-        return Vec::new();
-    }
-    let (m, k, n) = (a[0], a[1], b[1]);
-    if b[0] != k || c[0] != m || c[1] != n || m < 1 || n < 1 || k < 1 {
-        return Vec::new();
-    }
-    let plain = crate::ir::kernels::matmul_sized(m, n, k);
-    if super::db::workload(&plain).hash != super::db::workload(f).hash {
-        return Vec::new();
-    }
-    let base = MatmulTiles::for_target_and_depth(target, k);
-    let heights: &[i64] = if base.nr >= 32 {
-        &[8, 12, 6, 4]
-    } else {
-        &[6, 4, 8]
-    };
-    let mut variants = vec![base];
-    for &mr in heights {
-        for mb in [base.mb, base.mb / 2, base.mb * 2] {
-            let mb = (mb / mr * mr).max(mr);
-            for kc in [base.kc, 0, 256] {
-                let kc = if kc >= k { 0 } else { kc };
-                let t = MatmulTiles {
-                    mr,
-                    nr: base.nr,
-                    mb,
-                    kc,
-                };
-                if !variants.contains(&t) {
-                    variants.push(t);
-                }
-            }
-        }
-    }
-    variants
-        .into_iter()
-        .filter(|t| n % t.nr == 0)
-        .filter_map(|t| matmul_tiled_schedule(m, n, k, t).ok())
-        .map(|s| s.trace().to_vec())
-        .take(16)
-        .collect()
 }

@@ -1,0 +1,280 @@
+//! Hand schedules as starting points: kernels kiln has a hand schedule for, recognized by the
+//! structure of their loops (not by name or hash), and the schedule's variants as steps.
+//!
+//! Today that is the matmul `C[i, j] = sum_k A[i, k] * B[k, j]`, in kiln's form (the init
+//! beside the `k` loop, as [`crate::ir::kernels::matmul_sized`] writes it) or TVM's (the init
+//! guarded in the first iteration of `k`, as `te.compute` with `te.sum` lowers, brought to
+//! kiln's form by [`Schedule::decompose_reduction`]), under any loop and buffer names and loop
+//! variable type. Its templates are [`matmul_tiled_on`] with the register tiles
+//! [`MatmulTiles::for_target_and_depth`] picks for the target and their neighbours.
+
+use crate::ir::{BinOp, Buffer, DataType, Expr, Param, PrimFunc, Stmt, Var};
+use crate::schedule::kernels::{matmul_tiled_on, MatmulParts, MatmulTiles};
+use crate::schedule::{Schedule, Step};
+use crate::target::Target;
+
+/// A matmul recognized in a function: the steps that bring it to kiln's form, its loops and
+/// buffers, and its shape `[m, n, k]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulMatch {
+    /// Steps applied first (`decompose_reduction` for TVM's form).
+    pub prefix: Vec<Step>,
+    /// The loops and buffers.
+    pub parts: MatmulParts,
+    /// `[m, n, k]`.
+    pub shape: [i64; 3],
+}
+
+fn const_range(min: &Expr, extent: &Expr) -> Option<i64> {
+    (min.as_int()? == 0).then_some(())?;
+    extent.as_int().filter(|&e| e >= 1)
+}
+
+fn is_var(e: &Expr, v: &Var) -> bool {
+    matches!(e, Expr::Var(w) if w.id == v.id)
+}
+
+fn is_zero(e: &Expr) -> bool {
+    match e {
+        Expr::FloatImm { value, .. } => *value == 0.0,
+        Expr::IntImm { value, .. } => *value == 0,
+        _ => false,
+    }
+}
+
+/// `buffer[x, y]` with `x`, `y` the loop variables given.
+fn load_of<'e>(e: &'e Expr, x: &Var, y: &Var) -> Option<&'e Buffer> {
+    match e {
+        Expr::Load { buffer, indices }
+            if indices.len() == 2 && is_var(&indices[0], x) && is_var(&indices[1], y) =>
+        {
+            Some(buffer)
+        }
+        _ => None,
+    }
+}
+
+/// `C[i, j] = C[i, j] + A[i, k] * B[k, j]` (either operand order): `(A, B)`.
+fn update_of<'e>(
+    s: &'e Stmt,
+    c: &Buffer,
+    [i, j, k]: [&Var; 3],
+) -> Option<(&'e Buffer, &'e Buffer)> {
+    let Stmt::Store {
+        buffer,
+        indices,
+        value,
+    } = s
+    else {
+        return None;
+    };
+    if buffer.name != c.name
+        || indices.len() != 2
+        || !is_var(&indices[0], i)
+        || !is_var(&indices[1], j)
+    {
+        return None;
+    }
+    let Expr::Binary {
+        op: BinOp::Add,
+        a,
+        b,
+    } = value
+    else {
+        return None;
+    };
+    let (acc, prod) = if load_of(a, i, j).is_some_and(|x| x.name == c.name) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    if !load_of(acc, i, j).is_some_and(|x| x.name == c.name) {
+        return None;
+    }
+    let Expr::Binary {
+        op: BinOp::Mul,
+        a: x,
+        b: y,
+    } = &**prod
+    else {
+        return None;
+    };
+    let pick = |p: &'e Expr, q: &'e Expr| Some((load_of(p, i, k)?, load_of(q, k, j)?));
+    pick(x, y).or_else(|| pick(y, x))
+}
+
+/// `C[i, j] = 0`.
+fn init_of<'e>(s: &'e Stmt, i: &Var, j: &Var) -> Option<&'e Buffer> {
+    match s {
+        Stmt::Store {
+            buffer,
+            indices,
+            value,
+        } if indices.len() == 2
+            && is_var(&indices[0], i)
+            && is_var(&indices[1], j)
+            && is_zero(value) =>
+        {
+            Some(buffer)
+        }
+        _ => None,
+    }
+}
+
+fn param<'f>(f: &'f PrimFunc, name: &str) -> Option<&'f Buffer> {
+    f.params.iter().find_map(|p| match p {
+        Param::Buffer(b) if b.name == name => Some(b),
+        _ => None,
+    })
+}
+
+/// The matmul `f` computes, if its body is exactly one (float32, constant shapes, three
+/// distinct parameter buffers, in kiln's form or TVM's).
+pub fn match_matmul(f: &PrimFunc) -> Option<MatmulMatch> {
+    let Stmt::For {
+        var: i,
+        min,
+        extent,
+        body,
+        ..
+    } = &f.body
+    else {
+        return None;
+    };
+    let m = const_range(min, extent)?;
+    let Stmt::For {
+        var: j,
+        min,
+        extent,
+        body,
+        ..
+    } = &**body
+    else {
+        return None;
+    };
+    let n = const_range(min, extent)?;
+    // kiln's form: `C[i, j] = 0; for k { update }`; TVM's: `for k { if k == 0 { C[i, j] = 0 };
+    // update }`.
+    let (c, k, kv, update, prefix) = match &**body {
+        Stmt::Seq(v) if v.len() == 2 => {
+            let c = init_of(&v[0], i, j)?;
+            let Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } = &v[1]
+            else {
+                return None;
+            };
+            (c, const_range(min, extent)?, var, &**body, Vec::new())
+        }
+        Stmt::For {
+            var,
+            min,
+            extent,
+            body,
+            ..
+        } => {
+            let Stmt::Seq(v) = &**body else { return None };
+            let [Stmt::IfThenElse {
+                cond,
+                then_case,
+                else_case: None,
+            }, update] = v.as_slice()
+            else {
+                return None;
+            };
+            let Expr::Binary {
+                op: BinOp::Eq,
+                a,
+                b,
+            } = cond
+            else {
+                return None;
+            };
+            if !(is_var(a, var) && is_zero(b)) && !(is_var(b, var) && is_zero(a)) {
+                return None;
+            }
+            let c = init_of(then_case, i, j)?;
+            let prefix = vec![Step::DecomposeReduction {
+                loop_: var.name.to_string(),
+            }];
+            (c, const_range(min, extent)?, var, update, prefix)
+        }
+        _ => return None,
+    };
+    let (a, b) = update_of(update, c, [i, j, kv])?;
+    let (a, b, c) = (param(f, &a.name)?, param(f, &b.name)?, param(f, &c.name)?);
+    let names = [&a.name, &b.name, &c.name];
+    if names[0] == names[1] || names[0] == names[2] || names[1] == names[2] {
+        return None;
+    }
+    let shape = |x: &Buffer| -> Option<Vec<i64>> { x.shape.iter().map(Expr::as_int).collect() };
+    if [a, b, c].iter().any(|x| x.dtype != DataType::f32())
+        || shape(a)? != [m, k]
+        || shape(b)? != [k, n]
+        || shape(c)? != [m, n]
+    {
+        return None;
+    }
+    Some(MatmulMatch {
+        prefix,
+        parts: MatmulParts {
+            i: i.name.to_string(),
+            j: j.name.to_string(),
+            k: kv.name.to_string(),
+            b: b.name.to_string(),
+            c: c.name.to_string(),
+        },
+        shape: [m, n, k],
+    })
+}
+
+/// kiln's hand schedules for `f`, as steps, when `f` is a kernel kiln has one for (see the
+/// module docs): the register tiles and blocks [`MatmulTiles::for_target_and_depth`] picks for
+/// `target` first, then their neighbours (other tile heights, half and double the row block,
+/// `k` in one pass or in passes). They are the first candidates of a search, so a tuned kernel
+/// is never slower than the hand-scheduled one, and a machine where another tile is faster
+/// finds it.
+pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
+    let Some(mm) = match_matmul(f) else {
+        return Vec::new();
+    };
+    let [_, _, k] = mm.shape;
+    let mut start = Schedule::new(f.clone());
+    if start.apply(&mm.prefix).is_err() {
+        return Vec::new();
+    }
+    let base = MatmulTiles::for_target_and_depth(target, k);
+    let heights: &[i64] = if base.nr >= 32 {
+        &[8, 12, 6, 4]
+    } else {
+        &[6, 4, 8]
+    };
+    let mut variants = vec![base];
+    for &mr in heights {
+        for mb in [base.mb, base.mb / 2, base.mb * 2] {
+            let mb = (mb / mr * mr).max(mr);
+            for kc in [base.kc, 0, 256] {
+                let kc = if kc >= k { 0 } else { kc };
+                let t = MatmulTiles {
+                    mr,
+                    nr: base.nr,
+                    mb,
+                    kc,
+                };
+                if !variants.contains(&t) {
+                    variants.push(t);
+                }
+            }
+        }
+    }
+    variants
+        .into_iter()
+        .filter_map(|t| matmul_tiled_on(start.clone(), &mm.parts, mm.shape, t).ok())
+        .map(|s| s.trace().to_vec())
+        .take(16)
+        .collect()
+}
