@@ -790,7 +790,9 @@ fn matmul_columns_not_a_multiple_of_the_tile_get_a_narrower_tile() {
         let g = sk::matmul_tiled(m, n, k, tiles).unwrap();
         // The packing of the partial panel is guarded, nothing else.
         let text = g.to_string();
-        let guards = text.lines().filter(|l| l.contains("if ") && !l.contains("Bp_l"));
+        let guards = text
+            .lines()
+            .filter(|l| l.contains("if ") && !l.contains("Bp_l"));
         assert_eq!(guards.count(), 0, "{m}x{n}x{k}: a guard\n{g}");
         same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
     }

@@ -344,7 +344,10 @@ fn matmul_templates_follow_the_loops_not_the_name() {
             let got = common::interp_last(&g, &shapes);
             assert_eq!(got.len(), want.len());
             for (x, y) in got.iter().zip(&want) {
-                assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{form}: {x} vs {y}");
+                assert!(
+                    (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                    "{form}: {x} vs {y}"
+                );
             }
         }
     }
@@ -421,4 +424,55 @@ fn candidates_are_measured_on_a_remote_server() {
     drop(m);
     stop.stop();
     t.join().unwrap();
+}
+
+/// Batches in the worker process: outcomes come back in order (a refused candidate among good
+/// ones); a batch whose worker hangs keeps what it answered and measures the rest one at a
+/// time in restarted workers.
+#[test]
+fn batches_are_measured_in_order_and_survive_a_hung_worker() {
+    use kiln::tune::{Subprocess, WorkerInit};
+    use std::time::Duration;
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_kiln"));
+    let f = kernels::matmul_sized(64, 64, 64);
+    let init = WorkerInit {
+        module: IRModule::from_functions(vec![f.clone()]).to_json(),
+        target: host().to_string(),
+        seed: 0,
+    };
+    let mut m = Subprocess::new(exe.clone(), &init, Duration::from_secs(60)).unwrap();
+    let good = vec![Step::Kind {
+        loop_: "i".into(),
+        kind: "parallel".into(),
+    }];
+    let bad = vec![Step::Split {
+        loop_: "nope".into(),
+        factor: 2,
+    }];
+    let out = m.measure_batch(&[good.clone(), bad, vec![]], None);
+    assert_eq!(out.len(), 3);
+    assert!(matches!(out[0], Outcome::Ok(_)), "{out:?}");
+    assert!(
+        matches!(&out[1], Outcome::Invalid(e) if e.contains("nope")),
+        "{out:?}"
+    );
+    assert!(matches!(out[2], Outcome::Ok(_)), "{out:?}");
+    assert_eq!(m.restarts, 0);
+    // A 256³ matmul's default takes tens of milliseconds a call, and a candidate is called many
+    // times: every candidate runs past 1 ms, and each costs one restart.
+    let f = kernels::matmul_sized(256, 256, 256);
+    let init = WorkerInit {
+        module: IRModule::from_functions(vec![f]).to_json(),
+        target: host().to_string(),
+        seed: 0,
+    };
+    let mut m = Subprocess::new(exe, &init, Duration::from_millis(1)).unwrap();
+    let out = m.measure_batch(&[good, vec![]], None);
+    assert_eq!(out.len(), 2);
+    assert!(
+        out.iter()
+            .all(|o| matches!(o, Outcome::Crashed(e) if e.contains("ran past"))),
+        "{out:?}"
+    );
+    assert!(m.restarts >= 2, "{}", m.restarts);
 }

@@ -141,93 +141,97 @@ pub fn tune(
         opts.seconds
             .is_some_and(|s| start.elapsed().as_secs_f64() >= s)
     };
+    let width = m.batch_width().max(1);
     while report.trials < opts.trials && attempts < opts.trials * 50 + 100 {
         if out_of_time(&start) || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
             break;
         }
-        attempts += 1;
-        if let Some(steps) = hand.pop_front() {
+        // The next candidates, as many as the measurer builds at once: (steps, the knobs they
+        // come from, or none for a hand schedule).
+        let mut batch: Vec<(Vec<Step>, Option<space::Choice>)> = Vec::new();
+        while batch.len() < width
+            && report.trials + batch.len() < opts.trials
+            && attempts < opts.trials * 50 + 100
+        {
+            attempts += 1;
+            let (steps, choice) = if let Some(steps) = hand.pop_front() {
+                (steps, None)
+            } else {
+                let choice = match queue.pop_front() {
+                    Some(c) => c,
+                    None if pop.is_empty() || rng.below(5) == 0 => {
+                        space::random_choice(&nests, &mut rng)
+                    }
+                    None => {
+                        pop.sort_by(|a, b| a.0.total_cmp(&b.0));
+                        pop.truncate(4);
+                        let parent = pop[rng.below(pop.len())].1.clone();
+                        space::mutate(&nests, &parent, &mut rng)
+                    }
+                };
+                match space::steps_for(&g, &nests, &choice) {
+                    Ok(s) => (prefix.iter().cloned().chain(s).collect(), Some(choice)),
+                    Err(_) => continue,
+                }
+            };
             let key = serde_json::to_string(&steps).unwrap_or_default();
             if seen.insert(key) {
-                report.trials += 1;
-                let line = match m.measure(&steps, Some(best * 3.0)) {
-                    Outcome::Ok(t) => {
-                        if t.median < best {
-                            best = t.median;
-                            report.best = Some((steps.clone(), t));
-                            on_better(&steps, t, report.trials);
-                        }
-                        format!("{:.4} ms, a hand schedule", t.median * 1e3)
+                batch.push((steps, choice));
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let all: Vec<Vec<Step>> = batch.iter().map(|(s, _)| s.clone()).collect();
+        let outcomes = m.measure_batch(&all, Some(best * 3.0));
+        for ((steps, choice), outcome) in batch.into_iter().zip(outcomes) {
+            report.trials += 1;
+            let what = if choice.is_none() {
+                ", a hand schedule"
+            } else {
+                ""
+            };
+            let line = match &outcome {
+                Outcome::Ok(t) => {
+                    if let Some(c) = choice {
+                        pop.push((t.median, c));
                     }
-                    other => {
-                        report.invalid += 1;
-                        format!("a hand schedule was refused: {other:?}")
-                    }
-                };
-                if opts.progress {
-                    eprintln!("[{}/{}] {line}", report.trials, opts.trials);
+                    let mark = if t.median < best {
+                        best = t.median;
+                        report.best = Some((steps.clone(), *t));
+                        on_better(&steps, *t, report.trials);
+                        " new best"
+                    } else {
+                        ""
+                    };
+                    format!(
+                        "{:.4} ms ({:.2}x the default){what}{mark}",
+                        t.median * 1e3,
+                        default.median / t.median.max(f64::MIN_POSITIVE)
+                    )
                 }
+                Outcome::Invalid(e) => {
+                    report.invalid += 1;
+                    format!("refused{what}: {e}")
+                }
+                Outcome::Wrong(e) => {
+                    report.wrong += 1;
+                    format!("wrong results, discarded{what}: {e}")
+                }
+                Outcome::Crashed(e) => {
+                    report.crashed += 1;
+                    format!("crashed{what}: {e}")
+                }
+            };
+            if opts.progress {
+                eprintln!(
+                    "[{}/{}] {:.1} s  {line}  (best {:.4} ms)",
+                    report.trials,
+                    opts.trials,
+                    start.elapsed().as_secs_f64(),
+                    best * 1e3
+                );
             }
-            continue;
-        }
-        let choice = match queue.pop_front() {
-            Some(c) => c,
-            None if pop.is_empty() || rng.below(5) == 0 => space::random_choice(&nests, &mut rng),
-            None => {
-                pop.sort_by(|a, b| a.0.total_cmp(&b.0));
-                pop.truncate(4);
-                let parent = pop[rng.below(pop.len())].1.clone();
-                space::mutate(&nests, &parent, &mut rng)
-            }
-        };
-        let steps = match space::steps_for(&g, &nests, &choice) {
-            Ok(s) => prefix.iter().cloned().chain(s).collect::<Vec<_>>(),
-            Err(_) => continue,
-        };
-        let key = serde_json::to_string(&steps).unwrap_or_default();
-        if !seen.insert(key) {
-            continue;
-        }
-        report.trials += 1;
-        let outcome = m.measure(&steps, Some(best * 3.0));
-        let line = match &outcome {
-            Outcome::Ok(t) => {
-                pop.push((t.median, choice));
-                let mark = if t.median < best {
-                    best = t.median;
-                    report.best = Some((steps.clone(), *t));
-                    on_better(&steps, *t, report.trials);
-                    " new best"
-                } else {
-                    ""
-                };
-                format!(
-                    "{:.4} ms ({:.2}x the default){mark}",
-                    t.median * 1e3,
-                    default.median / t.median.max(f64::MIN_POSITIVE)
-                )
-            }
-            Outcome::Invalid(e) => {
-                report.invalid += 1;
-                format!("refused: {e}")
-            }
-            Outcome::Wrong(e) => {
-                report.wrong += 1;
-                format!("wrong results, discarded: {e}")
-            }
-            Outcome::Crashed(e) => {
-                report.crashed += 1;
-                format!("crashed: {e}")
-            }
-        };
-        if opts.progress {
-            eprintln!(
-                "[{}/{}] {:.1} s  {line}  (best {:.4} ms)",
-                report.trials,
-                opts.trials,
-                start.elapsed().as_secs_f64(),
-                best * 1e3
-            );
         }
     }
     report.seconds = start.elapsed().as_secs_f64();

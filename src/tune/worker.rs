@@ -4,7 +4,13 @@
 //!
 //! The child is `kiln tune-worker`. It reads one JSON line ([`WorkerInit`]: the function, the
 //! target, the seed of the inputs), builds the default, answers `{"baseline": timing}`, then
-//! answers each `{"steps": [...]}` line with `{"outcome": ...}` ([`Outcome`]).
+//! answers each `{"steps": [...]}` line with `{"outcome": ...}` ([`Outcome`]), and each
+//! `{"batch": [[...], ...]}` line with one `{"outcome": ...}` line per candidate, in order.
+//!
+//! Batches: building a candidate (LLVM at its full level, 20-2000 ms for a tiled matmul) takes
+//! longer than checking and timing it, so [`Measurer::measure_batch`] builds a batch of
+//! candidates at once, one thread each (as many as the machine has cores, at most four), then
+//! checks and times them one after another on a quiet machine.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -14,8 +20,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::measure::build;
 use super::measure::{Bench, Outcome, Timing};
 use crate::ir::{IRModule, PrimFunc};
+use crate::packed_func::PackedFunc;
 use crate::schedule::{Schedule, Step};
 use crate::target::Target;
 
@@ -40,9 +48,20 @@ enum Reply {
 
 #[derive(Serialize, Deserialize)]
 struct Request {
-    steps: Vec<Step>,
+    #[serde(default)]
+    steps: Option<Vec<Step>>,
+    #[serde(default)]
+    batch: Option<Vec<Vec<Step>>>,
     #[serde(default)]
     cutoff: Option<f64>,
+}
+
+/// Threads that build candidates at once: the machine's cores, at most four.
+pub fn build_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4)
 }
 
 /// Measures candidates of one function.
@@ -52,6 +71,14 @@ pub trait Measurer {
     /// Applies `steps` to the function, builds, checks and times it; a candidate whose first
     /// call takes more than `cutoff` seconds is timed by that call alone.
     fn measure(&mut self, steps: &[Step], cutoff: Option<f64>) -> Outcome;
+    /// How many candidates [`Measurer::measure_batch`] builds at once (1: one after another).
+    fn batch_width(&self) -> usize {
+        1
+    }
+    /// Measures each of `batch` as [`Measurer::measure`] does, the outcomes in order.
+    fn measure_batch(&mut self, batch: &[Vec<Step>], cutoff: Option<f64>) -> Vec<Outcome> {
+        batch.iter().map(|s| self.measure(s, cutoff)).collect()
+    }
 }
 
 fn scheduled(f: &PrimFunc, steps: &[Step]) -> Result<PrimFunc, String> {
@@ -74,8 +101,7 @@ impl InProcess {
     /// # Errors
     /// As [`Bench::new`].
     pub fn new(f: &PrimFunc, target: &Target, seed: u64) -> Result<Self, String> {
-        let (bench, func) = Bench::new(f, target, seed)?;
-        let baseline = bench.time(&func)?;
+        let (bench, baseline) = Bench::new(f, target, seed)?;
         Ok(Self {
             f: f.clone(),
             target: target.clone(),
@@ -95,6 +121,47 @@ impl Measurer for InProcess {
             Ok(g) => self.bench.measure(&g, &self.target, cutoff),
             Err(e) => Outcome::Invalid(e),
         }
+    }
+
+    fn batch_width(&self) -> usize {
+        build_threads()
+    }
+
+    /// Builds the candidates at once, one thread each, then checks and times them one after
+    /// another.
+    fn measure_batch(&mut self, batch: &[Vec<Step>], cutoff: Option<f64>) -> Vec<Outcome> {
+        let (f, target) = (&self.f, &self.target);
+        let built: Vec<Result<(PrimFunc, PackedFunc), Outcome>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = batch
+                .iter()
+                .map(|steps| {
+                    std::thread::Builder::new()
+                        .name("kiln-tune-build".into())
+                        .stack_size(16 << 20)
+                        .spawn_scoped(sc, move || {
+                            let g = scheduled(f, steps).map_err(Outcome::Invalid)?;
+                            let func = build(&g, target).map_err(Outcome::Invalid)?;
+                            Ok((g, func))
+                        })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        Err(Outcome::Crashed("building the candidate panicked".into()))
+                    }),
+                    Err(e) => Err(Outcome::Crashed(format!("starting a build thread: {e}"))),
+                })
+                .collect()
+        });
+        built
+            .into_iter()
+            .map(|r| match r {
+                Ok((g, func)) => self.bench.check_and_time(&g, &func, cutoff),
+                Err(o) => o,
+            })
+            .collect()
     }
 }
 
@@ -135,11 +202,28 @@ pub fn worker_main() -> Result<(), String> {
     say(&Reply::Baseline(me.baseline))?;
     for line in lines {
         let line = line.map_err(|e| e.to_string())?;
-        let reply = match serde_json::from_str::<Request>(&line) {
-            Ok(r) => Reply::Outcome(me.measure(&r.steps, r.cutoff)),
-            Err(e) => Reply::Error(format!("a request that is not {{\"steps\": [...]}}: {e}")),
-        };
-        say(&reply)?;
+        match serde_json::from_str::<Request>(&line) {
+            Ok(Request {
+                steps: Some(steps),
+                batch: None,
+                cutoff,
+            }) => say(&Reply::Outcome(me.measure(&steps, cutoff)))?,
+            Ok(Request {
+                steps: None,
+                batch: Some(batch),
+                cutoff,
+            }) => {
+                for o in me.measure_batch(&batch, cutoff) {
+                    say(&Reply::Outcome(o))?;
+                }
+            }
+            Ok(_) => say(&Reply::Error(
+                "a request needs one of \"steps\" and \"batch\"".into(),
+            ))?,
+            Err(e) => say(&Reply::Error(format!(
+                "a request that is not {{\"steps\": [...]}} or {{\"batch\": [[...], ...]}}: {e}"
+            )))?,
+        }
     }
     Ok(())
 }
@@ -236,43 +320,99 @@ impl Measurer for Subprocess {
     }
 
     fn measure(&mut self, steps: &[Step], cutoff: Option<f64>) -> Outcome {
+        let req = Request {
+            steps: Some(steps.to_vec()),
+            batch: None,
+            cutoff,
+        };
+        match self.send(&req, 1) {
+            Ok(mut v) => v
+                .pop()
+                .unwrap_or_else(|| Outcome::Crashed("no answer".into())),
+            Err((_, crashed)) => crashed,
+        }
+    }
+
+    fn batch_width(&self) -> usize {
+        build_threads()
+    }
+
+    /// The batch goes to the worker in one request; if the worker crashes or hangs partway,
+    /// the outcomes it gave are kept and the rest are measured one at a time by a restarted
+    /// worker, so that only the candidate at fault counts as crashed.
+    fn measure_batch(&mut self, batch: &[Vec<Step>], cutoff: Option<f64>) -> Vec<Outcome> {
+        if batch.len() <= 1 {
+            return batch.iter().map(|s| self.measure(s, cutoff)).collect();
+        }
+        let req = Request {
+            steps: None,
+            batch: Some(batch.to_vec()),
+            cutoff,
+        };
+        match self.send(&req, batch.len()) {
+            Ok(v) => v,
+            Err((mut done, _)) => {
+                for steps in &batch[done.len()..] {
+                    done.push(self.measure(steps, cutoff));
+                }
+                done
+            }
+        }
+    }
+}
+
+impl Subprocess {
+    /// Sends `req` and reads `n` outcomes. On a crash or a hang: the outcomes read before it,
+    /// and the crash as an outcome.
+    fn send(&mut self, req: &Request, n: usize) -> Result<Vec<Outcome>, (Vec<Outcome>, Outcome)> {
         if self.child.is_none() {
             self.restarts += 1;
             if let Err(e) = self.start() {
-                return Outcome::Crashed(format!("restarting the worker: {e}"));
+                return Err((
+                    Vec::new(),
+                    Outcome::Crashed(format!("restarting the worker: {e}")),
+                ));
             }
         }
         let Some(c) = self.child.as_mut() else {
-            return Outcome::Crashed("no worker".into());
+            return Err((Vec::new(), Outcome::Crashed("no worker".into())));
         };
-        let req = match serde_json::to_string(&Request {
-            steps: steps.to_vec(),
-            cutoff,
-        }) {
+        let req = match serde_json::to_string(req) {
             Ok(r) => r,
-            Err(e) => return Outcome::Invalid(e.to_string()),
+            Err(e) => return Ok(vec![Outcome::Invalid(e.to_string()); n]),
         };
         if writeln!(c.stdin, "{req}")
             .and_then(|()| c.stdin.flush())
             .is_err()
         {
             self.child = None;
-            return Outcome::Crashed("the worker is gone".into());
+            return Err((Vec::new(), Outcome::Crashed("the worker is gone".into())));
         }
-        match c.lines.recv_timeout(self.timeout) {
-            Ok(line) => match serde_json::from_str::<Reply>(&line) {
-                Ok(Reply::Outcome(o)) => o,
-                Ok(Reply::Error(e)) => Outcome::Invalid(e),
-                _ => Outcome::Invalid(format!("the worker answered `{line}`")),
-            },
-            Err(_) => {
-                let status = c.child.try_wait().ok().flatten();
-                self.child = None;
-                Outcome::Crashed(match status {
-                    Some(s) => format!("the worker died ({s})"),
-                    None => format!("the candidate ran past {:?}", self.timeout),
-                })
+        let mut out = Vec::new();
+        while out.len() < n {
+            // The first answer waits for every build of the batch.
+            let wait = if out.is_empty() {
+                self.timeout.saturating_mul(n as u32)
+            } else {
+                self.timeout
+            };
+            match c.lines.recv_timeout(wait) {
+                Ok(line) => out.push(match serde_json::from_str::<Reply>(&line) {
+                    Ok(Reply::Outcome(o)) => o,
+                    Ok(Reply::Error(e)) => Outcome::Invalid(e),
+                    _ => Outcome::Invalid(format!("the worker answered `{line}`")),
+                }),
+                Err(_) => {
+                    let status = c.child.try_wait().ok().flatten();
+                    self.child = None;
+                    let o = Outcome::Crashed(match status {
+                        Some(s) => format!("the worker died ({s})"),
+                        None => format!("the candidate ran past {:?}", self.timeout),
+                    });
+                    return Err((out, o));
+                }
             }
         }
+        Ok(out)
     }
 }
