@@ -88,7 +88,7 @@ fn update_of<'e>(
     } else {
         (b, a)
     };
-    if !load_of(acc, i, j).is_some_and(|x| x.name == c.name) {
+    if load_of(acc, i, j).is_none_or(|x| x.name != c.name) {
         return None;
     }
     let Expr::Binary {
@@ -194,7 +194,7 @@ pub fn match_matmul(f: &PrimFunc) -> Option<MatmulMatch> {
             else {
                 return None;
             };
-            if !(is_var(a, var) && is_zero(b)) && !(is_var(b, var) && is_zero(a)) {
+            if !((is_var(a, var) && is_zero(b)) || (is_var(b, var) && is_zero(a))) {
                 return None;
             }
             let c = init_of(then_case, i, j)?;
