@@ -1,0 +1,170 @@
+"""`kiln tune` on matmuls of six shapes, against numpy (OpenBLAS), on this machine.
+
+    python python/bench_tune.py [--kiln target/release/kiln] [--mcpu haswell] \\
+        [--trials 200] [--seconds 120] [--shapes 512x512x512,...] [--rounds 15]
+
+Per shape (M x N x K, float32, C = A @ B): the matmul as TVM writes it (`te.compute` with
+`te.sum`, converted by `kiln.to_kiln`: no kiln hand schedule in it), tuned by `kiln tune
+--target {"kind": "llvm", "mcpu": MCPU}` with at most `--trials` candidates or `--seconds`
+seconds, built with `kiln build --db`, loaded with `tvm_ffi.load_module`, and timed against
+`np.matmul` on the same 64-byte-aligned arrays in interleaved rounds (kiln first in odd rounds,
+numpy first in even; each block a few calls after a warm-up call). Reported per shape: each
+side's median time per call with its quartiles, the median of the per-round ratios numpy /
+kiln (above 1: kiln is faster) with their spread, and the tuning's trials and seconds.
+
+`--mcpu haswell` tunes for an AVX2-only CPU; run it with `OPENBLAS_CORETYPE=Haswell` so that
+numpy uses OpenBLAS's AVX2 kernels too (the comparison an AVX2-only machine would give).
+Thread counts: the machine's cores on every side. KILN_NUM_THREADS and TVM_NUM_THREADS are set
+before TVM is imported (for `kiln.to_kiln`): once TVM's runtime is in the process, kiln's
+libraries run their parallel loops on TVM's pool, which defaults to one thread on a 2-vCPU VM.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
+    os.environ.setdefault(_var, str(len(os.sched_getaffinity(0))))
+
+import numpy as np  # noqa: E402
+
+SHAPES = "512x512x512,1024x1024x1024,2048x2048x2048,1000x1000x1000,64x4096x4096,4096x64x4096"
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def aligned(shape, align=64):
+    n = int(np.prod(shape))
+    raw = np.empty(n * 4 + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + n * 4].view(np.float32).reshape(shape)
+
+
+def tvm_matmul_module(m, n, k):
+    import kiln
+    from tvm import te
+
+    a = te.placeholder((m, k), name="A")
+    b = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    f = te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")
+    return kiln.to_kiln(f)
+
+
+def block(f, args, calls):
+    ts = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        f(*args)
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def quartiles(v):
+    q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0]] * 3
+    return q[0], q[2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kiln", default=os.path.join(HERE, "..", "target", "release", "kiln"))
+    ap.add_argument("--mcpu", default="native")
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--rounds", type=int, default=15)
+    a = ap.parse_args()
+    import tvm_ffi
+
+    target = json.dumps({"kind": "llvm", "mcpu": a.mcpu})
+    print(f"CPU: {cpu_name()}; kiln target {target}; OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', '(default)')}; numpy {np.__version__}; "
+          f"budget {a.trials} trials or {a.seconds:.0f} s per shape; {a.rounds} rounds")
+    print("| M x N x K | kiln tuned, ms [q1, q3] | numpy, ms [q1, q3] | numpy / kiln [q1, q3] "
+          "| trials, tuning s |")
+    print("|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    ok = True
+    with tempfile.TemporaryDirectory() as d:
+        for shape in a.shapes.split(","):
+            m, n, k = (int(x) for x in shape.split("x"))
+            mod = os.path.join(d, f"mm_{shape}.json")
+            with open(mod, "w") as fh:
+                json.dump(tvm_matmul_module(m, n, k), fh)
+            db = os.path.join(d, f"db_{shape}.jsonl")
+            t0 = time.perf_counter()
+            p = subprocess.run([a.kiln, "tune", mod, "matmul", "--target", target,
+                                "--trials", str(a.trials), "--seconds", str(a.seconds),
+                                "--db", db], capture_output=True, text=True)
+            tune_s = time.perf_counter() - t0
+            if p.returncode != 0:
+                print(f"| {shape} | kiln tune failed: {p.stderr.strip()[-300:]} | | | |")
+                ok = False
+                continue
+            found = re.search(r"(\d+) candidates in ([\d.]+) s", p.stdout + p.stderr)
+            trials = found.group(1) if found else "?"
+            so = os.path.join(d, f"mm_{shape}.so")
+            p = subprocess.run([a.kiln, "build", mod, "-o", so, "--target", target, "--db", db],
+                               capture_output=True, text=True)
+            if p.returncode != 0 or "tuning record applied" not in p.stderr + p.stdout:
+                print(f"| {shape} | kiln build --db did not apply the record: "
+                      f"{(p.stderr + p.stdout).strip()[-300:]} | | | |")
+                ok = False
+                continue
+            f = tvm_ffi.load_module(so)["matmul"]
+            A, B, C = aligned((m, k)), aligned((k, n)), aligned((m, n))
+            A[:] = rng.standard_normal((m, k), dtype=np.float32)
+            B[:] = rng.standard_normal((k, n), dtype=np.float32)
+            ta, tb, tc = (tvm_ffi.from_dlpack(x) for x in (A, B, C))
+            C[:] = np.nan
+            f(ta, tb, tc)
+            want = A.astype(np.float64) @ B.astype(np.float64)
+            err = np.abs(C - want).max() / max(np.abs(want).max(), 1e-30)
+            if not err < 1e-4:
+                print(f"| {shape} | kiln's result is wrong: max rel err {err:.2e} | | | |")
+                ok = False
+                continue
+            D = aligned((m, n))
+            flops = 2.0 * m * n * k
+            calls = max(3, min(50, int(0.1 / max(flops / 200e9, 1e-6))))
+            ks, ns, ratios = [], [], []
+            for r in range(a.rounds):
+                sides = [("k", lambda: block(f, (ta, tb, tc), calls)),
+                         ("n", lambda: block(lambda: np.matmul(A, B, out=D), (), calls))]
+                if r % 2:
+                    sides.reverse()
+                got = {}
+                for name, run in sides:
+                    run()  # warm-up
+                    got[name] = run()
+                ks.append(got["k"])
+                ns.append(got["n"])
+                ratios.append(got["n"] / got["k"])
+            km, nm, rm = (statistics.median(x) for x in (ks, ns, ratios))
+            (kq1, kq3), (nq1, nq3), (rq1, rq3) = quartiles(ks), quartiles(ns), quartiles(ratios)
+            print(f"| {shape} | {km * 1e3:.3f} [{kq1 * 1e3:.3f}, {kq3 * 1e3:.3f}] "
+                  f"| {nm * 1e3:.3f} [{nq1 * 1e3:.3f}, {nq3 * 1e3:.3f}] "
+                  f"| {rm:.2f}x [{rq1:.2f}, {rq3:.2f}] | {trials}, {tune_s:.0f} |", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
