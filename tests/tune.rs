@@ -476,3 +476,69 @@ fn batches_are_measured_in_order_and_survive_a_hung_worker() {
     );
     assert!(m.restarts >= 2, "{}", m.restarts);
 }
+
+/// Softmax's column loops sit inside its row loop: each is a leaf of the row nest with a knob
+/// (a vector width, or the lanes of an `rfactor` for the max and the sum), and the seed with
+/// every leaf on is kiln's hand schedule of softmax (rows in parallel, reductions in 64
+/// lanes, the rest in vectors of 16); every candidate computes softmax.
+#[test]
+fn softmax_columns_are_leaves_with_vector_and_rfactor_knobs() {
+    let f = kiln::schedule::kernels::softmax_algorithm(8, 128, kiln::ir::Intrinsic::FastExp);
+    let (g, prefix) = space::normalize(&f);
+    assert!(prefix.is_empty(), "{prefix:?}");
+    let nests = space::nests(&g);
+    assert_eq!(nests.len(), 1, "{nests:?}");
+    let n = &nests[0];
+    assert!(!n.perfect);
+    let kinds: Vec<(&str, bool)> = n
+        .leaves
+        .iter()
+        .map(|l| (l.name.as_str(), l.reduction))
+        .collect();
+    assert_eq!(
+        kinds,
+        [("jm", true), ("je", false), ("js", true), ("jn", false)]
+    );
+    assert_eq!(space::leaf_values(n)[0], vec![0, 8, 16, 32, 64]);
+    // No vector knob on the row loop itself (it holds loops).
+    assert_eq!(space::knob_values(n).1, vec![0]);
+    let shapes = [vec![8, 128], vec![8, 128]];
+    let want = common::interp_last(&f, &shapes);
+    let seeds = space::seeds(&nests);
+    let hand = &seeds[2];
+    assert_eq!(hand[0].leaves[..4], [64, 16, 64, 16]);
+    assert_eq!(hand[0].parallel, 1);
+    let mut rng = space::Rng::new(3);
+    let mut choices: Vec<space::Choice> = seeds.clone();
+    choices.extend((0..12).map(|_| space::random_choice(&nests, &mut rng)));
+    let mut scheduled = 0;
+    for c in &choices {
+        let Ok(steps) = space::steps_for(&g, &nests, c) else {
+            continue;
+        };
+        let mut s = kiln::schedule::Schedule::new(f.clone());
+        s.apply(&steps).unwrap();
+        let h = s.finish().unwrap();
+        let got = common::interp_last(&h, &shapes);
+        for (x, y) in got.iter().zip(&want) {
+            assert!((x - y).abs() <= 1e-5, "{c:?}: {x} vs {y}");
+        }
+        scheduled += 1;
+    }
+    assert!(scheduled >= 10, "{scheduled}");
+    let steps = space::steps_for(&g, &nests, hand).unwrap();
+    assert!(
+        steps
+            .iter()
+            .filter(|s| matches!(s, Step::Rfactor { .. }))
+            .count()
+            == 2
+    );
+    // A reduction innermost in a perfect nest is a leaf too (rowsum's).
+    let (r, _) = space::normalize(&kernels::rowsum_sized(16, 256));
+    let rn = space::nests(&r);
+    let last = rn.last().unwrap();
+    assert!(last.perfect);
+    assert_eq!(last.leaves.len(), 1);
+    assert!(last.leaves[0].reduction);
+}

@@ -2,6 +2,7 @@
 (`kiln build`, `kiln run`, `kiln target`, `kiln devices`, ...: the same program)."""
 
 import json
+import os
 import signal
 import sys
 
@@ -15,6 +16,9 @@ def main(argv=None) -> int:
     # ends the process quietly (Python starts with SIGPIPE ignored).
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # `kiln tune` measures in a worker process started as `<this program> tune-worker`: this
+    # program is Python.
+    os.environ.setdefault("KILN_TUNE_WORKER", json.dumps([sys.executable, "-m", "kiln"]))
     sys.stdout.flush()
     sys.stderr.flush()
     return int(_native.lib().cli(json.dumps(args)))

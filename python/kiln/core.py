@@ -168,26 +168,34 @@ def _scratch() -> Path:
     return _SCRATCH
 
 
-def _options(auto_parallel: bool) -> str:
-    return json.dumps({"auto_parallel": bool(auto_parallel)})
+def _options(auto_parallel: bool, db=None, any_cpu: bool = False) -> str:
+    if db is None:
+        db = os.environ.get("KILN_TUNING_DB") or None
+    return json.dumps({"auto_parallel": bool(auto_parallel),
+                       "db": None if db is None else os.fspath(db),
+                       "any_cpu": bool(any_cpu)})
 
 
-def _jit(ir: str, target_text: str, auto_parallel: bool = False):
+def _jit(ir: str, target_text: str, auto_parallel: bool = False, db=None, any_cpu=False):
     """Compiles `ir` in memory and returns `(module, info)`: the functions registered as the
     tvm-ffi system-library symbols of a fresh prefix, and the module `tvm_ffi.system_lib` gives
     for it."""
     import tvm_ffi
 
     prefix = f"kiln{os.getpid()}_{next(_COUNTER)}."
-    info = json.loads(_native.lib().jit(ir, target_text, prefix, _options(auto_parallel)))
+    options = _options(auto_parallel, db, any_cpu)
+    info = json.loads(_native.lib().jit(ir, target_text, prefix, options))
     return tvm_ffi.system_lib(prefix), info
 
 
-def _build_file(ir: str, target_text: str, path: Path, auto_parallel: bool = False) -> dict:
-    return json.loads(_native.lib().build(ir, target_text, str(path), _options(auto_parallel)))
+def _build_file(ir: str, target_text: str, path: Path, auto_parallel: bool = False, db=None,
+                any_cpu: bool = False) -> dict:
+    options = _options(auto_parallel, db, any_cpu)
+    return json.loads(_native.lib().build(ir, target_text, str(path), options))
 
 
-def build(obj: IRLike, target: TargetLike = None, *, auto_parallel: bool = False):
+def build(obj: IRLike, target: TargetLike = None, *, auto_parallel: bool = False, db=None,
+          any_cpu: bool = False):
     """Compiles `obj` for `target` in this process and returns a `tvm_ffi.Module` (a
     `tvm.runtime.Module` once `tvm` is imported) with one function per IR function.
 
@@ -208,24 +216,32 @@ def build(obj: IRLike, target: TargetLike = None, *, auto_parallel: bool = False
     independent (and large enough) runs on the thread pool (`kiln::schedule::auto`): for
     unscheduled TIR such as TVM's operators. `mod.kiln_info["parallel"]` names those loops.
 
+    `db` (a path; default: the `KILN_TUNING_DB` environment variable) is a tuning database
+    written by `kiln tune` (docs/tune.md): each function with a record for the same workload,
+    this target and this machine's CPU (any CPU with `any_cpu=True`) is scheduled by its best
+    record first. `mod.kiln_info["tuning"]` says what was applied and what was skipped (a
+    stale or corrupt record is skipped, never applied blindly); a missing database raises
+    `FileNotFoundError`.
+
     `mod.export_library(path)` compiles the same module into a shared library (which
     `tvm_ffi.load_module` loads again); `mod.kiln_info` holds the function names, the canonical
     target and the build time in milliseconds.
     """
     ir = _ir_text(obj)
     target_text = _target_text(target)
-    mod, info = _jit(ir, target_text, auto_parallel)
-    _attach(mod, ir, target_text, info, auto_parallel)
+    mod, info = _jit(ir, target_text, auto_parallel, db, any_cpu)
+    _attach(mod, ir, target_text, info, auto_parallel, db, any_cpu)
     return mod
 
 
-def _attach(mod: Any, ir: str, target_text: str, info: dict, auto_parallel: bool) -> None:
+def _attach(mod: Any, ir: str, target_text: str, info: dict, auto_parallel: bool, db=None,
+            any_cpu: bool = False) -> None:
     def export_library(file_name: Union[str, os.PathLike], **_ignored: Any) -> None:
         """Compiles this module into the shared library `file_name` (a `.so`, which
         `tvm_ffi.load_module` and `tvm.runtime.load_module` load)."""
         dst = Path(file_name)
         _require_so(dst)
-        _build_file(ir, target_text, dst, auto_parallel)
+        _build_file(ir, target_text, dst, auto_parallel, db, any_cpu)
 
     mod.export_library = export_library
     mod.kiln_ir = ir
@@ -241,11 +257,13 @@ def _require_so(dst: Path) -> None:
         )
 
 
-def export(obj: Any, path: Union[str, os.PathLike], target: TargetLike = None) -> None:
+def export(obj: Any, path: Union[str, os.PathLike], target: TargetLike = None, *, db=None,
+           any_cpu: bool = False) -> None:
     """Writes a library: a module returned by `kiln.build` is compiled again into `path` (a
-    `.so`, for the target it was built for); anything `kiln.build` takes is compiled for
-    `target` straight into `path`, whose extension picks the format (`.so`, `.o`, `.ll`, `.s`;
-    a device target's own formats)."""
+    `.so`, for the target it was built for, with its tuning records); anything `kiln.build`
+    takes is compiled for `target` straight into `path`, whose extension picks the format
+    (`.so`, `.o`, `.ll`, `.s`; a device target's own formats), with the records of `db` as in
+    `kiln.build`."""
     path = Path(path)
     ir = getattr(obj, "kiln_ir", None)
     if ir is not None:
@@ -253,7 +271,7 @@ def export(obj: Any, path: Union[str, os.PathLike], target: TargetLike = None) -
             raise ValueError("the module is already built: kiln.export takes no target for it")
         obj.export_library(path)
         return
-    _build_file(_ir_text(obj), _target_text(target), path)
+    _build_file(_ir_text(obj), _target_text(target), path, db=db, any_cpu=any_cpu)
 
 
 def empty(shape, dtype: str = "float32", device: str = "cpu"):

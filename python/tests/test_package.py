@@ -251,3 +251,43 @@ def test_tensors_round_trip_and_bad_requests_raise():
         _native.lib().tensor_copy(kiln.empty([4], "float32"), tvm_ffi.from_dlpack(np.zeros(4, "int32")))
     with pytest.raises(TypeError, match="must be a tensor"):
         _native.lib().tensor_copy(kiln.empty([4], "float32"), 3)
+
+
+def test_python_m_kiln_tune_and_build_with_its_database(tmp_path):
+    """`python -m kiln tune` measures in a `python -m kiln tune-worker` process; `kiln.build`
+    and `kiln.export` apply its record (`db=`), and say so; a bad database is refused or
+    skipped with a warning, never applied blindly."""
+    mm = ROOT / "examples" / "kernels" / "plain" / "matmul_256.json"
+    db = tmp_path / "tuning.jsonl"
+    r = run_module_cli("tune", str(mm), "matmul", "--trials", "4", "--db", str(db), "-q")
+    assert r.returncode == 0, r.stderr
+    assert "record written" in r.stdout, r.stdout
+    mod = kiln.build(mm, db=db)
+    applied = [n for n in mod.kiln_info["tuning"] if "tuning record applied" in n]
+    assert len(applied) == 1, mod.kiln_info
+    a = np.random.rand(256, 256).astype("float32")
+    b = np.random.rand(256, 256).astype("float32")
+    c = np.empty_like(a)
+    mod.matmul(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    # The same through the environment, and into a library.
+    os.environ["KILN_TUNING_DB"] = str(db)
+    try:
+        assert any("applied" in n for n in kiln.build(mm).kiln_info["tuning"])
+    finally:
+        del os.environ["KILN_TUNING_DB"]
+    kiln.export(mm, tmp_path / "mm.so", db=db)
+    f = tvm_ffi.load_module(str(tmp_path / "mm.so"))["matmul"]
+    c[:] = 0
+    f(tvm_ffi.from_dlpack(a), tvm_ffi.from_dlpack(b), tvm_ffi.from_dlpack(c))
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    # No record for this target: nothing applied. A missing database raises; a corrupt line
+    # is a warning.
+    assert kiln.build(mm, target="llvm -mcpu=haswell", db=db).kiln_info["tuning"] == []
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        kiln.build(mm, db=tmp_path / "nope.jsonl")
+    with open(db, "a") as fh:
+        fh.write("{not a record\n")
+    notes = kiln.build(mm, db=db).kiln_info["tuning"]
+    assert any(n.startswith("warning:") for n in notes), notes
+    assert any("applied" in n for n in notes), notes

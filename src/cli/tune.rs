@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::ir::IRModule;
+use crate::ir::{IRModule, PrimFunc};
 use crate::target::Target;
 use crate::tune::{self, Database, Record, Subprocess, TuneOptions, WorkerInit};
 
@@ -18,8 +18,14 @@ pub const DEFAULT_DB: &str = "kiln-tuning.jsonl";
 pub struct TuneArgs {
     /// An IR module (kiln-ir/1 JSON), best as written, before any schedule.
     module: PathBuf,
-    /// The function to tune.
-    function: String,
+    /// The function to tune (or `--model`).
+    #[arg(required_unless_present = "model")]
+    function: Option<String>,
+    /// Tune every function of the module, one after another (a model's kernels, as
+    /// `kiln.to_kiln` converts them), each with the budget of `--trials` and `--seconds`;
+    /// functions with symbolic shapes or scalar parameters are skipped, and said so.
+    #[arg(long, conflicts_with = "function")]
+    model: bool,
     /// The target to tune for (JSON, legacy string or tag).
     #[arg(long, short, default_value = DEFAULT_TARGET)]
     target: String,
@@ -75,13 +81,16 @@ pub fn db_path(given: Option<&Path>, default: Option<&str>) -> Option<PathBuf> {
 /// `kiln run`); prints what was applied and what was skipped.
 ///
 /// # Errors
-/// A database that cannot be read.
+/// A database that does not exist or cannot be read.
 pub fn apply_db(
     path: &Path,
     module: &IRModule,
     target: &Target,
     any_cpu: bool,
 ) -> Result<IRModule, Box<dyn std::error::Error>> {
+    if !path.exists() {
+        return Err(format!("the tuning database `{}` does not exist", path.display()).into());
+    }
     let db = Database::open(path)?;
     for w in &db.warnings {
         eprintln!("warning: {w}");
@@ -99,18 +108,20 @@ pub fn run(a: &TuneArgs) -> CmdResult {
     module
         .verify()
         .map_err(|e| format!("`{}`: {e}", a.module.display()))?;
-    let f = module.get(&a.function).cloned().ok_or_else(|| {
-        format!(
-            "`{}` has no function `{}` (it has {:?})",
-            a.module.display(),
-            a.function,
-            module
-                .functions
-                .iter()
-                .map(|f| f.name.clone())
-                .collect::<Vec<_>>()
-        )
-    })?;
+    let funcs: Vec<PrimFunc> = match &a.function {
+        Some(name) => vec![module.get(name).cloned().ok_or_else(|| {
+            format!(
+                "`{}` has no function `{name}` (it has {:?})",
+                a.module.display(),
+                module
+                    .functions
+                    .iter()
+                    .map(|f| f.name.clone())
+                    .collect::<Vec<_>>()
+            )
+        })?],
+        None => module.functions.clone(),
+    };
     let target = Target::parse(&a.target)?;
     if target.kind_name() != "llvm" {
         return Err(format!(
@@ -124,6 +135,54 @@ pub fn run(a: &TuneArgs) -> CmdResult {
     for w in &db.warnings {
         eprintln!("warning: {w}");
     }
+    if !a.model {
+        return tune_one(a, &funcs[0], &target, &mut db, &path).map(drop);
+    }
+    // The whole model: one function after another, and a table at the end.
+    let mut rows = Vec::new();
+    for f in &funcs {
+        if let Err(why) = tune::measure::benchable(f) {
+            eprintln!("skipping `{}`: {why}", f.name);
+            rows.push(format!("| {} | skipped: {why} | | |", f.name));
+            continue;
+        }
+        match tune_one(a, f, &target, &mut db, &path) {
+            Ok((default, best)) => rows.push(match best {
+                Some(b) => format!(
+                    "| {} | {:.4} | {:.4} | {:.2}x |",
+                    f.name,
+                    default * 1e3,
+                    b * 1e3,
+                    default / b.max(f64::MIN_POSITIVE)
+                ),
+                None => format!(
+                    "| {} | {:.4} | (the default) | 1.00x |",
+                    f.name,
+                    default * 1e3
+                ),
+            }),
+            Err(e) => {
+                eprintln!("`{}`: {e}", f.name);
+                rows.push(format!("| {} | failed: {e} | | |", f.name));
+            }
+        }
+    }
+    println!("\n| function | default, ms | tuned, ms | speedup |\n|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    println!("records written to {}", path.display());
+    Ok(())
+}
+
+/// Tunes `f`, appending its records to `db`; the default's time and the best time found.
+fn tune_one(
+    a: &TuneArgs,
+    f: &PrimFunc,
+    target: &Target,
+    db: &mut Database,
+    path: &Path,
+) -> Result<(f64, Option<f64>), Box<dyn std::error::Error>> {
     let init = WorkerInit {
         module: IRModule::from_functions(vec![f.clone()]).to_json(),
         target: target.to_string(),
@@ -138,12 +197,15 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         _ => None,
     };
     let mut measurer: Box<dyn tune::Measurer> = if let Some(at) = remote {
-        Box::new(tune::remote::Remote::new(at, &f, &target, a.seed)?)
+        Box::new(tune::remote::Remote::new(at, f, target, a.seed)?)
     } else if a.in_process {
-        Box::new(tune::InProcess::new(&f, &target, a.seed)?)
+        Box::new(tune::InProcess::new(f, target, a.seed)?)
     } else {
-        let exe = std::env::current_exe()?;
-        Box::new(Subprocess::new(exe, &init, Duration::from_secs(a.timeout))?)
+        Box::new(Subprocess::with_command(
+            worker_command()?,
+            &init,
+            Duration::from_secs(a.timeout),
+        )?)
     };
     // A remote CPU's model is not known here: the record says where it was measured.
     let cpu = match (&a.rpc, &a.tracker, &a.key) {
@@ -152,7 +214,7 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         _ => tune::db::host_cpu(),
     };
     let default = measurer.baseline();
-    let w = tune::db::workload(&f);
+    let w = tune::db::workload(f);
     eprintln!(
         "tuning {} for {} on {}: the default build takes {:.4} ms [{:.4}, {:.4}]",
         w.key,
@@ -170,7 +232,7 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         stop: None,
     };
     let mut save_err = None;
-    let report = tune::tune(&f, &target, measurer.as_mut(), &opts, |steps, t, trials| {
+    let report = tune::tune(f, target, measurer.as_mut(), &opts, |steps, t, trials| {
         let r = Record {
             format: tune::db::FORMAT.to_owned(),
             workload: w.clone(),
@@ -221,7 +283,25 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         }
         None => println!("no candidate beat the default: nothing written"),
     }
-    Ok(())
+    Ok((default.median, report.best.map(|(_, t)| t.median)))
+}
+
+/// The command `kiln tune` starts its worker with (before `tune-worker`): the JSON list of
+/// `KILN_TUNE_WORKER` when set (`python -m kiln` sets `["<python>", "-m", "kiln"]`, this
+/// process being Python), else this executable.
+fn worker_command() -> Result<Vec<std::ffi::OsString>, Box<dyn std::error::Error>> {
+    match std::env::var("KILN_TUNE_WORKER") {
+        Ok(text) if !text.trim().is_empty() => {
+            let v: Vec<String> = serde_json::from_str(&text).map_err(|e| {
+                format!("KILN_TUNE_WORKER: expected a JSON list of strings, found `{text}`: {e}")
+            })?;
+            if v.is_empty() {
+                return Err("KILN_TUNE_WORKER: an empty command".into());
+            }
+            Ok(v.into_iter().map(Into::into).collect())
+        }
+        _ => Ok(vec![std::env::current_exe()?.into_os_string()]),
+    }
 }
 
 /// `kiln tune-worker`: the process `kiln tune` measures candidates in.

@@ -100,6 +100,40 @@ fn fill(a: &mut NpyArray, seed: u64) {
     }
 }
 
+/// Whether `f` can be measured: buffers only, with constant shapes and host dtypes (or why
+/// not).
+///
+/// # Errors
+/// What stands in the way, naming the parameter.
+pub fn benchable(f: &PrimFunc) -> Result<(), String> {
+    for p in &f.params {
+        match p {
+            Param::Buffer(b) => {
+                if b.shape.iter().any(|e| e.as_int().is_none()) {
+                    return Err(format!(
+                        "parameter `{}` has a symbolic shape: tuning needs constant shapes (one \
+                         workload per shape)",
+                        b.name
+                    ));
+                }
+                if parse_dtype(&b.dtype.to_string()).is_none() {
+                    return Err(format!(
+                        "parameter `{}`: no host array of {}",
+                        b.name, b.dtype
+                    ));
+                }
+            }
+            Param::Scalar(v) => {
+                return Err(format!(
+                    "parameter `{}` is a scalar: tuning takes functions of buffers only",
+                    v.name
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn arrays(f: &PrimFunc, seed: u64) -> Result<Vec<NpyArray>, String> {
     f.params
         .iter()

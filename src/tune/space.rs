@@ -13,6 +13,7 @@
 //! | `vector` | 0, 4, 8, 16, 32 | split the innermost spatial loop, vectorize the inner part |
 //! | `unroll` | 0, 2, 4, 8 | split the innermost reduction loop, unroll the inner part |
 //! | `parallel` | none, outermost, outer two fused | `parallel` (after `fuse`) |
+//! | `leaves` | per innermost loop below the nest's chain (softmax's four column loops inside its row loop; a reduction innermost in the chain, as rowsum's): 0 or a width dividing its extent, 8-64 | a spatial loop: split, vectorize the inner part; a reduction into one element: split, `rfactor`, vectorize the lanes |
 //!
 //! A choice becomes [`Step`]s by running the primitives on a [`Schedule`] (so the steps carry
 //! the loop names the primitives chose); a choice the primitives refuse is not a candidate.
@@ -35,12 +36,21 @@ pub struct LoopInfo {
     pub reduction: bool,
 }
 
-/// A top-level loop nest: the perfectly nested chain from its outermost loop down.
+/// A top-level loop nest: the perfectly nested chain from its outermost loop down, and the
+/// innermost loops below the chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Nest {
     /// Outermost first.
     pub loops: Vec<LoopInfo>,
+    /// Whether the innermost loop of the chain holds no loop.
+    pub perfect: bool,
+    /// The innermost loops (holding no loop) inside the chain's body when it is not perfect,
+    /// or the chain's innermost loop when it is a reduction; at most [`MAX_LEAVES`].
+    pub leaves: Vec<LoopInfo>,
 }
+
+/// The most innermost loops of a nest that get a knob each.
+pub const MAX_LEAVES: usize = 8;
 
 /// The knobs of one nest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -53,6 +63,9 @@ pub struct Knobs {
     pub unroll: i64,
     /// 0: serial, 1: the outermost loop parallel, 2: the outer two fused and parallel.
     pub parallel: u8,
+    /// Per leaf of the nest ([`Nest::leaves`]): 0, or the vector width (a spatial loop) or the
+    /// number of lanes of an `rfactor` (a reduction).
+    pub leaves: [i64; MAX_LEAVES],
 }
 
 /// The knobs of every nest of a function: one candidate.
@@ -79,6 +92,51 @@ fn stores_under(s: &Stmt, out: &mut Vec<Vec<Expr>>) {
     }
 }
 
+fn loop_info(var: &Var, extent: &Expr, body: &Stmt) -> LoopInfo {
+    let mut stores = Vec::new();
+    stores_under(body, &mut stores);
+    let reduction = !stores.is_empty() && !stores.iter().flatten().any(|e| e.mentions(var));
+    LoopInfo {
+        name: var.name.to_string(),
+        extent: extent.as_int(),
+        reduction,
+    }
+}
+
+fn has_loop(s: &Stmt) -> bool {
+    let mut found = false;
+    crate::ir::visit::for_each_loop(s, |_, _, _| found = true);
+    found
+}
+
+/// The innermost loops under `s`.
+fn leaves_in(s: &Stmt, out: &mut Vec<LoopInfo>) {
+    match s {
+        Stmt::For {
+            var, extent, body, ..
+        } => {
+            if has_loop(body) {
+                leaves_in(body, out)
+            } else {
+                out.push(loop_info(var, extent, body))
+            }
+        }
+        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => leaves_in(body, out),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => {
+            leaves_in(then_case, out);
+            if let Some(e) = else_case {
+                leaves_in(e, out);
+            }
+        }
+        Stmt::Seq(v) => v.iter().for_each(|x| leaves_in(x, out)),
+        _ => {}
+    }
+}
+
 fn nest_of(s: &Stmt) -> Option<Nest> {
     let mut loops = Vec::new();
     let mut cur = s;
@@ -86,18 +144,25 @@ fn nest_of(s: &Stmt) -> Option<Nest> {
         var, extent, body, ..
     } = cur
     {
-        let mut stores = Vec::new();
-        stores_under(body, &mut stores);
-        let v: &Var = var;
-        let reduction = !stores.is_empty() && !stores.iter().flatten().any(|e| e.mentions(v));
-        loops.push(LoopInfo {
-            name: var.name.to_string(),
-            extent: extent.as_int(),
-            reduction,
-        });
+        loops.push(loop_info(var, extent, body));
         cur = body;
     }
-    (!loops.is_empty()).then_some(Nest { loops })
+    if loops.is_empty() {
+        return None;
+    }
+    let perfect = !has_loop(cur);
+    let mut leaves = Vec::new();
+    if perfect {
+        leaves.extend(loops.last().filter(|l| l.reduction).cloned());
+    } else {
+        leaves_in(cur, &mut leaves);
+        leaves.truncate(MAX_LEAVES);
+    }
+    Some(Nest {
+        loops,
+        perfect,
+        leaves,
+    })
 }
 
 fn collect(s: &Stmt, out: &mut Vec<Nest>) {
@@ -208,7 +273,7 @@ pub fn knob_values(nest: &Nest) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<u8>) {
     } else {
         vec![0]
     };
-    let inner_spatial = nest.loops.last().filter(|l| !l.reduction);
+    let inner_spatial = nest.loops.last().filter(|l| !l.reduction && nest.perfect);
     let vectors = match inner_spatial {
         Some(l) => std::iter::once(0)
             .chain(
@@ -217,7 +282,7 @@ pub fn knob_values(nest: &Nest) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<u8>) {
                     .filter(|&v| fits(v - 1, l.extent)),
             )
             .collect(),
-        None if spatial.len() >= 2 => vec![0, 8, 16],
+        None if spatial.len() >= 2 && nest.perfect => vec![0, 8, 16],
         None => vec![0],
     };
     let unrolls = match nest.loops.iter().rev().find(|l| l.reduction) {
@@ -232,6 +297,24 @@ pub fn knob_values(nest: &Nest) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<u8>) {
         _ => vec![0],
     };
     (tiles, vectors, unrolls, parallel)
+}
+
+/// The values the knob of each leaf of `nest` may take (the first is always "off"): widths
+/// from 8 to 64 that divide the leaf's extent (a split that does not divide leaves a guard,
+/// which neither `rfactor` nor a vector loop takes).
+pub fn leaf_values(nest: &Nest) -> Vec<Vec<i64>> {
+    nest.leaves
+        .iter()
+        .map(|l| {
+            std::iter::once(0)
+                .chain(
+                    [8, 16, 32, 64]
+                        .into_iter()
+                        .filter(|&w| l.extent.is_some_and(|e| e > w && e % w == 0)),
+                )
+                .collect()
+        })
+        .collect()
 }
 
 /// Applies `k` to the nest `nest` of the schedule `s`, appending the steps to `steps`.
@@ -295,10 +378,40 @@ fn apply_nest(
             kind: "vectorized".into(),
         });
     }
+    for (leaf, &w) in nest.leaves.iter().zip(&k.leaves) {
+        if w <= 0 {
+            continue;
+        }
+        let (o, i) = s.split(&leaf.name, w).map_err(e)?;
+        steps.push(Step::Split {
+            loop_: leaf.name.clone(),
+            factor: w,
+        });
+        if leaf.reduction {
+            s.rfactor(&o, &i).map_err(e)?;
+            steps.push(Step::Rfactor {
+                outer: o,
+                inner: i.clone(),
+            });
+        }
+        s.vectorize(&i).map_err(e)?;
+        steps.push(Step::Kind {
+            loop_: i,
+            kind: "vectorized".into(),
+        });
+    }
     if k.unroll > 0 {
         let Some(r) = nest.loops.iter().rev().find(|l| l.reduction) else {
             return Err("no reduction loop to unroll".into());
         };
+        if nest
+            .leaves
+            .iter()
+            .zip(&k.leaves)
+            .any(|(l, &w)| w > 0 && l.name == r.name)
+        {
+            return Err("the reduction loop is factored already".into());
+        }
         let (_ro, ri) = s.split(&r.name, k.unroll).map_err(e)?;
         steps.push(Step::Split {
             loop_: r.name.clone(),
@@ -385,18 +498,44 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
         .iter()
         .map(|n| {
             let (t, v, u, p) = knob_values(n);
+            let mut leaves = [0; MAX_LEAVES];
+            for (x, vals) in leaves.iter_mut().zip(leaf_values(n)) {
+                *x = rng.pick(&vals);
+            }
             let mut k = Knobs {
                 tile: [rng.pick(&t), rng.pick(&t)],
                 vector: rng.pick(&v),
                 unroll: rng.pick(&u),
                 parallel: rng.pick(&p),
+                leaves,
             };
-            if (k.tile[0] == 0) != (k.tile[1] == 0) {
-                k.tile = [0, 0];
-            }
+            sanitize(n, &mut k, rng.below(2) == 0);
             k
         })
         .collect()
+}
+
+/// `k` without the combinations the primitives always refuse: one tile factor without the
+/// other; a vector width for the inner spatial loop that tiling did not bring innermost; in a
+/// perfect nest, a factored innermost reduction (a leaf) together with tiling or with its
+/// unrolling (the leaf wins when `prefer_leaf`, else the other knob).
+fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
+    if (k.tile[0] == 0) != (k.tile[1] == 0) {
+        k.tile = [0, 0];
+    }
+    let innermost_spatial = nest.perfect && nest.loops.last().is_some_and(|l| !l.reduction);
+    if k.tile == [0, 0] && !innermost_spatial {
+        k.vector = 0;
+    }
+    if nest.perfect && k.leaves.iter().any(|&w| w > 0) && (k.tile != [0, 0] || k.unroll > 0) {
+        if prefer_leaf {
+            k.tile = [0, 0];
+            k.vector = if innermost_spatial { k.vector } else { 0 };
+            k.unroll = 0;
+        } else {
+            k.leaves = [0; MAX_LEAVES];
+        }
+    }
 }
 
 /// `c` with one knob of one nest changed.
@@ -407,22 +546,28 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     }
     let i = rng.below(nests.len());
     let (t, v, u, p) = knob_values(&nests[i]);
+    let lv = leaf_values(&nests[i]);
     let k = &mut out[i];
-    match rng.below(5) {
+    let which = rng.below(5 + usize::from(!lv.is_empty()) * 2);
+    match which {
         0 => k.tile[0] = rng.pick(&t),
         1 => k.tile[1] = rng.pick(&t),
         2 => k.vector = rng.pick(&v),
         3 => k.unroll = rng.pick(&u),
-        _ => k.parallel = rng.pick(&p),
+        4 => k.parallel = rng.pick(&p),
+        _ => {
+            let j = rng.below(lv.len());
+            k.leaves[j] = rng.pick(&lv[j]);
+        }
     }
-    if (k.tile[0] == 0) != (k.tile[1] == 0) {
-        k.tile = [0, 0];
-    }
+    // The knob just changed wins over those it cannot go with.
+    sanitize(&nests[i], k, which >= 5);
     out
 }
 
 /// The hand-written starting points: the default (nothing) and the usual first schedule
-/// (outermost loop parallel, innermost spatial loop vectorized by 8 or 16).
+/// (outermost loop parallel, innermost spatial loop vectorized by 8 or 16, and each leaf at
+/// the allowed width nearest 16 for a spatial loop, 64 for a reduction: kiln's softmax).
 pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
     let none: Choice = nests.iter().map(|_| Knobs::default()).collect();
     let mut out = vec![none];
@@ -432,9 +577,19 @@ pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
                 .iter()
                 .map(|n| {
                     let (_, v, _, p) = knob_values(n);
+                    let mut leaves = [0; MAX_LEAVES];
+                    for ((x, vals), l) in leaves.iter_mut().zip(leaf_values(n)).zip(&n.leaves) {
+                        let want: i64 = if l.reduction { 64 } else { width };
+                        *x = vals
+                            .iter()
+                            .copied()
+                            .min_by_key(|&w| (w - want).abs())
+                            .unwrap_or(0);
+                    }
                     Knobs {
                         vector: if v.contains(&width) { width } else { 0 },
                         parallel: if p.contains(&1) { 1 } else { 0 },
+                        leaves,
                         ..Knobs::default()
                     }
                 })

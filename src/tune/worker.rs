@@ -12,6 +12,7 @@
 //! candidates at once, one thread each (as many as the machine has cores, at most four), then
 //! checks and times them one after another on a quiet machine.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -243,7 +244,7 @@ impl Drop for Child2 {
 
 /// Measures in a child process (`<exe> tune-worker`), restarted after a crash.
 pub struct Subprocess {
-    exe: PathBuf,
+    command: Vec<OsString>,
     init: String,
     child: Option<Child2>,
     timeout: Duration,
@@ -258,9 +259,24 @@ impl Subprocess {
     /// # Errors
     /// The worker cannot start, or cannot build the default.
     pub fn new(exe: PathBuf, init: &WorkerInit, timeout: Duration) -> Result<Self, String> {
+        Self::with_command(vec![exe.into_os_string()], init, timeout)
+    }
+
+    /// Starts the worker `<command...> tune-worker` (e.g. `python -m kiln tune-worker`).
+    ///
+    /// # Errors
+    /// An empty command; as [`Subprocess::new`].
+    pub fn with_command(
+        command: Vec<OsString>,
+        init: &WorkerInit,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        if command.is_empty() {
+            return Err("an empty worker command".into());
+        }
         let init = serde_json::to_string(init).map_err(|e| e.to_string())?;
         let mut s = Self {
-            exe,
+            command,
             init,
             child: None,
             timeout,
@@ -276,13 +292,17 @@ impl Subprocess {
     }
 
     fn start(&mut self) -> Result<Timing, String> {
-        let mut child = Command::new(&self.exe)
+        let mut child = Command::new(&self.command[0])
+            .args(&self.command[1..])
             .arg("tune-worker")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("starting `{} tune-worker`: {e}", self.exe.display()))?;
+            .map_err(|e| {
+                let cmd: Vec<_> = self.command.iter().map(|c| c.to_string_lossy()).collect();
+                format!("starting `{} tune-worker`: {e}", cmd.join(" "))
+            })?;
         let mut stdin = child.stdin.take().ok_or("no stdin")?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (tx, rx) = channel();

@@ -132,10 +132,17 @@ fn parse_target(text: &str) -> Result<Target> {
     Target::parse(text).map_err(|e| Raised::new("ValueError", format!("target: {e}")))
 }
 
-/// The options of `build` and `jit`: `{"auto_parallel": bool, "min_work": int}` (both
-/// optional): with `auto_parallel`, each function's outermost independent loop runs on the
-/// thread pool ([`kiln::schedule::auto::auto_parallel`]).
-fn apply_options(module: IRModule, text: &str) -> Result<(IRModule, serde_json::Value)> {
+/// The options of `build` and `jit`: `{"auto_parallel": bool, "min_work": int, "db": path,
+/// "any_cpu": bool}` (all optional). `db`: the best records of that tuning database for these
+/// functions, this target and this CPU (any CPU with `any_cpu`) are applied first (`kiln build
+/// --db`); with `auto_parallel`, each function's outermost independent loop then runs on the
+/// thread pool ([`kiln::schedule::auto::auto_parallel`]). Returns the module, the loops made
+/// parallel, and what the database applied or skipped.
+fn apply_options(
+    module: IRModule,
+    text: &str,
+    target: &Target,
+) -> Result<(IRModule, serde_json::Value, Vec<String>)> {
     let bad = |why: String| Raised::new("ValueError", format!("kiln build options: {why}"));
     let v: serde_json::Value = if text.trim().is_empty() {
         serde_json::json!({})
@@ -145,37 +152,59 @@ fn apply_options(module: IRModule, text: &str) -> Result<(IRModule, serde_json::
     let obj = v
         .as_object()
         .ok_or_else(|| bad(format!("expected a JSON object, found {v}")))?;
+    const KNOWN: [&str; 4] = ["auto_parallel", "min_work", "db", "any_cpu"];
     for k in obj.keys() {
-        if k != "auto_parallel" && k != "min_work" {
+        if !KNOWN.contains(&k.as_str()) {
             return Err(bad(format!(
-                "unknown option `{k}`; known: auto_parallel, min_work"
+                "unknown option `{k}`; known: {}",
+                KNOWN.join(", ")
             )));
         }
     }
-    let auto = match obj.get("auto_parallel") {
-        None => false,
-        Some(serde_json::Value::Bool(b)) => *b,
-        Some(x) => return Err(bad(format!("`auto_parallel` must be a bool, found {x}"))),
+    let flag = |name: &str| match obj.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(false),
+        Some(serde_json::Value::Bool(b)) => Ok(*b),
+        Some(x) => Err(bad(format!("`{name}` must be a bool, found {x}"))),
     };
+    let auto = flag("auto_parallel")?;
+    let any_cpu = flag("any_cpu")?;
     let min_work = match obj.get("min_work") {
         None => kiln::schedule::auto::DEFAULT_MIN_WORK,
         Some(x) => x
             .as_u64()
             .ok_or_else(|| bad(format!("`min_work` must be a count, found {x}")))?,
     };
-    let mut parallel = serde_json::Map::new();
-    if !auto {
-        return Ok((module, serde_json::Value::Object(parallel)));
-    }
     let mut out = module;
-    for f in &mut out.functions {
-        let r = kiln::schedule::auto::auto_parallel(f, min_work);
-        if !r.loops.is_empty() {
-            parallel.insert(f.name.clone(), serde_json::json!(r.loops));
+    let mut tuning = Vec::new();
+    match obj.get("db") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::String(path)) => {
+            if !Path::new(path).exists() {
+                return Err(Raised::new(
+                    "FileNotFoundError",
+                    format!("kiln build: the tuning database `{path}` does not exist"),
+                ));
+            }
+            let db = kiln::tune::Database::open(Path::new(path))
+                .map_err(|e| Raised::new("FileNotFoundError", format!("kiln build: {e}")))?;
+            tuning.extend(db.warnings.iter().map(|w| format!("warning: {w}")));
+            let (m, notes) = db.apply(&out, target, any_cpu);
+            out = m;
+            tuning.extend(notes);
         }
-        *f = r.func;
+        Some(x) => return Err(bad(format!("`db` must be a path, found {x}"))),
     }
-    Ok((out, serde_json::Value::Object(parallel)))
+    let mut parallel = serde_json::Map::new();
+    if auto {
+        for f in &mut out.functions {
+            let r = kiln::schedule::auto::auto_parallel(f, min_work);
+            if !r.loops.is_empty() {
+                parallel.insert(f.name.clone(), serde_json::json!(r.loops));
+            }
+            *f = r.func;
+        }
+    }
+    Ok((out, serde_json::Value::Object(parallel), tuning))
 }
 
 /// `version()`: kiln's version.
@@ -191,23 +220,31 @@ pub fn build(args: &[AnyView<'_>]) -> Result<Any> {
     let ir = arg_str("build", args, 0, "kiln IR JSON")?;
     let target = arg_str("build", args, 1, "target")?;
     let out = arg_str("build", args, 2, "output path")?;
-    let (module, parallel) = apply_options(
+    let target = parse_target(target)?;
+    let (module, parallel, tuning) = apply_options(
         parse_module(ir)?,
         arg_str("build", args, 3, "options JSON")?,
+        &target,
     )?;
-    let target = parse_target(target)?;
     let t = Instant::now();
     kiln::cli::codegen::write_library(&module, &target, Path::new(out)).map_err(boxed)?;
-    Ok(built_info(&module, &target, parallel, t))
+    Ok(built_info(&module, &target, parallel, tuning, t))
 }
 
 /// What `build` and `jit` return: the function names, the canonical target, the loops made
-/// parallel and the milliseconds since `t`, as JSON text.
-fn built_info(module: &IRModule, target: &Target, parallel: serde_json::Value, t: Instant) -> Any {
+/// parallel, what the tuning database applied, and the milliseconds since `t`, as JSON text.
+fn built_info(
+    module: &IRModule,
+    target: &Target,
+    parallel: serde_json::Value,
+    tuning: Vec<String>,
+    t: Instant,
+) -> Any {
     let doc = serde_json::json!({
         "functions": module.functions.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
         "target": target.export(),
         "parallel": parallel,
+        "tuning": tuning,
         "ms": t.elapsed().as_secs_f64() * 1e3,
     });
     Any::from(doc.to_string())
@@ -223,9 +260,12 @@ pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
     let ir = arg_str("jit", args, 0, "kiln IR JSON")?;
     let target = arg_str("jit", args, 1, "target")?;
     let prefix = arg_str("jit", args, 2, "symbol prefix")?;
-    let (module, parallel) =
-        apply_options(parse_module(ir)?, arg_str("jit", args, 3, "options JSON")?)?;
     let target = parse_target(target)?;
+    let (module, parallel, tuning) = apply_options(
+        parse_module(ir)?,
+        arg_str("jit", args, 3, "options JSON")?,
+        &target,
+    )?;
     ffi::route_errors_to_tvm_ffi();
     let t = Instant::now();
     let built = kiln::codegen::build(&module, &target)
@@ -241,7 +281,7 @@ pub fn jit(args: &[AnyView<'_>]) -> Result<Any> {
         ffi::register_system_lib_symbol(&format!("__tvm_ffi_{prefix}{name}"), &pf)?;
     }
     ffi::keep_forever(built);
-    Ok(built_info(&module, &target, parallel, t))
+    Ok(built_info(&module, &target, parallel, tuning, t))
 }
 
 fn device_error(e: kiln::device_api::DeviceError) -> Raised {
