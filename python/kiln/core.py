@@ -171,6 +171,8 @@ def _scratch() -> Path:
 def _options(auto_parallel: bool, db=None, any_cpu: bool = False) -> str:
     if db is None:
         db = os.environ.get("KILN_TUNING_DB") or None
+    if db is not None and not os.path.exists(db):
+        raise FileNotFoundError(f"kiln build: the tuning database `{os.fspath(db)}` does not exist")
     return json.dumps({"auto_parallel": bool(auto_parallel),
                        "db": None if db is None else os.fspath(db),
                        "any_cpu": bool(any_cpu)})
