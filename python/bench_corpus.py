@@ -5,6 +5,11 @@ median of each side's per-call medians.
 
     KILN_NATIVE_LIB=target/release/libkiln_python.so PYTHONPATH=python \\
         .venv/bin/python python/bench_corpus.py [--rounds 5] [--auto-parallel] [--mcpu haswell]
+        [--tune 64] [--only a,b]
+
+With `--tune N`, the operators are first tuned by `kiln tune --model` (N candidates each, in
+one run over a module of all of them) and kiln builds each with its record (`kiln.build(...,
+db=...)`); TVM's side stays its untuned `tvm.compile` build.
 
 TVM gets LLVM's name for the host CPU (or `--mcpu`); kiln gets `native` (or `--mcpu`), since
 its LLVM 14 may not know the name TVM's LLVM uses. Outputs are checked against TVM's first.
@@ -44,12 +49,44 @@ def per_call(f, args, budget=0.005):
         n *= 2
 
 
+def tune_all(a, ktarget, only):
+    """Tunes every selected operator with `kiln tune --model`; returns the database's path."""
+    import json
+    import subprocess
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="kiln-corpus-tune-")
+    funcs = {}
+    for name, ins, outs in corpus.corpus():
+        if only and name not in only:
+            continue
+        funcs[name] = te.create_prim_func(list(ins) + list(outs)).with_attr("global_symbol", name)
+    mod = kiln.to_kiln(tvm.IRModule(funcs))
+    path = os.path.join(d, "corpus.json")
+    with open(path, "w") as fh:
+        json.dump(mod, fh)
+    db = os.path.join(d, "tuning.jsonl")
+    t = time.perf_counter()
+    p = subprocess.run([a.kiln, "tune", path, "--model", "--trials", str(a.tune), "--target",
+                        json.dumps(ktarget), "--db", db, "-q"], capture_output=True, text=True)
+    print(p.stdout[p.stdout.find("| function"):] if "| function" in p.stdout else p.stdout)
+    if p.returncode != 0:
+        raise SystemExit(f"kiln tune --model failed: {p.stderr[-2000:]}")
+    print(f"tuned {len(funcs)} operators in {time.perf_counter() - t:.0f} s; records in {db}")
+    if not os.path.exists(db):
+        open(db, "w").close()
+    return db
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--auto-parallel", action="store_true")
     ap.add_argument("--mcpu", help="the CPU for both sides (default: this machine's)")
     ap.add_argument("--only", help="comma-separated operator names")
+    ap.add_argument("--tune", type=int, metavar="N", help="tune each operator with N trials first")
+    ap.add_argument("--kiln", default=os.path.join(HERE, "..", "target", "release", "kiln"),
+                    help="the kiln binary `--tune` runs")
     a = ap.parse_args()
     os.environ["KILN_CACHE"] = "off"
     tvm_cpu = a.mcpu or tvm.target.codegen.llvm_get_system_cpu()
@@ -58,12 +95,18 @@ def main():
     print(f"CPU: {cpu_name()}; TVM mcpu {tvm_cpu}, kiln {ktarget}; auto_parallel "
           f"{a.auto_parallel}; {a.rounds} interleaved rounds")
     only = set(a.only.split(",")) if a.only else None
+    db = None
+    if a.tune:
+        db = tune_all(a, ktarget, only)
     ratios = []
     for name, ins, outs in corpus.corpus():
         if only and name not in only:
             continue
         func = te.create_prim_func(list(ins) + list(outs)).with_attr("global_symbol", name)
-        km = kiln.build(func, target=ktarget, auto_parallel=a.auto_parallel)
+        km = kiln.build(func, target=ktarget, auto_parallel=a.auto_parallel, db=db)
+        if db:
+            applied = [n for n in km.kiln_info["tuning"] if "applied" in n]
+            print(f"{name}: {'tuned' if applied else 'no record (the default was fastest)'}")
         tm = tvm.compile(tvm.IRModule({name: func}), target=ttarget)
         inputs = [corpus.random_input(t) for t in ins]
         shapes = [(corpus.dims(o.shape), str(o.dtype)) for o in outs]

@@ -244,12 +244,35 @@ impl Default for MatmulParts {
 /// # Errors
 /// A loop or buffer `parts` names that is not there, or a nest of another form.
 pub fn matmul_tiled_on(
+    s: Schedule,
+    parts: &MatmulParts,
+    shape: [i64; 3],
+    tiles: MatmulTiles,
+) -> ScheduleResult<Schedule> {
+    matmul_tiled_packing(s, parts, shape, tiles, true)
+}
+
+/// [`matmul_tiled_on`], with `B` packed into column panels (`pack`) or read where it is: a
+/// matmul with few rows reads each panel of `B` a few times only, and packing all of `B` on
+/// every call (64 x 4096 x 4096: 64 MiB read and written for 2 GFLOP) costs more than the
+/// strided reads it saves.
+///
+/// # Errors
+/// As [`matmul_tiled_on`].
+pub fn matmul_tiled_packing(
     mut s: Schedule,
     parts: &MatmulParts,
     [m, n, k]: [i64; 3],
     tiles: MatmulTiles,
+    pack: bool,
 ) -> ScheduleResult<Schedule> {
     let nr = tiles.nr.max(1);
+    if !pack {
+        if m < 1 || n < 1 {
+            return Ok(s);
+        }
+        return matmul_columns(s, parts, [m, n, k], tiles);
+    }
     let packed = s.fresh_buffer(&format!("{}p", parts.b));
     // Bp[n / nr, k, n % nr]: each register block reads one contiguous k x nr panel.
     let fill = s.transform_layout(
@@ -270,7 +293,18 @@ pub fn matmul_tiled_on(
         // No rows or columns: nothing to tile.
         return Ok(s);
     }
-    // Columns: whole panels, then the last `n % nr` columns as a narrower tile.
+    matmul_columns(s, parts, [m, n, k], tiles)
+}
+
+/// The column parts of [`matmul_tiled_packing`]: whole panels, then the last `n % nr` columns
+/// as a narrower tile, each tiled by [`matmul_rows`].
+fn matmul_columns(
+    mut s: Schedule,
+    parts: &MatmulParts,
+    [m, n, k]: [i64; 3],
+    tiles: MatmulTiles,
+) -> ScheduleResult<Schedule> {
+    let nr = tiles.nr.max(1);
     let (i, j, k0) = (parts.i.clone(), parts.j.clone(), parts.k.clone());
     let mut column_parts = vec![(i.clone(), j.clone(), k0.clone(), nr.min(n))];
     if n > nr && n % nr != 0 {

@@ -249,7 +249,8 @@ pub(crate) fn clone_arrays(v: &[NpyArray]) -> Result<Vec<NpyArray>, String> {
 
 impl Bench {
     /// Inputs for `f` from `seed`, and the default build's results on them (`f` as given, for
-    /// `target`), with the default build's time (see [`Bench::time_default`]).
+    /// `target`), with the default build's time (timed by its one checking call when that
+    /// takes 0.5 s or more).
     ///
     /// # Errors
     /// Symbolic shapes, scalar parameters, a default build that fails.

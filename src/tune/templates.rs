@@ -5,11 +5,12 @@
 //! beside the `k` loop, as [`crate::ir::kernels::matmul_sized`] writes it) or TVM's (the init
 //! guarded in the first iteration of `k`, as `te.compute` with `te.sum` lowers, brought to
 //! kiln's form by [`Schedule::decompose_reduction`]), under any loop and buffer names and loop
-//! variable type. Its templates are [`matmul_tiled_on`] with the register tiles
-//! [`MatmulTiles::for_target_and_depth`] picks for the target and their neighbours.
+//! variable type. Its templates are [`crate::schedule::kernels::matmul_tiled_on`] with the register tiles
+//! [`MatmulTiles::for_target_and_depth`] picks for the target and their neighbours, and the
+//! first three of them with `B` read in place instead of packed.
 
 use crate::ir::{BinOp, Buffer, DataType, Expr, Param, PrimFunc, Stmt, Var};
-use crate::schedule::kernels::{matmul_tiled_on, MatmulParts, MatmulTiles};
+use crate::schedule::kernels::{matmul_tiled_packing, MatmulParts, MatmulTiles};
 use crate::schedule::{Schedule, Step};
 use crate::target::Target;
 
@@ -271,10 +272,21 @@ pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
             }
         }
     }
-    variants
-        .into_iter()
-        .filter_map(|t| matmul_tiled_on(start.clone(), &mm.parts, mm.shape, t).ok())
+    // Packed B for all of them; B read in place for the first three (few rows of A).
+    let mut out: Vec<Vec<Step>> = variants
+        .iter()
+        .filter_map(|&t| matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, true).ok())
         .map(|s| s.trace().to_vec())
         .take(16)
-        .collect()
+        .collect();
+    out.extend(
+        variants
+            .iter()
+            .take(3)
+            .filter_map(|&t| {
+                matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, false).ok()
+            })
+            .map(|s| s.trace().to_vec()),
+    );
+    out
 }
