@@ -296,6 +296,35 @@ fn kiln_tune_records_and_kiln_build_applies() {
         dir.path(),
     );
     assert!(!ok && text.contains("not supported yet"), "{text}");
+    // `--model`: every function, one after another; one with a symbolic shape is skipped and
+    // named; a table at the end.
+    let mut rs = kernels::rowsum_sized(64, 256);
+    rs.name = "rowsum".into();
+    let model = IRModule::from_functions(vec![
+        kernels::matmul_sized(32, 32, 32),
+        kernels::vadd(),
+        rs,
+    ]);
+    std::fs::write(dir.path().join("model.json"), model.to_json_string()).unwrap();
+    let (ok, text) = kiln(
+        &[
+            "tune", "model.json", "--model", "--trials", "4", "--db", "model.jsonl", "-q",
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("skipping `vadd`"), "{text}");
+    assert!(text.contains("| function | default, ms"), "{text}");
+    for f in ["| matmul |", "| rowsum |", "| vadd | skipped"] {
+        assert!(text.contains(f), "{f}: {text}");
+    }
+    let (ok, text) = kiln(&["tune", "model.json"], dir.path());
+    assert!(!ok && text.contains("<FUNCTION>"), "{text}");
+    let (ok, text) = kiln(
+        &["build", "mm.json", "-o", "x.so", "--db", "missing.jsonl"],
+        dir.path(),
+    );
+    assert!(!ok && text.contains("does not exist"), "{text}");
 }
 
 #[test]
