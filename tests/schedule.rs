@@ -78,6 +78,26 @@ fn scheduled_benchmark_kernels_compute_what_the_plain_ones_do() {
     );
 }
 
+/// `examples/kernels/plain/*.json` are the kernels before any schedule (what `kiln tune`
+/// starts from): the matmul of the builder, and the softmax algorithm the hand schedule
+/// starts from (`fast_exp`, as TVM's `fast_softmax`). `KILN_BLESS=1` regenerates them.
+#[test]
+fn the_plain_example_kernels_are_the_algorithms() {
+    let softmax = |r, c| sk::softmax_algorithm(r, c, kiln::ir::Intrinsic::FastExp);
+    for (file, f) in [
+        ("matmul_256", kernels::matmul_sized(256, 256, 256)),
+        ("softmax_256x1024", softmax(256, 1024)),
+        ("softmax_4096x4096", softmax(4096, 4096)),
+    ] {
+        let m = IRModule::from_functions(vec![f]);
+        m.verify().unwrap();
+        ir_common::check_snapshot(
+            &format!("examples/kernels/plain/{file}.json"),
+            &(m.to_json_string() + "\n"),
+        );
+    }
+}
+
 #[test]
 fn the_example_kernels_are_the_scheduled_kernels() {
     // `KILN_BLESS=1` regenerates examples/kernels/*.json from `kiln::schedule::kernels`.

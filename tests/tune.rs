@@ -300,15 +300,19 @@ fn kiln_tune_records_and_kiln_build_applies() {
     // named; a table at the end.
     let mut rs = kernels::rowsum_sized(64, 256);
     rs.name = "rowsum".into();
-    let model = IRModule::from_functions(vec![
-        kernels::matmul_sized(32, 32, 32),
-        kernels::vadd(),
-        rs,
-    ]);
+    let model =
+        IRModule::from_functions(vec![kernels::matmul_sized(32, 32, 32), kernels::vadd(), rs]);
     std::fs::write(dir.path().join("model.json"), model.to_json_string()).unwrap();
     let (ok, text) = kiln(
         &[
-            "tune", "model.json", "--model", "--trials", "4", "--db", "model.jsonl", "-q",
+            "tune",
+            "model.json",
+            "--model",
+            "--trials",
+            "4",
+            "--db",
+            "model.jsonl",
+            "-q",
         ],
         dir.path(),
     );

@@ -198,6 +198,81 @@ fn edit_loop(
     })
 }
 
+/// `f` with every loop named once: the second loop named `j` (in the order the body is
+/// written) becomes `j_1`, the third `j_2` (or the next free names), so that a primitive can
+/// name each. A function's own names are kept where they are unique, so a schedule written for
+/// them applies unchanged.
+fn unique_loop_names(mut f: PrimFunc) -> PrimFunc {
+    let mut all = Vec::new();
+    loop_names(&f.body, &mut all);
+    let mut seen = std::collections::HashSet::new();
+    if all.iter().all(|n| seen.insert(n.clone())) {
+        return f;
+    }
+    rewrite::allocated(&f.body, &mut all);
+    all.extend(f.params.iter().map(|p| match p {
+        Param::Buffer(b) => b.name.clone(),
+        Param::Scalar(v) => v.name.to_string(),
+    }));
+    let mut taken: std::collections::HashSet<String> = all.into_iter().collect();
+    let mut named = std::collections::HashSet::new();
+    f.body = rename_repeats(&f.body, &mut named, &mut taken);
+    f
+}
+
+fn rename_repeats(
+    s: &Stmt,
+    named: &mut std::collections::HashSet<String>,
+    taken: &mut std::collections::HashSet<String>,
+) -> Stmt {
+    match s {
+        Stmt::For {
+            var,
+            min,
+            extent,
+            kind,
+            body,
+        } => {
+            if named.insert(var.name.to_string()) {
+                let body = rename_repeats(body, named, taken);
+                return for_(var.clone(), min.clone(), extent.clone(), *kind, body);
+            }
+            let fresh = (1..)
+                .map(|k| format!("{}_{k}", var.name))
+                .find(|n| !taken.contains(n))
+                .expect("a free name");
+            taken.insert(fresh.clone());
+            named.insert(fresh.clone());
+            let v = Var::new(&fresh, var.dtype);
+            let map = std::collections::HashMap::from([(var.id, Expr::Var(v.clone()))]);
+            let body = rename_repeats(&rewrite::subst_stmt(body, &map), named, taken);
+            for_(v, min.clone(), extent.clone(), *kind, body)
+        }
+        Stmt::Allocate { buffer, body } => Stmt::Allocate {
+            buffer: buffer.clone(),
+            body: Box::new(rename_repeats(body, named, taken)),
+        },
+        Stmt::Let { var, value, body } => Stmt::Let {
+            var: var.clone(),
+            value: value.clone(),
+            body: Box::new(rename_repeats(body, named, taken)),
+        },
+        Stmt::IfThenElse {
+            cond,
+            then_case,
+            else_case,
+        } => Stmt::IfThenElse {
+            cond: cond.clone(),
+            then_case: Box::new(rename_repeats(then_case, named, taken)),
+            else_case: else_case
+                .as_ref()
+                .map(|e| Box::new(rename_repeats(e, named, taken))),
+        },
+        Stmt::Seq(v) => Stmt::Seq(v.iter().map(|x| rename_repeats(x, named, taken)).collect()),
+        other => other.clone(),
+    }
+}
+
 fn parts(s: &Stmt) -> (&Var, &Expr, &Expr, ForKind, &Stmt) {
     match s {
         Stmt::For {
@@ -237,7 +312,7 @@ impl Schedule {
     /// Starts scheduling `func`.
     pub fn new(func: PrimFunc) -> Schedule {
         Schedule {
-            func,
+            func: unique_loop_names(func),
             trace: Vec::new(),
             depth: 0,
         }

@@ -223,6 +223,20 @@ pub fn normalize(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
         s = t;
         steps.push(Step::DecomposeReduction { loop_: name });
     }
+    // Innermost loops that both store along their index and reduce into one element (a
+    // softmax's `B[i, j] = exp(..); sum += B[i, j]`) split into a loop of each, so that one is
+    // vectorized and the other factored.
+    for _ in 0..16 {
+        let Some(name) = mixed_leaf(&s.func().body) else {
+            break;
+        };
+        let mut t = s.clone();
+        if t.fission(&name).is_err() {
+            break;
+        }
+        s = t;
+        steps.push(Step::Fission { loop_: name });
+    }
     for _ in 0..8 {
         let Some(chain) = imperfect_chain(&s.func().body) else {
             break;
@@ -248,6 +262,40 @@ fn finish_or(f: &PrimFunc, s: Schedule, steps: Vec<Step>) -> (PrimFunc, Vec<Step
     match s.finish() {
         Ok(g) => (g, steps),
         Err(_) => (f.clone(), Vec::new()),
+    }
+}
+
+/// The first innermost loop whose body is a sequence of stores, some indexed by the loop and
+/// some not (a reduction beside an elementwise update).
+fn mixed_leaf(s: &Stmt) -> Option<String> {
+    match s {
+        Stmt::For { var, body, .. } => {
+            if let Stmt::Seq(v) = &**body {
+                let kinds: Option<Vec<bool>> = v
+                    .iter()
+                    .map(|st| match st {
+                        Stmt::Store { indices, .. } => {
+                            Some(indices.iter().any(|e| e.mentions(var)))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                if let Some(k) = kinds {
+                    if k.len() >= 2 && k.contains(&true) && k.contains(&false) {
+                        return Some(var.name.to_string());
+                    }
+                }
+            }
+            mixed_leaf(body)
+        }
+        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => mixed_leaf(body),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => mixed_leaf(then_case).or_else(|| else_case.as_deref().and_then(mixed_leaf)),
+        Stmt::Seq(v) => v.iter().find_map(mixed_leaf),
+        _ => None,
     }
 }
 
