@@ -884,3 +884,39 @@ fn decompose_reduction_refuses_other_forms() {
         assert_eq!(s.func().to_string(), before);
     }
 }
+
+/// Loops that share a name (as a hand-written or converted function may have) are named once
+/// each when scheduling starts, in the order they are written, so that every loop can be
+/// scheduled; unique names are kept.
+#[test]
+fn repeated_loop_names_are_made_unique() {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, Stmt};
+    let f32t = DataType::f32();
+    let a = Buffer::new("A", f32t, vec![Expr::from(64i64)]);
+    let b = Buffer::new("B", f32t, vec![Expr::from(64i64)]);
+    let body = Stmt::Seq(vec![
+        for_range("j", Expr::from(64i64), ForKind::Serial, |j| {
+            b.store([j.clone()], a.load([j]) * 2.0f32)
+        }),
+        for_range("j", Expr::from(64i64), ForKind::Serial, |j| {
+            b.store([j.clone()], b.load([j]) + 1.0f32)
+        }),
+        for_range("j_1", Expr::from(64i64), ForKind::Serial, |j| {
+            b.store([j.clone()], b.load([j]) * 3.0f32)
+        }),
+    ]);
+    let f = PrimFunc::new("f", vec![Param::Buffer(a), Param::Buffer(b)], body);
+    let mut s = Schedule::new(f.clone());
+    let text = s.func().to_string();
+    for name in ["for j:", "for j_2:", "for j_1:"] {
+        assert!(text.contains(name), "{name}\n{text}");
+    }
+    // The third loop kept its own name; the second got the next free one.
+    let (_, inner) = s.split("j_2", 16).unwrap();
+    s.vectorize(&inner).unwrap();
+    s.parallel("j_1").unwrap();
+    let g = s.finish().unwrap();
+    let shapes = [vec![64], vec![64]];
+    assert_eq!(interp_last(&g, &shapes), interp_last(&f, &shapes));
+}
