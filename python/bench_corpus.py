@@ -34,7 +34,7 @@ from tvm import te  # noqa: E402
 
 import kiln  # noqa: E402
 import tvm_corpus as corpus  # noqa: E402
-from bench_models import cpu_name  # noqa: E402
+from bench_util import cpu_name  # noqa: E402
 
 
 def per_call(f, args, budget=0.005):

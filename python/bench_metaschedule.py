@@ -38,7 +38,7 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench_tune import aligned, block, cpu_name, quartiles  # noqa: E402
+from bench_util import aligned, block, cpu_name, quartiles  # noqa: E402
 
 
 def te_matmul(m, n, k):

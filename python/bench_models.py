@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from bench_util import cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "tests"))
@@ -43,14 +44,6 @@ import kiln.tvm  # noqa: E402
 import models  # noqa: E402
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def kiln_knows(target) -> bool:

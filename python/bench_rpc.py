@@ -16,7 +16,6 @@ tornado and cloudpickle (TVM's tracker and server), and a built `kiln` binary
 
 import argparse
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ import threading
 import time
 
 import numpy as np
+
+from bench_util import cpu_name
 import tvm
 from tvm import rpc, te
 
@@ -49,14 +50,6 @@ def wait_port(port, proc, what, limit=30):
     raise SystemExit(f"{what} did not start")
 
 
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def rss_kib(pid):

@@ -37,24 +37,13 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
+from bench_util import aligned, block, cpu_name, quartiles  # noqa: E402
+
 SHAPES = "512x512x512,1024x1024x1024,2048x2048x2048,1000x1000x1000,64x4096x4096,4096x64x4096"
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
-def aligned(shape, align=64):
-    n = int(np.prod(shape))
-    raw = np.empty(n * 4 + align, dtype=np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + n * 4].view(np.float32).reshape(shape)
 
 
 def tvm_matmul_module(m, n, k):
@@ -69,18 +58,8 @@ def tvm_matmul_module(m, n, k):
     return kiln.to_kiln(f)
 
 
-def block(f, args, calls):
-    ts = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        f(*args)
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
-def quartiles(v):
-    q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0]] * 3
-    return q[0], q[2]
 
 
 def main():
