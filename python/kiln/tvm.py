@@ -75,6 +75,8 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     exec_mode: str = "bytecode",
     kiln_target: Any = None,
     auto_parallel: bool = True,
+    db: Any = None,
+    any_cpu: bool = False,
 ) -> tvm.runtime.Executable:
     """Compiles a Relax `IRModule` (or a PrimFunc / IRModule of PrimFuncs) like
     `tvm.compile(mod, target)`, with every PrimFunc built by kiln.
@@ -90,6 +92,13 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     build runs on one thread; kiln runs each function's outermost loop whose iterations are
     provably independent, and that is large enough, on its thread pool
     (`kiln::schedule::auto`). `ex.kiln_report["parallel"]` names those loops.
+
+    `db` (a path; default: `KILN_TUNING_DB`) is a tuning database of `kiln tune` (e.g. `kiln
+    tune --model` over `kiln.to_kiln` of the model's PrimFuncs): each PrimFunc with a record
+    for this target and CPU (any CPU with `any_cpu=True`) is scheduled by its best record
+    before `auto_parallel` looks at it; `ex.kiln_report["tuning"]` says what was applied.
+    `ex.kiln_ir` is the kiln-ir/1 module of the PrimFuncs kiln built, as converted (before any
+    schedule): write it to a file and `kiln tune FILE --model` tunes every kernel of the model.
 
     Returns a `tvm.runtime.Executable` (a `relax.VMExecutable` for Relax modules) whose
     `kiln_report` is `{"kiln": [names], "tvm": {name: reason}, "kiln_build_ms": ...,
@@ -109,6 +118,8 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
         exec_mode=exec_mode,
         kiln_target=kiln_target,
         auto_parallel=auto_parallel,
+        db=db,
+        any_cpu=any_cpu,
     )
     ex = _compile(mod, jit=True, **args)
 
@@ -132,6 +143,8 @@ def _compile(
     kiln_target: Any,
     auto_parallel: bool,
     jit: bool,
+    db: Any = None,
+    any_cpu: bool = False,
 ) -> tvm.runtime.Executable:
     tgt = _tvm_target(target)
     if tgt.kind.name not in _CPU_KINDS:
@@ -192,6 +205,7 @@ def _compile(
         "kiln": [f["name"] for f in kiln_funcs],
         "tvm": dict(failures),
         "parallel": {},
+        "tuning": [],
     }
     t0 = time.perf_counter()
     kiln_lib = None
@@ -199,12 +213,13 @@ def _compile(
         ir = json.dumps({"format": "kiln-ir/1", "functions": kiln_funcs})
         ktarget = _kiln_target(tgt) if kiln_target is None else core._target_text(kiln_target)
         if jit:
-            kiln_lib, info = core._jit(ir, ktarget, auto_parallel)
+            kiln_lib, info = core._jit(ir, ktarget, auto_parallel, db, any_cpu)
         else:
             obj = core._scratch() / f"relax{next(core._COUNTER)}.o"
-            info = core._build_file(ir, ktarget, obj, auto_parallel)
+            info = core._build_file(ir, ktarget, obj, auto_parallel, db, any_cpu)
             kiln_lib = tvm.runtime.load_static_library(str(obj), report["kiln"])
         report["parallel"] = info.get("parallel", {})
+        report["tuning"] = info.get("tuning", [])
     report["kiln_build_ms"] = (time.perf_counter() - t0) * 1e3
 
     t0 = time.perf_counter()
@@ -230,4 +245,5 @@ def _compile(
         exe = relax.vm_build._ffi_api.VMLink(builder, tgt, lib, ext_libs + extra, params)
         ex = relax.VMExecutable(exe)
     ex.kiln_report = report
+    ex.kiln_ir = {"format": "kiln-ir/1", "functions": kiln_funcs}
     return ex

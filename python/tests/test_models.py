@@ -185,3 +185,31 @@ def test_a_symbolic_batch_runs_at_every_size(tmp_path):
         want = run_vm(ref, args)
         assert_close(run_vm(ex, args), want)
         assert_close(run_vm(again, args), want)
+
+
+def test_a_model_tuned_by_kiln_tune_model_is_built_with_its_records(tmp_path):
+    """`ex.kiln_ir` (the model's PrimFuncs as kiln converted them) goes to `kiln tune --model`;
+    `kiln.tvm.compile(..., db=)` then schedules every kernel that has a record, and the
+    outputs still agree with TVM's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    mod, inputs, weights = models.export("mlp")
+    ex = kiln.tvm.compile(mod, TARGET)
+    assert ex.kiln_report["tuning"] == []
+    ir = tmp_path / "mlp.json"
+    ir.write_text(json.dumps(ex.kiln_ir))
+    db = tmp_path / "mlp.jsonl"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-m", "kiln", "tune", str(ir), "--model", "--trials", "6",
+                        "--target", kiln.tvm._kiln_target(tvm.target.Target(TARGET)),
+                        "--db", str(db), "-q"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "| function |" in r.stdout, r.stdout
+    tuned = kiln.tvm.compile(mod, TARGET, db=db)
+    applied = [n for n in tuned.kiln_report["tuning"] if "tuning record applied" in n]
+    assert applied, (tuned.kiln_report["tuning"], r.stdout)
+    ref = tvm.compile(mod, TARGET)
+    assert_close(run_vm(tuned, inputs + weights), run_vm(ref, inputs + weights))
