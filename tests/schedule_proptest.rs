@@ -100,7 +100,7 @@ proptest! {
 
     #[test]
     fn random_schedules_keep_the_results_or_fail_cleanly(
-        which in 0..2u8,
+        which in 0..3u8,
         m in 1..14i64,
         n in 1..10i64,
         k in 1..7i64,
@@ -206,6 +206,7 @@ fn any_step_json() -> impl Strategy<Value = serde_json::Value> {
         (any_name(), any_int()).prop_map(|(l, a)| json!({"partition": {"loop": l, "at": a}})),
         prop::collection::vec(any_name(), 0..4).prop_map(|v| json!({"reorder": {"loops": v}})),
         (any_name(), any_name()).prop_map(|(o, i)| json!({"fuse": {"outer": o, "inner": i}})),
+        any_name().prop_map(|l| json!({"decompose_reduction": {"loop": l}})),
         any_name().prop_map(|l| json!({"fission": {"loop": l}})),
         (
             any_name(),
@@ -255,16 +256,17 @@ proptest! {
     /// `finish` verifies the result or says why not; what finishes runs in the interpreter.
     #[test]
     fn json_schedules_with_any_values_never_panic(
-        which in 0..2u8,
+        which in 0..3u8,
         m in 0..6i64,
         n in 0..6i64,
         k in 0..4i64,
         steps in prop::collection::vec(any_step_json(), 1..6),
     ) {
-        let (plain, shapes) = if which == 0 {
-            (kernels::matmul_sized(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]])
-        } else {
-            (kernels::rowsum_sized(m, n), vec![vec![m, n], vec![m]])
+        let (plain, shapes) = match which {
+            0 => (kernels::matmul_sized(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]]),
+            1 => (kernels::rowsum_sized(m, n), vec![vec![m, n], vec![m]]),
+            // TVM's form: int32 loops, the init guarded in the reduction loop.
+            _ => (kernels::matmul_tvm_form(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]]),
         };
         let mut s = Schedule::new(plain);
         for v in &steps {
