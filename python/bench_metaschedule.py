@@ -38,17 +38,7 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench_util import aligned, block, cpu_name, quartiles  # noqa: E402
-
-
-def te_matmul(m, n, k):
-    from tvm import te
-
-    a = te.placeholder((m, k), name="A")
-    b = te.placeholder((k, n), name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")
+from bench_util import aligned, block, cpu_name, quartiles, te_matmul  # noqa: E402
 
 
 def time_both(tso, kso, shape, rounds):

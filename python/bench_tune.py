@@ -37,25 +37,13 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench_util import aligned, block, cpu_name, quartiles  # noqa: E402
+from bench_util import aligned, block, cpu_name, quartiles, te_matmul  # noqa: E402
 
 SHAPES = "512x512x512,1024x1024x1024,2048x2048x2048,1000x1000x1000,64x4096x4096,4096x64x4096"
 
 
 
 
-
-
-def tvm_matmul_module(m, n, k):
-    import kiln
-    from tvm import te
-
-    a = te.placeholder((m, k), name="A")
-    b = te.placeholder((k, n), name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    f = te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")
-    return kiln.to_kiln(f)
 
 
 
@@ -73,6 +61,8 @@ def main():
     a = ap.parse_args()
     import tvm_ffi
 
+    import kiln
+
     target = json.dumps({"kind": "llvm", "mcpu": a.mcpu})
     print(f"CPU: {cpu_name()}; kiln target {target}; OPENBLAS_CORETYPE="
           f"{os.environ.get('OPENBLAS_CORETYPE', '(default)')}; numpy {np.__version__}; "
@@ -87,7 +77,7 @@ def main():
             m, n, k = (int(x) for x in shape.split("x"))
             mod = os.path.join(d, f"mm_{shape}.json")
             with open(mod, "w") as fh:
-                json.dump(tvm_matmul_module(m, n, k), fh)
+                json.dump(kiln.to_kiln(te_matmul(m, n, k)), fh)
             db = os.path.join(d, f"db_{shape}.jsonl")
             t0 = time.perf_counter()
             p = subprocess.run([a.kiln, "tune", mod, "matmul", "--target", target,

@@ -1,5 +1,5 @@
-"""Helpers the Python benches share: the CPU's name, 64-byte-aligned arrays, and timing blocks
-with their medians and quartiles."""
+"""Helpers the Python benches share: the CPU's name, 64-byte-aligned arrays, timing blocks
+with their medians and quartiles, and the matmul as TVM writes it."""
 
 import platform
 import statistics
@@ -42,3 +42,15 @@ def quartiles(v):
     """The first and third quartiles of `v`."""
     q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0]] * 3
     return q[0], q[2]
+
+
+def te_matmul(m, n, k):
+    """`C = A @ B` (float32, `A[m, k]`, `B[k, n]`) as TVM writes it: `te.compute` with `te.sum`,
+    a PrimFunc named `matmul`."""
+    from tvm import te
+
+    a = te.placeholder((m, k), name="A")
+    b = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")

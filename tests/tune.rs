@@ -322,6 +322,25 @@ fn kiln_tune_records_and_kiln_build_applies() {
     for f in ["| matmul |", "| rowsum |", "| vadd | skipped"] {
         assert!(text.contains(f), "{f}: {text}");
     }
+    // A worker command that is not a JSON list of strings, or an empty one, is refused.
+    for (bad, want) in [
+        ("kiln tune-worker", "expected a JSON list of strings"),
+        ("[]", "an empty command"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args([
+                "tune", "mm.json", "matmul", "--trials", "1", "--db", "w.jsonl",
+            ])
+            .current_dir(dir.path())
+            .env("KILN_TUNE_WORKER", bad)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && text.contains(want),
+            "{bad}: {text}"
+        );
+    }
     let (ok, text) = kiln(&["tune", "model.json"], dir.path());
     assert!(!ok && text.contains("<FUNCTION>"), "{text}");
     let (ok, text) = kiln(

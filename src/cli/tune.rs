@@ -88,10 +88,7 @@ pub fn apply_db(
     target: &Target,
     any_cpu: bool,
 ) -> Result<IRModule, Box<dyn std::error::Error>> {
-    if !path.exists() {
-        return Err(format!("the tuning database `{}` does not exist", path.display()).into());
-    }
-    let db = Database::open(path)?;
+    let db = Database::open_existing(path)?;
     for w in &db.warnings {
         eprintln!("warning: {w}");
     }

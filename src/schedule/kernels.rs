@@ -266,17 +266,22 @@ pub fn matmul_tiled_packing(
     tiles: MatmulTiles,
     pack: bool,
 ) -> ScheduleResult<Schedule> {
-    let nr = tiles.nr.max(1);
-    if !pack {
-        if m < 1 || n < 1 {
-            return Ok(s);
-        }
-        return matmul_columns(s, parts, [m, n, k], tiles);
+    if pack {
+        pack_panels(&mut s, &parts.b, n, tiles.nr.max(1))?;
     }
-    let packed = s.fresh_buffer(&format!("{}p", parts.b));
-    // Bp[n / nr, k, n % nr]: each register block reads one contiguous k x nr panel.
+    if m < 1 || n < 1 {
+        // No rows or columns: nothing to tile.
+        return Ok(s);
+    }
+    matmul_columns(s, parts, [m, n, k], tiles)
+}
+
+/// Packs `b` (`[k, n]`) into column panels `Bp[n / nr, k, n % nr]`, each register block then
+/// reading one contiguous `k x nr` panel, filled in parallel.
+fn pack_panels(s: &mut Schedule, b: &str, n: i64, nr: i64) -> ScheduleResult<()> {
+    let packed = s.fresh_buffer(&format!("{b}p"));
     let fill = s.transform_layout(
-        &parts.b,
+        b,
         &packed,
         &[AxisMap::outer(1, nr), AxisMap::id(0), AxisMap::inner(1, nr)],
     )?;
@@ -289,11 +294,7 @@ pub fn matmul_tiled_packing(
     let (fill_oo, fill_oi) = s.split(&fill_o, 8.min(n / nr).max(1))?;
     s.reorder(&[&fill_oo, &fill[0], &fill_oi, &fill_j])?;
     s.parallel(&fill_oo)?;
-    if m < 1 || n < 1 {
-        // No rows or columns: nothing to tile.
-        return Ok(s);
-    }
-    matmul_columns(s, parts, [m, n, k], tiles)
+    Ok(())
 }
 
 /// The column parts of [`matmul_tiled_packing`]: whole panels, then the last `n % nr` columns

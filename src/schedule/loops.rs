@@ -488,19 +488,7 @@ impl Schedule {
             // Rebuild the chain without the guarded init.
             fn strip(s: &Stmt, rest: &[Stmt]) -> Stmt {
                 match s {
-                    Stmt::For {
-                        var,
-                        min,
-                        extent,
-                        kind,
-                        body,
-                    } => for_(
-                        var.clone(),
-                        min.clone(),
-                        extent.clone(),
-                        *kind,
-                        strip(body, rest),
-                    ),
+                    Stmt::For { .. } => s.map_children(|b| strip(b, rest)),
                     _ if rest.len() == 1 => rest[0].clone(),
                     _ => Stmt::Seq(rest.to_vec()),
                 }

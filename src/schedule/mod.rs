@@ -225,52 +225,29 @@ fn rename_repeats(
     named: &mut std::collections::HashSet<String>,
     taken: &mut std::collections::HashSet<String>,
 ) -> Stmt {
-    match s {
-        Stmt::For {
-            var,
-            min,
-            extent,
-            kind,
-            body,
-        } => {
-            if named.insert(var.name.to_string()) {
-                let body = rename_repeats(body, named, taken);
-                return for_(var.clone(), min.clone(), extent.clone(), *kind, body);
-            }
-            let fresh = (1..)
-                .map(|k| format!("{}_{k}", var.name))
-                .find(|n| !taken.contains(n))
-                .expect("a free name");
-            taken.insert(fresh.clone());
-            named.insert(fresh.clone());
-            let v = Var::new(&fresh, var.dtype);
-            let map = std::collections::HashMap::from([(var.id, Expr::Var(v.clone()))]);
-            let body = rename_repeats(&rewrite::subst_stmt(body, &map), named, taken);
-            for_(v, min.clone(), extent.clone(), *kind, body)
-        }
-        Stmt::Allocate { buffer, body } => Stmt::Allocate {
-            buffer: buffer.clone(),
-            body: Box::new(rename_repeats(body, named, taken)),
-        },
-        Stmt::Let { var, value, body } => Stmt::Let {
-            var: var.clone(),
-            value: value.clone(),
-            body: Box::new(rename_repeats(body, named, taken)),
-        },
-        Stmt::IfThenElse {
-            cond,
-            then_case,
-            else_case,
-        } => Stmt::IfThenElse {
-            cond: cond.clone(),
-            then_case: Box::new(rename_repeats(then_case, named, taken)),
-            else_case: else_case
-                .as_ref()
-                .map(|e| Box::new(rename_repeats(e, named, taken))),
-        },
-        Stmt::Seq(v) => Stmt::Seq(v.iter().map(|x| rename_repeats(x, named, taken)).collect()),
-        other => other.clone(),
+    let Stmt::For {
+        var,
+        min,
+        extent,
+        kind,
+        body,
+    } = s
+    else {
+        return s.map_children(|c| rename_repeats(c, named, taken));
+    };
+    if named.insert(var.name.to_string()) {
+        return s.map_children(|c| rename_repeats(c, named, taken));
     }
+    let fresh = (1..)
+        .map(|k| format!("{}_{k}", var.name))
+        .find(|n| !taken.contains(n))
+        .expect("a free name");
+    taken.insert(fresh.clone());
+    named.insert(fresh.clone());
+    let v = Var::new(&fresh, var.dtype);
+    let map = std::collections::HashMap::from([(var.id, Expr::Var(v.clone()))]);
+    let body = rename_repeats(&rewrite::subst_stmt(body, &map), named, taken);
+    for_(v, min.clone(), extent.clone(), *kind, body)
 }
 
 fn parts(s: &Stmt) -> (&Var, &Expr, &Expr, ForKind, &Stmt) {

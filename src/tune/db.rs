@@ -129,6 +129,21 @@ pub struct Database {
 }
 
 impl Database {
+    /// Reads `path`, which must exist: the database a build applies (a path that names no
+    /// file is a mistake there, where [`Database::open`] starts an empty one to append to).
+    ///
+    /// # Errors
+    /// A missing file, or one that cannot be read.
+    pub fn open_existing(path: &Path) -> Result<Database, String> {
+        if !path.exists() {
+            return Err(format!(
+                "the tuning database `{}` does not exist",
+                path.display()
+            ));
+        }
+        Database::open(path)
+    }
+
     /// Reads `path` (a missing file is an empty database).
     ///
     /// # Errors

@@ -103,65 +103,52 @@ fn fill(a: &mut NpyArray, seed: u64) {
     }
 }
 
-/// Whether `f` can be measured: buffers only, with constant shapes and host dtypes (or why
-/// not).
-///
-/// # Errors
-/// What stands in the way, naming the parameter.
-pub fn benchable(f: &PrimFunc) -> Result<(), String> {
-    for p in &f.params {
-        match p {
-            Param::Buffer(b) => {
-                if b.shape.iter().any(|e| e.as_int().is_none()) {
-                    return Err(format!(
-                        "parameter `{}` has a symbolic shape: tuning needs constant shapes (one \
-                         workload per shape)",
-                        b.name
-                    ));
-                }
-                if parse_dtype(&b.dtype.to_string()).is_none() {
-                    return Err(format!(
-                        "parameter `{}`: no host array of {}",
-                        b.name, b.dtype
-                    ));
-                }
-            }
-            Param::Scalar(v) => {
-                return Err(format!(
-                    "parameter `{}` is a scalar: tuning takes functions of buffers only",
-                    v.name
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
-pub(crate) fn arrays(f: &PrimFunc, seed: u64) -> Result<Vec<NpyArray>, String> {
-    f.params
-        .iter()
-        .enumerate()
-        .map(|(i, p)| match p {
-            Param::Buffer(b) => {
-                let shape: Option<Vec<i64>> = b.shape.iter().map(|e| e.as_int()).collect();
-                let shape = shape.ok_or_else(|| {
+/// The host array a parameter of a measured function takes: its constant shape and dtype, or
+/// why there is none.
+fn array_spec(p: &Param) -> Result<(Vec<i64>, crate::packed_func::DLDataType), String> {
+    match p {
+        Param::Buffer(b) => {
+            let shape: Vec<i64> = b
+                .shape
+                .iter()
+                .map(|e| e.as_int())
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
                     format!(
                         "parameter `{}` has a symbolic shape: tuning needs constant shapes (one \
                          workload per shape)",
                         b.name
                     )
                 })?;
-                let dt = parse_dtype(&b.dtype.to_string()).ok_or_else(|| {
-                    format!("parameter `{}`: no host array of {}", b.name, b.dtype)
-                })?;
-                let mut a = NpyArray::zeros(dt, &shape).map_err(|e| e.to_string())?;
-                fill(&mut a, seed.wrapping_add(i as u64 + 1));
-                Ok(a)
-            }
-            Param::Scalar(v) => Err(format!(
-                "parameter `{}` is a scalar: tuning takes functions of buffers only",
-                v.name
-            )),
+            let dt = parse_dtype(&b.dtype.to_string())
+                .ok_or_else(|| format!("parameter `{}`: no host array of {}", b.name, b.dtype))?;
+            Ok((shape, dt))
+        }
+        Param::Scalar(v) => Err(format!(
+            "parameter `{}` is a scalar: tuning takes functions of buffers only",
+            v.name
+        )),
+    }
+}
+
+/// Whether `f` can be measured: buffers only, with constant shapes and host dtypes (or why
+/// not).
+///
+/// # Errors
+/// What stands in the way, naming the parameter.
+pub fn benchable(f: &PrimFunc) -> Result<(), String> {
+    f.params.iter().try_for_each(|p| array_spec(p).map(drop))
+}
+
+pub(crate) fn arrays(f: &PrimFunc, seed: u64) -> Result<Vec<NpyArray>, String> {
+    f.params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (shape, dt) = array_spec(p)?;
+            let mut a = NpyArray::zeros(dt, &shape).map_err(|e| e.to_string())?;
+            fill(&mut a, seed.wrapping_add(i as u64 + 1));
+            Ok(a)
         })
         .collect()
 }

@@ -179,13 +179,7 @@ fn apply_options(
     match obj.get("db") {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::String(path)) => {
-            if !Path::new(path).exists() {
-                return Err(Raised::new(
-                    "FileNotFoundError",
-                    format!("kiln build: the tuning database `{path}` does not exist"),
-                ));
-            }
-            let db = kiln::tune::Database::open(Path::new(path))
+            let db = kiln::tune::Database::open_existing(Path::new(path))
                 .map_err(|e| Raised::new("FileNotFoundError", format!("kiln build: {e}")))?;
             tuning.extend(db.warnings.iter().map(|w| format!("warning: {w}")));
             let (m, notes) = db.apply(&out, target, any_cpu);
