@@ -50,20 +50,44 @@ fn copy_nest(outer_in_last: bool) -> PrimFunc {
     m.functions[0].clone()
 }
 
-fn width_one_loops(f: &PrimFunc) -> usize {
-    let ir = generate_ir(
+fn ir(f: &PrimFunc) -> String {
+    generate_ir(
         &IRModule::from_functions(vec![f.clone()]),
         &CodegenOptions::host(),
         &Linkage::Export,
     )
-    .unwrap();
-    ir.matches("\"llvm.loop.vectorize.width\", i32 1").count()
+    .unwrap()
+}
+
+fn width_one_loops(f: &PrimFunc) -> usize {
+    ir(f)
+        .matches("\"llvm.loop.vectorize.width\", i32 1}")
+        .count()
+}
+
+/// The number of loops the emitter gives a vector width of `w` lanes, uninterleaved and not
+/// unrolled (a short innermost loop of constant length).
+fn short_loops(f: &PrimFunc, w: i64) -> usize {
+    let ir = ir(f);
+    let n = ir
+        .matches(&format!("\"llvm.loop.vectorize.width\", i32 {w}}}"))
+        .count();
+    if n > 0 {
+        assert!(
+            ir.contains("\"llvm.loop.interleave.count\", i32 1}"),
+            "{ir}"
+        );
+        assert!(ir.contains("\"llvm.loop.unroll.disable\""), "{ir}");
+    }
+    n
 }
 
 #[test]
 fn a_row_strided_outer_loop_is_kept_from_the_vectorizer() {
     let f = copy_nest(false);
     assert_eq!(width_one_loops(&f), 1);
+    // The inner loop, 16 contiguous elements, is vectorized by 16 lanes (no scalar rest).
+    assert_eq!(short_loops(&f, 16), 1);
     let shapes = [vec![64, 48], vec![64, 16]];
     assert_eq!(
         jit_last(&f, &shapes, &CodegenOptions::host()),

@@ -922,3 +922,148 @@ fn fast_exp_is_within_two_ulp_of_exp() {
     assert_eq!(fast_exp_f32(1000.0), fast_exp_f32(88.0));
     assert_eq!(fast_exp_f32(-1000.0), fast_exp_f32(-87.0));
 }
+
+/// Compiled float32 `exp` (and `sigmoid`, which uses it) over the whole float range: within
+/// 2 ulp of `e^x` computed in f64, in scalar code (vectorized by LLVM's loop vectorizer) and
+/// in a loop kiln vectorizes itself; overflow gives ∞, underflow 0 or the subnormal `e^x`
+/// rounds to, NaN stays NaN.
+#[test]
+fn compiled_exp_f32_is_within_two_ulp_over_the_whole_range() {
+    let key = |v: f32| -> i64 {
+        let b = v.to_bits() as i32;
+        i64::from(if b < 0 { i32::MIN - b } else { b })
+    };
+    let from_key = |k: i64| {
+        let b = if k < 0 { i32::MIN - k as i32 } else { k as i32 };
+        f32::from_bits(b as u32)
+    };
+    let mut xs: Vec<f32> = Vec::new();
+    let mut k = key(-110.0);
+    while k <= key(95.0) {
+        xs.push(from_key(k));
+        k += 1009;
+    }
+    // The edges: ±0, ±∞, NaN, the last finite result, the first infinite one, the subnormal
+    // range and the last nonzero result.
+    for e in [
+        88.72283, 88.722_84, 88.7229, -87.33654, -87.3366, -100.0, -103.27893, -103.972,
+    ] {
+        for d in -3..=3 {
+            xs.push(from_key(key(e) + d));
+        }
+    }
+    xs.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1.0,
+        -1.0,
+        1e-30,
+    ]);
+    // A multiple of the vector width.
+    while xs.len() % 16 != 0 {
+        xs.push(0.5);
+    }
+    let n = xs.len() as i64;
+    let t = DataType::f32();
+    let a: Vec<f64> = xs.iter().map(|x| f64::from(*x)).collect();
+    let vectorized = {
+        let buf = |name: &str| Buffer::new(name, t, vec![Expr::from(n)]);
+        let (ab, bb, cb) = (buf("A"), buf("B"), buf("C"));
+        let (o, l) = (
+            Var::new("o", DataType::i64()),
+            Var::new("l", DataType::i64()),
+        );
+        let i = Expr::Var(o.clone()) * 16i64 + Expr::Var(l.clone());
+        let body = Stmt::For {
+            var: o,
+            min: Expr::from(0i64),
+            extent: Expr::from(n / 16),
+            kind: kiln::ir::ForKind::Serial,
+            body: Box::new(Stmt::For {
+                var: l,
+                min: Expr::from(0i64),
+                extent: Expr::from(16i64),
+                kind: kiln::ir::ForKind::Vectorized,
+                body: Box::new(cb.store(
+                    vec![i.clone()],
+                    value(Intrinsic::Exp, t, ab.load(vec![i]), Expr::from(0.0f32)),
+                )),
+            }),
+        };
+        PrimFunc::new(
+            "f",
+            vec![Param::Buffer(ab), Param::Buffer(bb), Param::Buffer(cb)],
+            body,
+        )
+    };
+    for (what, f) in [
+        ("scalar", cpu_func(Intrinsic::Exp, t, n)),
+        ("vectorized", vectorized),
+    ] {
+        let got = compiled(&f, t, &a, &a);
+        let mut worst = (0u64, 0f32);
+        for (x, g) in xs.iter().zip(&got) {
+            let want = f64::from(*x).exp() as f32;
+            let g = *g as f32;
+            if x.is_nan() {
+                assert!(g.is_nan(), "{what}: exp(NaN) = {g}");
+                continue;
+            }
+            let d = key(g).abs_diff(key(want));
+            if d > worst.0 {
+                worst = (d, *x);
+            }
+        }
+        assert!(
+            worst.0 <= 2,
+            "{what}: exp({:e}) is {} ulp from e^x",
+            worst.1,
+            worst.0
+        );
+        let at = |x: f32| got[xs.iter().position(|v| v.to_bits() == x.to_bits()).unwrap()];
+        assert_eq!(at(f32::INFINITY), f64::INFINITY, "{what}");
+        assert_eq!(at(f32::NEG_INFINITY), 0.0, "{what}");
+        assert_eq!(at(0.0), 1.0, "{what}");
+        assert_eq!(at(88.7229), f64::INFINITY, "{what}");
+        assert!(
+            at(-100.0) > 0.0 && (at(-100.0) as f32) < f32::MIN_POSITIVE,
+            "{what}"
+        );
+    }
+    // sigmoid = 1 / (1 + exp(-x)) (in float32) through the same exp.
+    let sig = cpu_func(Intrinsic::Sigmoid, t, n);
+    let got = compiled(&sig, t, &a, &a);
+    for (x, g) in xs.iter().zip(&got) {
+        // The definition, in float32: 0 where `exp(-x)` overflows.
+        let want = 1.0 / (1.0 + (-*x).exp());
+        if x.is_nan() {
+            assert!(g.is_nan());
+            continue;
+        }
+        let d = key(*g as f32).abs_diff(key(want));
+        assert!(d <= 3, "sigmoid({x:e}) = {g} is {d} ulp from {want}");
+    }
+}
+
+/// On the CPU, float32 `exp` is inline code LLVM can vectorize, not a call of libm's `expf`;
+/// float64 `exp` is still libm's.
+#[test]
+fn cpu_exp_f32_is_inline_and_vectorized() {
+    let t = DataType::f32();
+    let m = IRModule::from_functions(vec![cpu_func(Intrinsic::Exp, t, 1024)]);
+    let ll = LlvmModule::jit_with(&m, &CodegenOptions::host(), Tiering::Off)
+        .unwrap()
+        .get_source("ll")
+        .unwrap();
+    assert!(!ll.contains("@expf") && !ll.contains("@llvm.exp."), "{ll}");
+    assert!(ll.contains("x float>"), "the loop is not vectorized:\n{ll}");
+    let m = IRModule::from_functions(vec![cpu_func(Intrinsic::Exp, DataType::f64(), 16)]);
+    let ll = LlvmModule::jit_with(&m, &CodegenOptions::host(), Tiering::Off)
+        .unwrap()
+        .get_source("ll")
+        .unwrap();
+    assert!(ll.contains("exp"), "{ll}");
+}

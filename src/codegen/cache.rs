@@ -49,10 +49,34 @@ impl Module for CachedModule {
     }
 }
 
+/// The file holding kiln's code in this process: the shared library kiln is linked into
+/// (`libkiln_python.so` in Python) or else the executable. Found by the mapping of this
+/// function's own address in `/proc/self/maps`; the executable where that is not readable.
+fn code_file() -> Option<std::path::PathBuf> {
+    let here = code_file as fn() -> Option<std::path::PathBuf> as usize;
+    std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| mapped_file(&maps, here))
+        .or_else(|| std::env::current_exe().ok())
+}
+
+/// The file mapped at `addr` in a `/proc/<pid>/maps` text (`lo-hi perms offset dev inode
+/// path` per line), if it is a file.
+fn mapped_file(maps: &str, addr: usize) -> Option<std::path::PathBuf> {
+    maps.lines().find_map(|line| {
+        let mut parts = line.split_whitespace();
+        let (lo, hi) = parts.next()?.split_once('-')?;
+        let lo = usize::from_str_radix(lo, 16).ok()?;
+        let hi = usize::from_str_radix(hi, 16).ok()?;
+        let path = parts.nth(4)?;
+        (lo <= addr && addr < hi && path.starts_with('/')).then(|| path.into())
+    })
+}
+
 fn build_identity() -> String {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
-        let exe = std::env::current_exe().ok();
+        let exe = code_file();
         let meta = exe.as_ref().and_then(|e| std::fs::metadata(e).ok());
         let mtime = meta
             .as_ref()
@@ -104,9 +128,10 @@ impl CompileCache {
         h.update(b"kiln-cache/1\0");
         h.update(env!("CARGO_PKG_VERSION").as_bytes());
         h.update(b"\0llvm-14\0");
-        // The crate version does not change between development builds: the executable's
-        // identity (path, size, modification time) does, so a rebuilt kiln never reuses entries
-        // compiled by an older code generator.
+        // The crate version does not change between development builds: the identity (path,
+        // size, modification time) of the file holding kiln's code does, the executable or
+        // the library kiln is linked into (a Python process's executable is Python's), so a
+        // rebuilt kiln never reuses entries compiled by an older code generator.
         h.update(build_identity().as_bytes());
         h.update(module.to_json().to_string().as_bytes());
         for part in [
@@ -218,5 +243,40 @@ impl CompileCache {
         if spawned.is_err() {
             BUSY.store(false, Ordering::Release);
         }
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    #[test]
+    fn the_mapping_holding_an_address_names_its_file() {
+        let maps = "55d0-55e0 r-xp 00000000 08:01 12 /usr/bin/python3.11\n\
+                    7f00-7f80 r-xp 00001000 08:01 34 /work/target/libkiln_python.so\n\
+                    7f80-7f90 rw-p 00000000 00:00 0 [heap]\n";
+        assert_eq!(
+            mapped_file(maps, 0x7f10),
+            Some("/work/target/libkiln_python.so".into())
+        );
+        assert_eq!(
+            mapped_file(maps, 0x55d0),
+            Some("/usr/bin/python3.11".into())
+        );
+        assert_eq!(
+            mapped_file(maps, 0x7f85),
+            None,
+            "an anonymous mapping is no file"
+        );
+        assert_eq!(mapped_file(maps, 0x1), None);
+        assert_eq!(mapped_file("garbage\n12-zz r 0 0 0 /x\n", 0x12), None);
+    }
+
+    #[test]
+    fn this_code_is_found_in_this_process() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let here = code_file as fn() -> Option<std::path::PathBuf> as usize;
+        // A test binary links kiln statically: its code is in the executable.
+        assert_eq!(mapped_file(&maps, here), std::env::current_exe().ok());
     }
 }

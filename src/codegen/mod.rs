@@ -22,11 +22,13 @@ pub mod cuda;
 pub mod device;
 #[cfg(feature = "llvm")]
 pub(crate) mod index;
+pub mod interchange;
 #[cfg(feature = "llvm")]
 pub mod llvm;
 #[cfg(feature = "llvm")]
 pub mod opencl;
 pub mod partition;
+pub mod peel;
 pub mod reduce;
 
 use std::sync::Arc;

@@ -204,10 +204,12 @@ impl Split {
             Some(h) => clamp(h.clone()).max(p1.clone()),
             None => end.clone(),
         };
+        // Bounds folded to constants where they are (the emitter gives a loop of constant
+        // length its own vector width).
         let part = |from: Expr, to: Expr, inside: bool| Stmt::For {
             var: v.clone(),
-            min: from.clone(),
-            extent: to - from,
+            min: crate::ir::rewrite::fold_all(&from),
+            extent: crate::ir::rewrite::fold_all(&(to - from)),
             kind: ForKind::Serial,
             body: Box::new(rw_stmt(
                 &mut Resolve {

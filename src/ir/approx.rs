@@ -28,6 +28,13 @@
 pub const FAST_EXP_LO: f64 = -87.0;
 /// The upper clamp of the input.
 pub const FAST_EXP_HI: f64 = 88.0;
+/// The lower clamp of compiled float32 `exp` (not an approximation: `e^-104` rounds to 0).
+pub const EXP_LO: f64 = -104.0;
+/// The upper clamp of compiled float32 `exp` (`e^89` overflows to infinity).
+pub const EXP_HI: f64 = 89.0;
+/// `1.5 * 2^23`: added to a float32 of magnitude below `2^22`, it rounds it to an integer
+/// held in the low mantissa bits (compiled `exp`'s range reduction).
+pub const EXP_ROUND: f64 = 12_582_912.0;
 /// `log2(e)`.
 pub const LOG2_E: f64 = std::f64::consts::LOG2_E;
 /// The high part of ln 2 (355 / 512, exact in float32 with few mantissa bits, so `k * LN2_HI`

@@ -149,7 +149,8 @@ fn is_int(t: DataType) -> bool {
     matches!(t.code, TypeCode::Int | TypeCode::UInt) && t.bits >= 32
 }
 
-/// Folds `0 + x`, `x * 1`, `x * 0` and constant-constant integer arithmetic (one level).
+/// Folds `0 + x`, `x * 1`, `x * 0` and constant-constant integer arithmetic and `min`/`max`
+/// (one level).
 pub(crate) fn fold(e: Expr) -> Expr {
     let Expr::Binary { op, a, b } = &e else {
         return e;
@@ -164,6 +165,8 @@ pub(crate) fn fold(e: Expr) -> Expr {
         (BinOp::Add, Some(x), Some(y)) => imm(x.wrapping_add(y)),
         (BinOp::Sub, Some(x), Some(y)) => imm(x.wrapping_sub(y)),
         (BinOp::Mul, Some(x), Some(y)) => imm(x.wrapping_mul(y)),
+        (BinOp::Min, Some(x), Some(y)) => imm(x.min(y)),
+        (BinOp::Max, Some(x), Some(y)) => imm(x.max(y)),
         (BinOp::Add, Some(0), _) => (**b).clone(),
         (BinOp::Add | BinOp::Sub, _, Some(0)) => (**a).clone(),
         (BinOp::Mul, Some(1), _) => (**b).clone(),
@@ -171,6 +174,18 @@ pub(crate) fn fold(e: Expr) -> Expr {
         (BinOp::Mul, Some(0), _) | (BinOp::Mul, _, Some(0)) => imm(0),
         _ => e,
     }
+}
+
+/// `e` with [`fold`] applied at every level, innermost first (so a tree of constants becomes
+/// one constant).
+pub(crate) fn fold_all(e: &Expr) -> Expr {
+    struct Fold;
+    impl Rewriter for Fold {
+        fn post_expr(&mut self, e: Expr) -> Expr {
+            fold(e)
+        }
+    }
+    rw_expr(&mut Fold, e)
 }
 
 /// An affine integer form `sum(coef * var) + c`, terms in order of first appearance.

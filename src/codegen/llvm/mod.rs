@@ -302,7 +302,11 @@ fn generate<const N: usize>(
                 }
             }
             // Loops split at their `if_then_else` bounds (`codegen::partition`), then float
-            // max/min reductions in integer-key form (`codegen::reduce`); device host code
+            // max/min reductions in integer-key form (`codegen::reduce`), then reductions'
+            // first-iteration initializations hoisted out of their loops (`codegen::peel`),
+            // then reduction nests moved outside the spatial loop around them
+            // (`codegen::interchange`);
+            // device host code
             // keeps its kernels as written.
             if o.device_host {
                 e.stmt(&f.body)?;
@@ -311,7 +315,11 @@ fn generate<const N: usize>(
                     body: crate::codegen::partition::partition_loops(&f.body),
                     ..f.clone()
                 };
-                e.stmt(&crate::codegen::reduce::lower_minmax_reductions(&split))?;
+                let lowered = crate::codegen::reduce::lower_minmax_reductions(&split);
+                let peeled = crate::codegen::peel::hoist_first_iteration_guards(&lowered);
+                e.stmt(&crate::codegen::interchange::interchange_reductions(
+                    f, &peeled,
+                ))?;
             }
             e.line("ret i32 0");
             e.finish()

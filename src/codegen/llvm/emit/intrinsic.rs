@@ -152,6 +152,9 @@ impl Emitter<'_> {
             {
                 self.fast_exp_poly("float", "float", 1, x)
             }
+            Intrinsic::Exp if t == DataType::f32() && self.inline_exp() => {
+                self.exp_accurate_poly("float", "float", 1, x)
+            }
             Intrinsic::Exp | Intrinsic::FastExp => self.call_intr("exp", &ty, &[x]),
             Intrinsic::Log => self.call_intr("log", &ty, &[x]),
             Intrinsic::Sqrt => self.call_intr("sqrt", &ty, &[x]),
@@ -163,7 +166,11 @@ impl Emitter<'_> {
             Intrinsic::Erf => self.call_libm("erf", &ty, &[x]),
             Intrinsic::Sigmoid => {
                 let n = self.assign(&ty, format!("fneg {fm}{}", x.typed()));
-                let e = self.call_intr("exp", &ty, &[n]);
+                let e = if t == DataType::f32() && self.inline_exp() {
+                    self.exp_accurate_poly("float", "float", 1, n)
+                } else {
+                    self.call_intr("exp", &ty, &[n])
+                };
                 let d = self.assign(&ty, format!("fadd {fm}{ty} {one}, {}", e.v));
                 self.assign(&ty, format!("fdiv {fm}{ty} {one}, {}", d.v))
             }
@@ -209,6 +216,13 @@ impl Emitter<'_> {
         })
     }
 
+    /// Whether `exp` on float32 (and `sigmoid`'s) is the inline full-range polynomial rather
+    /// than a call: on CPUs, where libm's `expf` is a call per element that keeps the loop
+    /// scalar. NVPTX has libdevice's `__nv_expf`.
+    pub(super) fn inline_exp(&self) -> bool {
+        !self.opts.nvptx
+    }
+
     /// Whether `exp` on float32 may use the polynomial (fast math that allows approximations).
     pub(super) fn fast_exp(&self) -> bool {
         self.opts.fast_math == "fast"
@@ -219,6 +233,20 @@ impl Emitter<'_> {
     /// degree-6 polynomial by fused multiply-adds, `2^k` in the exponent bits; a NaN input is
     /// returned), so the result is the interpreter's bit for bit. Also `exp` under fast math.
     pub(super) fn fast_exp_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
+        self.exp_poly(ty, sty, n, x, false)
+    }
+
+    /// `exp(x)` in float32 by the same reduction and polynomial as `fast_exp`, over the whole
+    /// range: the input is clamped to [-104, 89] (beyond which `e^x` rounds to 0 or overflows
+    /// to ∞ anyway), and `2^k` (`k` in [-150, 128]) is applied as two factors `2^(k>>1)` and
+    /// `2^(k - (k>>1))`, each a normal float, so the result rounds once into the subnormal
+    /// range or overflows to ∞ as `e^x` does. Within 2 ulp of `e^x` (the bound tested), with
+    /// no call: LLVM's loop vectorizer vectorizes it where it cannot vectorize libm's `expf`.
+    pub(super) fn exp_accurate_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
+        self.exp_poly(ty, sty, n, x, true)
+    }
+
+    fn exp_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val, full_range: bool) -> Val {
         let vec = n > 1;
         let c = |v: f64| -> String {
             let s = float_const(DataType::f32(), v);
@@ -248,39 +276,57 @@ impl Emitter<'_> {
                 .declares
                 .insert(format!("declare {ty} @llvm.{f}.{sfx}({params})"));
         }
-        use crate::ir::approx::{FAST_EXP_HI, FAST_EXP_LO, FAST_EXP_POLY, LN2_HI, LN2_LO, LOG2_E};
+        use crate::ir::approx::{
+            EXP_HI, EXP_LO, EXP_ROUND, FAST_EXP_HI, FAST_EXP_LO, FAST_EXP_POLY, LN2_HI, LN2_LO,
+            LOG2_E,
+        };
+        let (clamp_hi, clamp_lo) = if full_range {
+            (EXP_HI, EXP_LO)
+        } else {
+            (FAST_EXP_HI, FAST_EXP_LO)
+        };
         // No fast-math flags here: the sequence is the IR's definition, bit for bit.
-        let hi = self.assign(&bty, format!("fcmp ogt {ty} {}, {}", x.v, c(FAST_EXP_HI)));
+        let hi = self.assign(&bty, format!("fcmp ogt {ty} {}, {}", x.v, c(clamp_hi)));
         let x1 = self.assign(
             ty,
-            format!(
-                "select {bty} {}, {ty} {}, {ty} {}",
-                hi.v,
-                c(FAST_EXP_HI),
-                x.v
-            ),
+            format!("select {bty} {}, {ty} {}, {ty} {}", hi.v, c(clamp_hi), x.v),
         );
-        let lo = self.assign(&bty, format!("fcmp olt {ty} {}, {}", x1.v, c(FAST_EXP_LO)));
+        let lo = self.assign(&bty, format!("fcmp olt {ty} {}, {}", x1.v, c(clamp_lo)));
         let x2 = self.assign(
             ty,
-            format!(
-                "select {bty} {}, {ty} {}, {ty} {}",
-                lo.v,
-                c(FAST_EXP_LO),
-                x1.v
-            ),
+            format!("select {bty} {}, {ty} {}, {ty} {}", lo.v, c(clamp_lo), x1.v),
         );
-        // k = floor(x * log2(e) + 0.5)
-        let fx = self.assign(
-            ty,
-            format!(
-                "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
-                x2.v,
-                c(LOG2_E),
-                c(0.5)
-            ),
-        );
-        let k = self.assign(ty, format!("call {ty} @llvm.floor.{sfx}({ty} {})", fx.v));
+        let kbits;
+        let k = if full_range {
+            // k = round(x * log2(e)) by adding 1.5 * 2^23 (exact: one rounding of the fma
+            // puts the integer in the low mantissa bits), and k as an integer from those bits;
+            // no float-to-int conversion (whose NaN would be poison; a NaN x stays NaN in y).
+            let kf = self.assign(
+                ty,
+                format!(
+                    "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                    x2.v,
+                    c(LOG2_E),
+                    c(EXP_ROUND)
+                ),
+            );
+            let bits = self.assign(&ity, format!("bitcast {ty} {} to {ity}", kf.v));
+            kbits = Some(bits);
+            self.assign(ty, format!("fsub {ty} {}, {}", kf.v, c(EXP_ROUND)))
+        } else {
+            kbits = None;
+            // k = floor(x * log2(e) + 0.5)
+            let fx = self.assign(
+                ty,
+                format!(
+                    "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                    x2.v,
+                    c(LOG2_E),
+                    c(0.5)
+                ),
+            );
+            self.assign(ty, format!("call {ty} @llvm.floor.{sfx}({ty} {})", fx.v))
+        };
         let fma = |e: &mut Self, a: &str, b: &str, cc: &str| -> Val {
             e.assign(
                 ty,
@@ -297,18 +343,41 @@ impl Emitter<'_> {
         let rr = self.assign(ty, format!("fmul {ty} {}, {}", r.v, r.v));
         let y0 = fma(self, &p.v, &rr.v, &r.v);
         let y = self.assign(ty, format!("fadd {ty} {}, {}", y0.v, c(1.0)));
-        let ki = self.assign(&ity, format!("fptosi {ty} {} to {ity}", k.v));
-        let (c127, c23) = if vec {
-            (
-                Self::splat_const(n, "i32", "127"),
-                Self::splat_const(n, "i32", "23"),
-            )
-        } else {
-            ("127".to_owned(), "23".to_owned())
+        let ic = |v: &str| -> String {
+            if vec {
+                Self::splat_const(n, "i32", v)
+            } else {
+                v.to_owned()
+            }
         };
-        let kb = self.assign(&ity, format!("add {ity} {}, {c127}", ki.v));
-        let sh = self.assign(&ity, format!("shl {ity} {}, {c23}", kb.v));
-        let scale = self.assign(ty, format!("bitcast {ity} {} to {ty}", sh.v));
+        let ki = match kbits {
+            // The bits of 1.5 * 2^23 + k are those of 1.5 * 2^23 plus k.
+            Some(bits) => self.assign(
+                &ity,
+                format!(
+                    "sub {ity} {}, {}",
+                    bits.v,
+                    ic(&(EXP_ROUND as f32).to_bits().to_string())
+                ),
+            ),
+            None => self.assign(&ity, format!("fptosi {ty} {} to {ity}", k.v)),
+        };
+        let (c127, c23) = (ic("127"), ic("23"));
+        let pow2 = |e: &mut Self, k: &Val| -> Val {
+            let kb = e.assign(&ity, format!("add {ity} {}, {c127}", k.v));
+            let sh = e.assign(&ity, format!("shl {ity} {}, {c23}", kb.v));
+            e.assign(ty, format!("bitcast {ity} {} to {ty}", sh.v))
+        };
+        if full_range {
+            // 2^k = 2^k1 * 2^k2, both normal: y * 2^k1 is exact, the second product rounds.
+            let k1 = self.assign(&ity, format!("ashr {ity} {}, {}", ki.v, ic("1")));
+            let k2 = self.assign(&ity, format!("sub {ity} {}, {}", ki.v, k1.v));
+            let s1 = pow2(self, &k1);
+            let s2 = pow2(self, &k2);
+            let y1 = self.assign(ty, format!("fmul {ty} {}, {}", y.v, s1.v));
+            return self.assign(ty, format!("fmul {ty} {}, {}", y1.v, s2.v));
+        }
+        let scale = pow2(self, &ki);
         let e = self.assign(ty, format!("fmul {ty} {}, {}", y.v, scale.v));
         // A NaN input is the result (its k, converted above, is poison, which a select of the
         // other arm never lets through).

@@ -298,7 +298,8 @@ impl Emitter<'_> {
                     && (matches!(op, Intrinsic::Fma | Intrinsic::Sqrt | Intrinsic::Abs)
                         || (t == DataType::f32()
                             && (*op == Intrinsic::FastExp
-                                || (*op == Intrinsic::Exp && self.fast_exp())))) =>
+                                || (*op == Intrinsic::Exp
+                                    && (self.fast_exp() || self.inline_exp()))))) =>
             {
                 let mut vals = Vec::new();
                 for a in args {
@@ -309,6 +310,9 @@ impl Emitter<'_> {
                 let vt = Self::vty(n, &sty);
                 let sfx = format!("v{n}{}", Self::intr_suffix(&sty));
                 let v = match op {
+                    Intrinsic::Exp if !self.fast_exp() => {
+                        self.exp_accurate_poly(&vt, &sty, n, vals[0].clone())
+                    }
                     Intrinsic::Exp | Intrinsic::FastExp => {
                         self.fast_exp_poly(&vt, &sty, n, vals[0].clone())
                     }

@@ -1,0 +1,414 @@
+//! The CPU code generators' lowering of loops nobody scheduled (TVM's lowered operators):
+//! first-iteration guards hoisted out of reduction loops (`codegen::peel`), reduction nests
+//! moved outside the spatial loop around them (`codegen::interchange`). Each rewrite is checked
+//! on its own (what it does, and what it must leave alone), and compiled code with the
+//! rewrites is compared with the interpreter bit for bit (multiply-add contraction off, so
+//! both round every operation).
+
+mod common;
+
+use common::HostArray;
+use kiln::codegen::interchange::interchange_reductions;
+use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::codegen::peel::hoist_first_iteration_guards;
+use kiln::ir::builder::exp;
+use kiln::ir::interp::{HostBuffer, InterpArg};
+use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
+use kiln::packed_func::Module;
+use kiln::target::Target;
+
+fn int(v: i64) -> Expr {
+    Expr::from(v as i32)
+}
+
+fn for_(var: &Var, extent: Expr, body: Stmt) -> Stmt {
+    Stmt::For {
+        var: var.clone(),
+        min: int(0),
+        extent,
+        kind: ForKind::Serial,
+        body: Box::new(body),
+    }
+}
+
+fn var(name: &str) -> Var {
+    Var::new(name, DataType::i32())
+}
+
+fn buf(name: &str, shape: &[i64]) -> Buffer {
+    Buffer::new(
+        name,
+        DataType::f32(),
+        shape.iter().map(|&d| int(d)).collect(),
+    )
+}
+
+/// TVM's lowering of a reduction: `for k { if k == 0 { X[at] = 0 }; X[at] = X[at] + e }`.
+fn tvm_reduction(k: &Var, extent: Expr, x: &Buffer, at: Vec<Expr>, e: Expr) -> Stmt {
+    for_(
+        k,
+        extent,
+        Stmt::Seq(vec![
+            Stmt::IfThenElse {
+                cond: Expr::Var(k.clone()).eq_(0i32),
+                then_case: Box::new(x.store(at.clone(), Expr::from(0.0f32))),
+                else_case: None,
+            },
+            x.store(at.clone(), x.load(at) + e),
+        ]),
+    )
+}
+
+/// TVM's `matmul` (`C[i, j] = sum_k A[i, k] * B[k, j]`), or with `B` transposed (`dense`:
+/// `B[j, k]`).
+fn matmul(m: i64, n: i64, kk: i64, transposed: bool) -> PrimFunc {
+    let (a, c) = (buf("A", &[m, kk]), buf("C", &[m, n]));
+    let b = if transposed {
+        buf("B", &[n, kk])
+    } else {
+        buf("B", &[kk, n])
+    };
+    let (i, j, k) = (var("i"), var("j"), var("k"));
+    let (iv, jv, kv) = (
+        Expr::Var(i.clone()),
+        Expr::Var(j.clone()),
+        Expr::Var(k.clone()),
+    );
+    let bl = if transposed {
+        b.load(vec![jv.clone(), kv.clone()])
+    } else {
+        b.load(vec![kv.clone(), jv.clone()])
+    };
+    let body = for_(
+        &i,
+        int(m),
+        for_(
+            &j,
+            int(n),
+            tvm_reduction(
+                &k,
+                int(kk),
+                &c,
+                vec![iv.clone(), jv],
+                a.load(vec![iv, kv]) * bl,
+            ),
+        ),
+    );
+    PrimFunc::new(
+        "f",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+    .with_noalias(true)
+}
+
+/// A 3x3 depthwise convolution without padding: `O[c, y, x] = sum_{r, s} I[c, y + r, x + s] *
+/// W[c, r, s]`, with TVM's two-loop guard `if r == 0 && s == 0`.
+fn depthwise(ch: i64, h: i64, w: i64) -> PrimFunc {
+    let (inp, wt, out) = (
+        buf("I", &[ch, h + 2, w + 2]),
+        buf("W", &[ch, 3, 3]),
+        buf("O", &[ch, h, w]),
+    );
+    let (c, y, x, r, s) = (var("c"), var("y"), var("x"), var("r"), var("s"));
+    let e = |v: &Var| Expr::Var(v.clone());
+    let at = vec![e(&c), e(&y), e(&x)];
+    let update = out.store(
+        at.clone(),
+        out.load(at.clone())
+            + inp.load(vec![e(&c), e(&y) + e(&r), e(&x) + e(&s)])
+                * wt.load(vec![e(&c), e(&r), e(&s)]),
+    );
+    let guard = Stmt::IfThenElse {
+        cond: e(&r).eq_(0i32).and(e(&s).eq_(0i32)),
+        then_case: Box::new(out.store(at, Expr::from(0.0f32))),
+        else_case: None,
+    };
+    let body = for_(
+        &c,
+        int(ch),
+        for_(
+            &y,
+            int(h),
+            for_(
+                &x,
+                int(w),
+                for_(&r, int(3), for_(&s, int(3), Stmt::Seq(vec![guard, update]))),
+            ),
+        ),
+    );
+    PrimFunc::new(
+        "f",
+        vec![Param::Buffer(inp), Param::Buffer(wt), Param::Buffer(out)],
+        body,
+    )
+    .with_noalias(true)
+}
+
+/// Inputs with full mantissas, so that a sum taken in another order rounds differently.
+fn inputs(shapes: &[Vec<i64>]) -> Vec<Vec<f32>> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(b, s)| {
+            let n: i64 = s.iter().product();
+            (0..n)
+                .map(|i| {
+                    let h = (i as u64 * 2_654_435_761 + b as u64 * 40_503) % 1_000_003;
+                    h as f32 / 1_000_003.0 * 2.0 - 1.0
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Compiled without contraction, on [`inputs`]; returns the last buffer.
+fn compiled(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
+    let t = Target::parse(r#"{"kind": "llvm", "mcpu": "native", "fast-math-contract": false}"#)
+        .unwrap();
+    let opts = CodegenOptions::from_target(&t).unwrap();
+    let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &opts).unwrap();
+    let pf = m.require_function(&f.name).unwrap();
+    let mut arrays: Vec<HostArray> = inputs(shapes)
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| HostArray::f32(s, v))
+        .collect();
+    let dls: Vec<kiln::packed_func::DLTensor> = arrays.iter_mut().map(HostArray::dl).collect();
+    let views: Vec<kiln::packed_func::AnyView> =
+        dls.iter().map(kiln::packed_func::AnyView::from).collect();
+    pf.call(&views).unwrap();
+    arrays.last().unwrap().to_f32()
+}
+
+/// The interpreter on [`inputs`]; returns the last buffer.
+fn interpreted(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
+    let mut args: Vec<InterpArg> = inputs(shapes)
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| InterpArg::Buffer(HostBuffer::from_slice(s, v)))
+        .collect();
+    kiln::ir::interp::run(f, &mut args).unwrap();
+    args.last()
+        .unwrap()
+        .buffer()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+fn assert_same_bits(f: &PrimFunc, shapes: &[Vec<i64>]) {
+    let (got, want) = (compiled(f, shapes), interpreted(f, shapes));
+    assert_eq!(got.len(), want.len());
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{}: element {k}: {g} vs {w}",
+            f.name
+        );
+    }
+}
+
+/// The loops of `s`, outermost first, as `name:kind:extent`.
+fn loops(s: &Stmt) -> Vec<String> {
+    let mut out = Vec::new();
+    fn go(s: &Stmt, out: &mut Vec<String>) {
+        if let Stmt::For {
+            var, kind, extent, ..
+        } = s
+        {
+            out.push(format!(
+                "{}:{}:{}",
+                var.name,
+                kind.name(),
+                extent.as_int().map_or("?".into(), |n| n.to_string())
+            ));
+        }
+        let _ = s.map_children(|c| {
+            go(c, out);
+            c.clone()
+        });
+    }
+    go(s, &mut out);
+    out
+}
+
+#[test]
+fn the_first_iteration_guard_leaves_the_loop() {
+    let f = matmul(4, 8, 5, false);
+    let peeled = hoist_first_iteration_guards(&f.body);
+    // i { j { C = 0; k { C += A * B } } }: no `if` is left.
+    let text = format!("{peeled:?}");
+    assert!(!text.contains("IfThenElse"), "{text}");
+    assert_eq!(loops(&peeled), ["i:serial:4", "j:serial:8", "k:serial:5"]);
+    // Through a nest of reduction loops: `if r == 0 && s == 0` leaves both.
+    let d = depthwise(2, 4, 8);
+    let peeled = hoist_first_iteration_guards(&d.body);
+    assert!(!format!("{peeled:?}").contains("IfThenElse"));
+}
+
+#[test]
+fn a_guard_that_is_not_the_first_iteration_stays() {
+    let k = var("k");
+    let x = buf("X", &[1]);
+    let guarded = |cond: Expr, else_case: Option<Box<Stmt>>| {
+        for_(
+            &k,
+            int(8),
+            Stmt::Seq(vec![
+                Stmt::IfThenElse {
+                    cond,
+                    then_case: Box::new(x.store(vec![int(0)], Expr::from(0.0f32))),
+                    else_case,
+                },
+                x.store(vec![int(0)], x.load(vec![int(0)]) + Expr::from(1.0f32)),
+            ]),
+        )
+    };
+    let kv = || Expr::Var(k.clone());
+    for s in [
+        guarded(kv().eq_(1i32), None),
+        guarded(kv().lt(1i32), None),
+        guarded(
+            kv().eq_(0i32),
+            Some(Box::new(x.store(vec![int(0)], Expr::from(2.0f32)))),
+        ),
+    ] {
+        assert_eq!(hoist_first_iteration_guards(&s), s);
+    }
+    // A loop of symbolic length runs the hoisted initialization only when it runs at all.
+    let n = var("n");
+    let s = tvm_reduction(
+        &k,
+        Expr::Var(n.clone()),
+        &x,
+        vec![int(0)],
+        Expr::from(1.0f32),
+    );
+    let text = format!("{:?}", hoist_first_iteration_guards(&s));
+    assert!(text.contains("op: Gt"), "{text}");
+}
+
+#[test]
+fn a_reduction_nest_moves_outside_the_spatial_loop() {
+    let f = matmul(4, 40, 5, false);
+    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+    // i { j_init: 5 vectors of 8 (init); k { j: 5 vectors of 8 (update) } }
+    assert_eq!(
+        loops(&body),
+        [
+            "i:serial:4",
+            "j_init_o:serial:5",
+            "j_init_v:vectorized:8",
+            "k:serial:5",
+            "j_o:serial:5",
+            "j_v:vectorized:8"
+        ]
+    );
+    // 16 columns: one vector, no loop over vectors; 6 columns: a serial loop for LLVM.
+    let f = matmul(4, 16, 5, false);
+    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+    assert_eq!(
+        loops(&body),
+        [
+            "i:serial:4",
+            "j_init:vectorized:16",
+            "k:serial:5",
+            "j:vectorized:16"
+        ]
+    );
+    let f = matmul(4, 6, 5, false);
+    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+    assert_eq!(
+        loops(&body),
+        ["i:serial:4", "j_init:serial:6", "k:serial:5", "j:serial:6"]
+    );
+    // A convolution window of two reduction loops.
+    let d = depthwise(2, 4, 8);
+    let body = interchange_reductions(&d, &hoist_first_iteration_guards(&d.body));
+    assert_eq!(
+        loops(&body),
+        [
+            "c:serial:2",
+            "y:serial:4",
+            "x_init:vectorized:8",
+            "r:serial:3",
+            "s:serial:3",
+            "x:vectorized:8"
+        ]
+    );
+}
+
+#[test]
+fn a_nest_that_breaks_the_rule_stays() {
+    // B transposed: the spatial loop would gather B's columns.
+    let f = matmul(4, 16, 5, true);
+    let peeled = hoist_first_iteration_guards(&f.body);
+    assert_eq!(interchange_reductions(&f, &peeled), peeled);
+    // Buffers that may alias: the new order could read a C that A aliases.
+    let f = matmul(4, 16, 5, false).with_noalias(false);
+    let peeled = hoist_first_iteration_guards(&f.body);
+    assert_eq!(interchange_reductions(&f, &peeled), peeled);
+    // Too few columns to vectorize.
+    let f = matmul(4, 3, 5, false);
+    let peeled = hoist_first_iteration_guards(&f.body);
+    assert_eq!(interchange_reductions(&f, &peeled), peeled);
+    // The update reads the accumulator elsewhere (`C[i, j] + C[i, 0]`).
+    let mut f = matmul(4, 16, 5, false);
+    let Param::Buffer(c) = f.params[2].clone() else {
+        unreachable!()
+    };
+    if let Stmt::For { body, .. } = &mut f.body {
+        if let Stmt::For { body, .. } = body.as_mut() {
+            if let Stmt::For { body, .. } = body.as_mut() {
+                if let Stmt::Seq(items) = body.as_mut() {
+                    if let Stmt::Store { value, .. } = &mut items[1] {
+                        *value = value.clone() + c.load(vec![int(0), int(0)]);
+                    }
+                }
+            }
+        }
+    }
+    let peeled = hoist_first_iteration_guards(&f.body);
+    assert_eq!(interchange_reductions(&f, &peeled), peeled);
+}
+
+#[test]
+fn compiled_lowered_reductions_agree_with_the_interpreter_bit_for_bit() {
+    for (m, n, k) in [(4, 40, 5), (3, 16, 7), (5, 6, 3), (2, 48, 33), (1, 1, 1)] {
+        for transposed in [false, true] {
+            let f = matmul(m, n, k, transposed);
+            let b = if transposed { vec![n, k] } else { vec![k, n] };
+            assert_same_bits(&f, &[vec![m, k], b, vec![m, n]]);
+        }
+    }
+    for (ch, h, w) in [(2, 4, 8), (3, 5, 16), (1, 3, 7)] {
+        let f = depthwise(ch, h, w);
+        assert_same_bits(
+            &f,
+            &[vec![ch, h + 2, w + 2], vec![ch, 3, 3], vec![ch, h, w]],
+        );
+    }
+}
+
+#[test]
+fn a_sum_of_exponentials_agrees_with_the_interpreter() {
+    // `S[i] = sum_k exp(A[i, k])` (log_softmax's sum): the guard leaves the loop, the sum
+    // stays scalar and in order; compiled `exp` is within 2 ulp of the interpreter's, so
+    // the sums agree to a few ulp of the sum.
+    let (a, s) = (buf("A", &[6, 48]), buf("S", &[6]));
+    let (i, k) = (var("i"), var("k"));
+    let (iv, kv) = (Expr::Var(i.clone()), Expr::Var(k.clone()));
+    let body = for_(
+        &i,
+        int(6),
+        tvm_reduction(&k, int(48), &s, vec![iv.clone()], exp(a.load(vec![iv, kv]))),
+    );
+    let f = PrimFunc::new("f", vec![Param::Buffer(a), Param::Buffer(s)], body).with_noalias(true);
+    let shapes = [vec![6, 48], vec![6]];
+    let (got, want) = (compiled(&f, &shapes), interpreted(&f, &shapes));
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 4e-7 * w.abs(), "{g} vs {w}");
+    }
+}
