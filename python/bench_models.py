@@ -80,8 +80,8 @@ def fmt(t):
     return f"{m * 1e3:8.3f} ms [{lo * 1e3:.3f}, {hi * 1e3:.3f}]"
 
 
-def build_kiln(mod, tt, kt):
-    ex = kiln.tvm.compile(mod, tvm.target.Target(tt), kiln_target=kt)
+def build_kiln(mod, tt, kt, auto_parallel=True):
+    ex = kiln.tvm.compile(mod, tvm.target.Target(tt), kiln_target=kt, auto_parallel=auto_parallel)
     ex.jit()
     return ex
 
@@ -119,11 +119,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=15, help="interleaved run samples per side")
     ap.add_argument("--quick", action="store_true", help="3 builds, 7 rounds")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--serial", action="store_true",
+                    help="kiln on one thread (auto_parallel=False), as TVM's default build runs")
     a = ap.parse_args()
     if a.quick:
         a.builds, a.rounds = 3, 7
     print(f"CPU: {cpu_name()} ({os.cpu_count()} logical CPUs); TVM {tvm.__version__}; "
-          f"kiln {kiln.version()}; medians [min, max]")
+          f"kiln {kiln.version()}; medians [min, max]; kiln "
+          f"{'serial (auto_parallel=False)' if a.serial else 'auto_parallel'}")
     results = []
     for tname, (tt, kt) in targets(a.targets.split(",")).items():
         print(f"\n== target {tname}: TVM {json.dumps(tt)}, kiln {json.dumps(kt or tt)}")
@@ -134,7 +137,7 @@ def main():
             bk, bt = [], []
             for _ in range(a.builds):
                 t = time.perf_counter()
-                exk = build_kiln(mod, tt, kt)
+                exk = build_kiln(mod, tt, kt, auto_parallel=not a.serial)
                 bk.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 ext = build_tvm(mod, tt)

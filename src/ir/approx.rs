@@ -35,6 +35,39 @@ pub const EXP_HI: f64 = 89.0;
 /// `1.5 * 2^23`: added to a float32 of magnitude below `2^22`, it rounds it to an integer
 /// held in the low mantissa bits (compiled `exp`'s range reduction).
 pub const EXP_ROUND: f64 = 12_582_912.0;
+/// Compiled float32 `erf`: below this `|x|`, `erf(x) = x * P(x^2)` ([`ERF_SMALL_POLY`]).
+pub const ERF_SPLIT: f64 = 0.921_875;
+/// Compiled float32 `erf`: `|x|` is clamped to this (where `erf` is 1 in float32).
+pub const ERF_CLAMP: f64 = 3.92;
+/// Compiled float32 `erf` above [`ERF_SPLIT`]: `erf(x) = 1 - exp(-x^2) * R(x - ERF_CENTER)`.
+pub const ERF_CENTER: f64 = 2.420_937_5;
+/// `P` of `erf(x) / x` in `x^2` on `[0, ERF_SPLIT]`, lowest degree first (a least-squares fit of
+/// relative error on Chebyshev nodes, reweighted towards minimax).
+pub const ERF_SMALL_POLY: [f64; 7] = [
+    1.128_379_225_730_896,
+    -0.376_126_378_774_642_94,
+    0.112_837_411_463_260_65,
+    -0.026_861_714_199_185_37,
+    0.005_206_419_155_001_64,
+    -0.000_820_063_229_184_597_7,
+    8.603_879_541_624_337e-5,
+];
+/// `R` of `exp(x^2) * erfc(x)` in `x - ERF_CENTER` on `[ERF_SPLIT, ERF_CLAMP]`, lowest degree
+/// first (a least-squares fit of relative error on Chebyshev nodes).
+pub const ERF_LARGE_POLY: [f64; 12] = [
+    0.216_844_379_901_886,
+    -0.078_445_762_395_858_76,
+    0.026_932_375_505_566_597,
+    -0.008_829_668_164_253_235,
+    0.002_776_673_063_635_826,
+    -0.000_842_052_802_909_165_6,
+    0.000_248_908_763_751_387_6,
+    -7.006_754_458_416_253e-5,
+    1.731_048_723_740_969e-5,
+    -4.910_779_352_940_153e-6,
+    2.092_119_984_808_96e-6,
+    -4.890_153_491_032_834e-7,
+];
 /// `log2(e)`.
 pub const LOG2_E: f64 = std::f64::consts::LOG2_E;
 /// The high part of ln 2 (355 / 512, exact in float32 with few mantissa bits, so `k * LN2_HI`

@@ -163,6 +163,9 @@ impl Emitter<'_> {
                 self.assign(&ty, format!("fdiv {fm}{ty} {one}, {}", s.v))
             }
             Intrinsic::Tanh => self.call_libm("tanh", &ty, &[x]),
+            Intrinsic::Erf if t == DataType::f32() && self.inline_exp() => {
+                self.erf_poly("float", "float", 1, x)
+            }
             Intrinsic::Erf => self.call_libm("erf", &ty, &[x]),
             Intrinsic::Sigmoid => {
                 let n = self.assign(&ty, format!("fneg {fm}{}", x.typed()));
@@ -244,6 +247,98 @@ impl Emitter<'_> {
     /// no call: LLVM's loop vectorizer vectorizes it where it cannot vectorize libm's `expf`.
     pub(super) fn exp_accurate_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
         self.exp_poly(ty, sty, n, x, true)
+    }
+
+    /// `erf(x)` in float32 (scalar or vector type `ty`) with no call, so loops of it vectorize:
+    /// `x * P(x^2)` for `|x| < 0.921875`, else `±(1 - exp(-a^2) * R(a - c))` with `a = min(|x|,
+    /// 3.92)` (`erf` is ±1 in float32 beyond) and the inline `exp`; NaN gives NaN. Within 4 ulp
+    /// of `erf` (the bound tested); the coefficients are in [`crate::ir::approx`].
+    pub(super) fn erf_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
+        use crate::ir::approx::{ERF_CENTER, ERF_CLAMP, ERF_LARGE_POLY, ERF_SMALL_POLY, ERF_SPLIT};
+        let vec = n > 1;
+        let c = |v: f64| -> String {
+            let s = float_const(DataType::f32(), v);
+            if vec {
+                Self::splat_const(n, sty, &s)
+            } else {
+                s
+            }
+        };
+        let bty = if vec {
+            format!("<{n} x i1>")
+        } else {
+            "i1".to_owned()
+        };
+        let sfx = if vec {
+            format!("v{n}f32")
+        } else {
+            "f32".to_owned()
+        };
+        for (f, args) in [("fma", 3), ("fabs", 1), ("copysign", 2)] {
+            let params = vec![ty; args].join(", ");
+            self.m
+                .declares
+                .insert(format!("declare {ty} @llvm.{f}.{sfx}({params})"));
+        }
+        let horner = |e: &mut Self, coefs: &[f64], t: &Val| -> Val {
+            let (last, rest) = coefs.split_last().expect("a polynomial");
+            let mut p = Val::new(ty, &c(*last));
+            for &k in rest.iter().rev() {
+                p = e.assign(
+                    ty,
+                    format!(
+                        "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                        p.v,
+                        t.v,
+                        c(k)
+                    ),
+                );
+            }
+            p
+        };
+        let ax = self.assign(ty, format!("call {ty} @llvm.fabs.{sfx}({})", x.typed()));
+        // |x| < split: x * P(x^2)
+        let t = self.assign(ty, format!("fmul {ty} {}, {}", x.v, x.v));
+        let ps = horner(self, &ERF_SMALL_POLY, &t);
+        let small = self.assign(ty, format!("fmul {ty} {}, {}", x.v, ps.v));
+        // else: 1 - exp(-a^2) * R(a - center), with the sign of x
+        let over = self.assign(&bty, format!("fcmp ogt {ty} {}, {}", ax.v, c(ERF_CLAMP)));
+        let a = self.assign(
+            ty,
+            format!(
+                "select {bty} {}, {ty} {}, {ty} {}",
+                over.v,
+                c(ERF_CLAMP),
+                ax.v
+            ),
+        );
+        let u = self.assign(ty, format!("fsub {ty} {}, {}", a.v, c(ERF_CENTER)));
+        let pl = horner(self, &ERF_LARGE_POLY, &u);
+        let aa = self.assign(ty, format!("fmul {ty} {}, {}", a.v, a.v));
+        let neg = self.assign(ty, format!("fneg {ty} {}", aa.v));
+        let e = self.exp_accurate_poly(ty, sty, n, neg);
+        let tail = self.assign(ty, format!("fmul {ty} {}, {}", e.v, pl.v));
+        let large = self.assign(ty, format!("fsub {ty} {}, {}", c(1.0), tail.v));
+        let signed = self.assign(
+            ty,
+            format!(
+                "call {ty} @llvm.copysign.{sfx}({ty} {}, {ty} {})",
+                large.v, x.v
+            ),
+        );
+        let is_small = self.assign(&bty, format!("fcmp olt {ty} {}, {}", ax.v, c(ERF_SPLIT)));
+        let r = self.assign(
+            ty,
+            format!(
+                "select {bty} {}, {ty} {}, {ty} {}",
+                is_small.v, small.v, signed.v
+            ),
+        );
+        let nan = self.assign(&bty, format!("fcmp uno {ty} {}, {}", x.v, x.v));
+        self.assign(
+            ty,
+            format!("select {bty} {}, {ty} {}, {ty} {}", nan.v, x.v, r.v),
+        )
     }
 
     fn exp_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val, full_range: bool) -> Val {

@@ -298,7 +298,7 @@ impl Emitter<'_> {
                     && (matches!(op, Intrinsic::Fma | Intrinsic::Sqrt | Intrinsic::Abs)
                         || (t == DataType::f32()
                             && (*op == Intrinsic::FastExp
-                                || (*op == Intrinsic::Exp
+                                || (matches!(op, Intrinsic::Exp | Intrinsic::Erf)
                                     && (self.fast_exp() || self.inline_exp()))))) =>
             {
                 let mut vals = Vec::new();
@@ -310,6 +310,7 @@ impl Emitter<'_> {
                 let vt = Self::vty(n, &sty);
                 let sfx = format!("v{n}{}", Self::intr_suffix(&sty));
                 let v = match op {
+                    Intrinsic::Erf => self.erf_poly(&vt, &sty, n, vals[0].clone()),
                     Intrinsic::Exp if !self.fast_exp() => {
                         self.exp_accurate_poly(&vt, &sty, n, vals[0].clone())
                     }
