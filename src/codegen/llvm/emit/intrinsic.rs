@@ -282,7 +282,7 @@ impl Emitter<'_> {
         }
         let horner = |e: &mut Self, coefs: &[f64], t: &Val| -> Val {
             let (last, rest) = coefs.split_last().expect("a polynomial");
-            let mut p = Val::new(ty, &c(*last));
+            let mut p = Val::new(ty, c(*last));
             for &k in rest.iter().rev() {
                 p = e.assign(
                     ty,
