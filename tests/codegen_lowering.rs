@@ -412,3 +412,31 @@ fn a_sum_of_exponentials_agrees_with_the_interpreter() {
         assert!((g - w).abs() <= 4e-7 * w.abs(), "{g} vs {w}");
     }
 }
+
+#[test]
+fn a_transposed_operand_is_copied_so_the_nest_moves() {
+    use kiln::codegen::interchange::pack_transposed_operands;
+    let f = matmul(4, 16, 5, true);
+    let peeled = hoist_first_iteration_guards(&f.body);
+    let packed = pack_transposed_operands(&f, &peeled);
+    let body = interchange_reductions(&f, &packed);
+    let printed = kiln::ir::IRModule::from_functions(vec![PrimFunc {
+        body: body.clone(),
+        ..f.clone()
+    }])
+    .to_string();
+    // B (16 x 5) copied to B_t[k, j] in front of the row loop, then the nest interchanged.
+    assert!(printed.contains("B_t"), "{printed}");
+    assert_eq!(
+        loops(&body),
+        [
+            "B_t_k:serial:5",
+            "B_t_j:serial:16",
+            "i:serial:4",
+            "j_init:vectorized:16",
+            "k:serial:5",
+            "j:vectorized:16"
+        ],
+        "{printed}"
+    );
+}

@@ -56,14 +56,17 @@ fn collect_allocations(s: &Stmt, out: &mut HashSet<VarId>) {
 }
 
 fn rewrite(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Stmt {
-    if let Some(r) = interchanged(s, unaliased) {
+    if let Some(r) = interchanged(s, unaliased, false) {
         return r;
     }
     s.map_children(|c| rewrite(c, unaliased))
 }
 
 /// `s` interchanged, if it is a spatial loop around a reduction nest that follows the rule.
-fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
+///
+/// With `legal_only`, loads that are not contiguous in `j` are allowed and `s` itself is
+/// returned where the rule holds otherwise (for [`pack_transposed_operands`]).
+fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool) -> Option<Stmt> {
     let Stmt::For {
         var: j,
         min,
@@ -124,7 +127,8 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
     {
         return None;
     }
-    if !value_ok(value, x, indices, j) {
+    let (legal, contiguous) = value_ok(value, x, indices, j);
+    if !legal || !(contiguous || legal_only) {
         return None;
     }
     if let Some(init) = init {
@@ -143,6 +147,9 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
         {
             return None;
         }
+    }
+    if legal_only {
+        return Some(s.clone());
     }
     // The new nest: the reduction loops around the spatial loop around the update.
     let mut inner = spatial_loop(j, min, extent, cur);
@@ -263,37 +270,44 @@ pub(crate) fn unit_stride(e: &Expr, var: &Var) -> bool {
     }
 }
 
-/// Whether the update's value follows the rule: `X` read only at `at`, nothing external, every
-/// other load free of `j` or contiguous in it.
-fn value_ok(v: &Expr, x: &Buffer, at: &[Expr], j: &Var) -> bool {
+/// Whether the update's value follows the rule (`X` read only at `at`, nothing external), and
+/// whether every other load is free of `j` or contiguous in it (else a vector would gather).
+fn value_ok(v: &Expr, x: &Buffer, at: &[Expr], j: &Var) -> (bool, bool) {
     struct Scan<'a> {
         x: &'a Buffer,
         at: &'a [Expr],
         j: &'a Var,
-        ok: bool,
+        legal: bool,
+        contiguous: bool,
     }
     impl Visitor for Scan<'_> {
         fn expr(&mut self, e: &Expr) {
             match e {
                 Expr::Load { buffer, indices } if buffer.data.id == self.x.data.id => {
-                    self.ok &= indices.as_slice() == self.at;
+                    self.legal &= indices.as_slice() == self.at;
                 }
                 Expr::Load { buffer, indices } => {
                     if let Some((last, outer)) = indices.split_last() {
                         let free = !last.mentions(self.j);
-                        self.ok &= outer.iter().all(|i| !i.mentions(self.j))
+                        self.contiguous &= outer.iter().all(|i| !i.mentions(self.j))
                             && (free || (unit_stride(last, self.j) && contiguous_last(buffer)));
                     }
                 }
-                Expr::CallExtern { .. } => self.ok = false,
+                Expr::CallExtern { .. } => self.legal = false,
                 _ => {}
             }
             walk_expr(self, e);
         }
     }
-    let mut s = Scan { x, at, j, ok: true };
+    let mut s = Scan {
+        x,
+        at,
+        j,
+        legal: true,
+        contiguous: true,
+    };
     s.expr(v);
-    s.ok
+    (s.legal, s.contiguous)
 }
 
 fn reads(e: &Expr, x: &Buffer) -> bool {
@@ -322,4 +336,291 @@ fn calls_extern(e: &Expr) -> bool {
     let mut f = Find(false);
     f.expr(e);
     f.0
+}
+
+/// The most bytes a transposed copy of [`pack_transposed_operands`] may take (it is
+/// re-filled every time the loops it sits in run again, so it should stay in the L1 cache).
+pub const MAX_PACK_BYTES: i64 = 32 << 10;
+
+/// `body` (of `f`) with the transposed operand of every reduction that needs one copied
+/// first, so that [`interchange_reductions`] can vectorize the spatial loop.
+///
+/// TVM's `dense` (`C[i, j] = sum_k A[i, k] * B[j, k]`) and `batch_matmul` read their second
+/// operand along `k`, so moving `k` outside `j` would gather `B`'s column `k`. When the spatial
+/// loop `j` around the reduction nest follows the rule of [`interchange_reductions`] but for
+/// such loads `Y[.., j, .., k]` (`j` alone in one index other than the last, a reduction
+/// loop's variable `k` alone in the last, the other indices free of `j` and of the nest's
+/// loops, `Y` never stored to in the function), each such `Y` is copied to `Yt[k, j]` (a local
+/// buffer of at most [`MAX_PACK_BYTES`]) in front of the outermost loop around `j` whose
+/// variables those other indices do not use, and read from there. The copy changes no value
+/// read, so the result is the same, bit for bit; it is made once for all iterations of the
+/// loops it is in front of (`dense`'s rows, `batch_matmul`'s rows of one batch).
+pub fn pack_transposed_operands(f: &PrimFunc, body: &Stmt) -> Stmt {
+    let mut allocated = HashSet::new();
+    collect_allocations(body, &mut allocated);
+    let unaliased = |b: &Buffer| f.attrs.noalias || allocated.contains(&b.data.id);
+    let mut stored = HashSet::new();
+    collect_stores(body, &mut stored);
+    pack_rewrite(body, &unaliased, &stored)
+}
+
+fn collect_stores(s: &Stmt, out: &mut HashSet<VarId>) {
+    struct Stores<'a>(&'a mut HashSet<VarId>);
+    impl Visitor for Stores<'_> {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::Store { buffer, .. } = s {
+                self.0.insert(buffer.data.id);
+            }
+            crate::ir::visit::walk_stmt(self, s);
+        }
+    }
+    Visitor::stmt(&mut Stores(out), s);
+}
+
+fn pack_rewrite(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, stored: &HashSet<VarId>) -> Stmt {
+    if let Some(r) = packed(s, unaliased, stored) {
+        return r;
+    }
+    s.map_children(|c| pack_rewrite(c, unaliased, stored))
+}
+
+/// A load `Y[.., j, .., k]` to copy transposed: the buffer, the index of `j`, the reduction
+/// loop of `k` (its variable and constant extent).
+struct Transposed {
+    buffer: Buffer,
+    indices: Vec<Expr>,
+    j_dim: usize,
+    k: Var,
+    k_extent: i64,
+}
+
+/// `s` (a serial loop) with the transposed operands of the reduction at the end of its chain
+/// of loops copied in front of it, if the rule holds with `s` as the place of the copy.
+fn packed(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, stored: &HashSet<VarId>) -> Option<Stmt> {
+    // The chain of loops from `s` down to the spatial loop `j` (each the only statement of
+    // the one outside it; `j` is the last).
+    let mut chain: Vec<&Stmt> = vec![s];
+    loop {
+        let last = *chain.last()?;
+        if reduction_parts(last).is_some() {
+            break;
+        }
+        let Stmt::For { body, .. } = last else {
+            return None;
+        };
+        match body.as_ref() {
+            inner @ Stmt::For { .. } => chain.push(inner),
+            _ => return None,
+        }
+    }
+    let j_loop = *chain.last()?;
+    let Stmt::For {
+        var: j,
+        min: jmin,
+        extent: jext,
+        kind: ForKind::Serial,
+        ..
+    } = j_loop
+    else {
+        return None;
+    };
+    let (n, jlo) = (jext.as_int()?, jmin.as_int()?);
+    if n < MIN_LANES || interchanged(j_loop, unaliased, true).is_none() {
+        return None;
+    }
+    let (_, loops, update) = reduction_parts(j_loop)?;
+    let Stmt::Store { value, .. } = update else {
+        return None;
+    };
+    let chain_vars: Vec<&Var> = chain
+        .iter()
+        .filter_map(|l| match l {
+            Stmt::For { var, .. } => Some(var),
+            _ => None,
+        })
+        .collect();
+    let mut found: Vec<Transposed> = Vec::new();
+    let mut ok = true;
+    let mut scan = |e: &Expr| {
+        let Expr::Load { buffer, indices } = e else {
+            return;
+        };
+        let Some((last, outer)) = indices.split_last() else {
+            return;
+        };
+        let free = !last.mentions(j);
+        if outer.iter().all(|i| !i.mentions(j))
+            && (free || (unit_stride(last, j) && contiguous_last(buffer)))
+        {
+            return; // contiguous or invariant: no copy
+        }
+        let plain = |e: &Expr, v: &Var| matches!(e, Expr::Var(w) if w.id == v.id);
+        let j_dims: Vec<usize> = (0..outer.len()).filter(|&d| outer[d].mentions(j)).collect();
+        let k = loops.iter().find(|(v, ..)| plain(last, v));
+        let (Some((k, kmin, kext, _)), [jd]) = (k, j_dims.as_slice()) else {
+            ok = false;
+            return;
+        };
+        let others_free = outer.iter().enumerate().all(|(d, i)| {
+            d == *jd
+                || (!loops.iter().any(|(v, ..)| i.mentions(v))
+                    && !chain_vars.iter().any(|v| i.mentions(v)))
+        });
+        let Some(kn) = kext.as_int() else {
+            ok = false;
+            return;
+        };
+        if !plain(&outer[*jd], j)
+            || kmin.as_int() != Some(0)
+            || !others_free
+            || stored.contains(&buffer.data.id)
+            || buffer.strides.is_some()
+            || kn * n * i64::from(buffer.dtype.bits / 8) > MAX_PACK_BYTES
+        {
+            ok = false;
+            return;
+        }
+        if !found
+            .iter()
+            .any(|t| t.buffer.data.id == buffer.data.id && &t.indices == indices)
+        {
+            found.push(Transposed {
+                buffer: buffer.clone(),
+                indices: indices.clone(),
+                j_dim: *jd,
+                k: (*k).clone(),
+                k_extent: kn,
+            });
+        }
+    };
+    struct Walk<'a, F: FnMut(&Expr)>(&'a mut F);
+    impl<F: FnMut(&Expr)> Visitor for Walk<'_, F> {
+        fn expr(&mut self, e: &Expr) {
+            (self.0)(e);
+            walk_expr(self, e);
+        }
+    }
+    Walk(&mut scan).expr(value);
+    if !ok || found.is_empty() {
+        return None;
+    }
+    // The copies, in front of `s`, and `s` reading them.
+    let t = j.dtype;
+    let c = |v: i64| Expr::IntImm { dtype: t, value: v };
+    let mut copies = Vec::new();
+    let mut map: Vec<(Transposed, Buffer)> = Vec::new();
+    for tr in found {
+        let packed = Buffer::new(
+            &format!("{}_t", tr.buffer.name),
+            tr.buffer.dtype,
+            vec![c(tr.k_extent), c(n)],
+        )
+        .with_scope(crate::ir::StorageScope::Local);
+        let (kk, jj) = (
+            Var::new(&format!("{}_k", packed.name), t),
+            Var::new(&format!("{}_j", packed.name), t),
+        );
+        let mut src = tr.indices.clone();
+        *src.last_mut().expect("indices") = Expr::Var(kk.clone());
+        src[tr.j_dim] = if jlo == 0 {
+            Expr::Var(jj.clone())
+        } else {
+            Expr::binary(BinOp::Add, Expr::Var(jj.clone()), c(jlo))
+        };
+        let copy = Stmt::For {
+            var: kk.clone(),
+            min: c(0),
+            extent: c(tr.k_extent),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::For {
+                var: jj.clone(),
+                min: c(0),
+                extent: c(n),
+                kind: ForKind::Serial,
+                body: Box::new(packed.store(
+                    vec![Expr::Var(kk.clone()), Expr::Var(jj.clone())],
+                    tr.buffer.load(src),
+                )),
+            }),
+        };
+        copies.push(copy);
+        map.push((tr, packed));
+    }
+    let rewritten = replace_loads(s, &map, j, jlo, t);
+    let mut out = Stmt::Seq(copies.into_iter().chain([rewritten]).collect());
+    for (_, packed) in map.iter().rev() {
+        out = packed.allocate(out);
+    }
+    Some(out)
+}
+
+/// The parts of a spatial loop around a reduction nest: the initialization (if any), the nest's
+/// loops and the innermost update; `None` when `s` is not one.
+#[allow(clippy::type_complexity)]
+fn reduction_parts(s: &Stmt) -> Option<(Option<&Stmt>, Vec<(&Var, &Expr, &Expr, ForKind)>, &Stmt)> {
+    let Stmt::For { body, .. } = s else {
+        return None;
+    };
+    let (init, nest) = match body.as_ref() {
+        Stmt::Seq(items) if items.len() == 2 => (Some(&items[0]), &items[1]),
+        nest @ Stmt::For { .. } => (None, nest),
+        _ => return None,
+    };
+    let mut loops = Vec::new();
+    let mut cur = nest;
+    while let Stmt::For {
+        var,
+        min,
+        extent,
+        kind,
+        body,
+    } = cur
+    {
+        loops.push((var, min, extent, *kind));
+        cur = body;
+    }
+    matches!(cur, Stmt::Store { .. }).then_some((init, loops, cur))
+}
+
+/// `s` with every load of a copied operand (at the indices it was found at) read from its
+/// transposed copy `Yt[k, j - min]`.
+fn replace_loads(
+    s: &Stmt,
+    map: &[(Transposed, Buffer)],
+    j: &Var,
+    jlo: i64,
+    t: crate::ir::DataType,
+) -> Stmt {
+    use crate::ir::rewrite::{rw_stmt, Rewriter};
+    struct R<'a> {
+        map: &'a [(Transposed, Buffer)],
+        j: &'a Var,
+        jlo: i64,
+        t: crate::ir::DataType,
+    }
+    impl Rewriter for R<'_> {
+        fn post_expr(&mut self, e: Expr) -> Expr {
+            if let Expr::Load { buffer, indices } = &e {
+                for (tr, packed) in self.map {
+                    if tr.buffer.data.id == buffer.data.id && &tr.indices == indices {
+                        let jj = if self.jlo == 0 {
+                            Expr::Var(self.j.clone())
+                        } else {
+                            Expr::binary(
+                                BinOp::Sub,
+                                Expr::Var(self.j.clone()),
+                                Expr::IntImm {
+                                    dtype: self.t,
+                                    value: self.jlo,
+                                },
+                            )
+                        };
+                        return packed.load(vec![Expr::Var(tr.k.clone()), jj]);
+                    }
+                }
+            }
+            e
+        }
+    }
+    rw_stmt(&mut R { map, j, jlo, t }, s)
 }

@@ -317,8 +317,9 @@ fn generate<const N: usize>(
                 };
                 let lowered = crate::codegen::reduce::lower_minmax_reductions(&split);
                 let peeled = crate::codegen::peel::hoist_first_iteration_guards(&lowered);
+                let packed = crate::codegen::interchange::pack_transposed_operands(f, &peeled);
                 e.stmt(&crate::codegen::interchange::interchange_reductions(
-                    f, &peeled,
+                    f, &packed,
                 ))?;
             }
             e.line("ret i32 0");
