@@ -440,3 +440,16 @@ fn a_transposed_operand_is_copied_so_the_nest_moves() {
         "{printed}"
     );
 }
+
+#[test]
+fn a_copy_in_front_of_a_parallel_loop_is_shared_by_its_threads() {
+    // `dense` with its row loop on the thread pool (`auto_parallel`): the copy of `B` is made
+    // once, in front of the parallel loop, and every thread reads it.
+    for (m, n, k) in [(64, 16, 5), (200, 24, 7)] {
+        let mut f = matmul(m, n, k, true);
+        if let Stmt::For { kind, .. } = &mut f.body {
+            *kind = ForKind::Parallel;
+        }
+        assert_same_bits(&f, &[vec![m, k], vec![n, k], vec![m, n]]);
+    }
+}
