@@ -171,8 +171,17 @@ fn interpret(f: &PrimFunc, t: DataType, a: &[f64], b: &[f64]) -> Vec<f64> {
 
 /// Runs `module`'s `f` on host buffers of `t` (one `DLTensor` each).
 fn jit_call(module: &IRModule, t: DataType, bufs: &mut [HostBuffer]) -> Result<(), String> {
-    let m = LlvmModule::jit_with(module, &CodegenOptions::host(), Tiering::Off)
-        .map_err(|e| e.to_string())?;
+    jit_call_with(module, t, bufs, &CodegenOptions::host())
+}
+
+/// [`jit_call`] compiled with `opts`.
+fn jit_call_with(
+    module: &IRModule,
+    t: DataType,
+    bufs: &mut [HostBuffer],
+    opts: &CodegenOptions,
+) -> Result<(), String> {
+    let m = LlvmModule::jit_with(module, opts, Tiering::Off).map_err(|e| e.to_string())?;
     let pf = m.require_function("f").unwrap();
     let mut shapes: Vec<[i64; 1]> = bufs.iter().map(|b| [b.shape[0]]).collect();
     let dls: Vec<DLTensor> = bufs
@@ -201,6 +210,17 @@ fn jit_call(module: &IRModule, t: DataType, bufs: &mut [HostBuffer]) -> Result<(
 }
 
 fn compiled(f: &PrimFunc, t: DataType, a: &[f64], b: &[f64]) -> Vec<f64> {
+    compiled_with(f, t, a, b, &CodegenOptions::host())
+}
+
+/// [`compiled`] with `opts`.
+fn compiled_with(
+    f: &PrimFunc,
+    t: DataType,
+    a: &[f64],
+    b: &[f64],
+    opts: &CodegenOptions,
+) -> Vec<f64> {
     let module = IRModule::from_functions(vec![f.clone()]);
     module.verify().unwrap();
     let mut bufs = vec![
@@ -208,8 +228,18 @@ fn compiled(f: &PrimFunc, t: DataType, a: &[f64], b: &[f64]) -> Vec<f64> {
         host(t, b),
         HostBuffer::zeros(t, &[a.len() as i64]),
     ];
-    jit_call(&module, t, &mut bufs).unwrap();
+    jit_call_with(&module, t, &mut bufs, opts).unwrap();
     values(&bufs[2])
+}
+
+/// The host, and x86-64 without FMA (TVM's default `llvm` target: the inline `exp` and `erf`
+/// multiply and add there).
+fn host_and_no_fma() -> Vec<(&'static str, CodegenOptions)> {
+    let generic = Target::parse(r#"{"kind": "llvm", "mcpu": "x86-64"}"#).unwrap();
+    vec![
+        ("host", CodegenOptions::host()),
+        ("x86-64", CodegenOptions::from_target(&generic).unwrap()),
+    ]
 }
 
 /// Distance in units in the last place of `t` (0 for equal values or two NaNs).
@@ -999,11 +1029,15 @@ fn compiled_exp_f32_is_within_two_ulp_over_the_whole_range() {
             body,
         )
     };
-    for (what, f) in [
+    for ((what, f), (cpu, opts)) in [
         ("scalar", cpu_func(Intrinsic::Exp, t, n)),
         ("vectorized", vectorized),
-    ] {
-        let got = compiled(&f, t, &a, &a);
+    ]
+    .into_iter()
+    .flat_map(|wf| host_and_no_fma().into_iter().map(move |o| (wf.clone(), o)))
+    {
+        let what = format!("{what} on {cpu}");
+        let got = compiled_with(&f, t, &a, &a, &opts);
         let mut worst = (0u64, 0f32);
         for (x, g) in xs.iter().zip(&got) {
             let want = f64::from(*x).exp() as f32;
@@ -1059,6 +1093,14 @@ fn cpu_exp_f32_is_inline_and_vectorized() {
         .get_source("ll")
         .unwrap();
     assert!(!ll.contains("@expf") && !ll.contains("@llvm.exp."), "{ll}");
+    assert!(ll.contains("x float>"), "the loop is not vectorized:\n{ll}");
+    // Without FMA (x86-64, TVM's default `llvm`): multiplies and adds, no call of `fmaf`.
+    let (_, generic) = host_and_no_fma().pop().unwrap();
+    let ll = LlvmModule::jit_with(&m, &generic, Tiering::Off)
+        .unwrap()
+        .get_source("ll")
+        .unwrap();
+    assert!(!ll.contains("fmaf") && !ll.contains("@llvm.fma."), "{ll}");
     assert!(ll.contains("x float>"), "the loop is not vectorized:\n{ll}");
     let m = IRModule::from_functions(vec![cpu_func(Intrinsic::Exp, DataType::f64(), 16)]);
     let ll = LlvmModule::jit_with(&m, &CodegenOptions::host(), Tiering::Off)
@@ -1140,9 +1182,13 @@ fn compiled_erf_f32_is_within_four_ulp() {
             body,
         )
     };
-    for (what, f) in [("scalar", scalar.clone()), ("vectorized", vectorized)] {
-        let got = compiled(&f, t, &a, &a);
-        compare(what, Intrinsic::Erf, t, (&a, &a), &got, &want, 4);
+    for ((what, f), (cpu, opts)) in [("scalar", scalar.clone()), ("vectorized", vectorized)]
+        .into_iter()
+        .flat_map(|wf| host_and_no_fma().into_iter().map(move |o| (wf.clone(), o)))
+    {
+        let what = format!("{what} on {cpu}");
+        let got = compiled_with(&f, t, &a, &a, &opts);
+        compare(&what, Intrinsic::Erf, t, (&a, &a), &got, &want, 4);
         let at = |x: f32| got[xs.iter().position(|v| v.to_bits() == x.to_bits()).unwrap()];
         assert_eq!(at(f32::INFINITY), 1.0, "{what}");
         assert_eq!(at(f32::NEG_INFINITY), -1.0, "{what}");

@@ -274,7 +274,8 @@ impl Emitter<'_> {
         } else {
             "f32".to_owned()
         };
-        for (f, args) in [("fma", 3), ("fabs", 1), ("copysign", 2)] {
+        // `fmuladd`: fused where the CPU has FMA, else a multiply and an add (not libm's `fmaf`).
+        for (f, args) in [("fmuladd", 3), ("fabs", 1), ("copysign", 2)] {
             let params = vec![ty; args].join(", ");
             self.m
                 .declares
@@ -287,7 +288,7 @@ impl Emitter<'_> {
                 p = e.assign(
                     ty,
                     format!(
-                        "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                        "call {ty} @llvm.fmuladd.{sfx}({ty} {}, {ty} {}, {ty} {})",
                         p.v,
                         t.v,
                         c(k)
@@ -361,8 +362,12 @@ impl Emitter<'_> {
         } else {
             "f32".to_owned()
         };
-        for f in ["fma", "floor"] {
-            let params = if f == "fma" {
+        // The full-range `exp` is no bit-exact definition: `fmuladd` lets LLVM fuse where the
+        // CPU has FMA and multiply and add where it has not (`llvm.fma` would be a call of
+        // libm's software `fmaf` there: x86-64 without `-mcpu`, TVM's default `llvm`).
+        let fma_name = if full_range { "fmuladd" } else { "fma" };
+        for f in [fma_name, "floor"] {
+            let params = if f == fma_name {
                 format!("{ty}, {ty}, {ty}")
             } else {
                 ty.to_owned()
@@ -399,7 +404,7 @@ impl Emitter<'_> {
             let kf = self.assign(
                 ty,
                 format!(
-                    "call {ty} @llvm.fma.{sfx}({ty} {}, {ty} {}, {ty} {})",
+                    "call {ty} @llvm.{fma_name}.{sfx}({ty} {}, {ty} {}, {ty} {})",
                     x2.v,
                     c(LOG2_E),
                     c(EXP_ROUND)
@@ -425,7 +430,7 @@ impl Emitter<'_> {
         let fma = |e: &mut Self, a: &str, b: &str, cc: &str| -> Val {
             e.assign(
                 ty,
-                format!("call {ty} @llvm.fma.{sfx}({ty} {a}, {ty} {b}, {ty} {cc})"),
+                format!("call {ty} @llvm.{fma_name}.{sfx}({ty} {a}, {ty} {b}, {ty} {cc})"),
             )
         };
         // r = x - k ln2 (ln2 in two parts)
