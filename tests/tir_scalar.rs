@@ -124,6 +124,39 @@ fn cpu_func(op: Intrinsic, t: DataType, n: i64) -> PrimFunc {
     )
 }
 
+/// `C[i] = op(A[i])` (`A`, `B`, `C` of `n` elements, `n` a multiple of 16) in a loop of 16
+/// vectorized lanes, which kiln's emitter writes as vector code.
+fn vectorized_func(op: Intrinsic, t: DataType, n: i64) -> PrimFunc {
+    let buf = |name: &str| Buffer::new(name, t, vec![Expr::from(n)]);
+    let (a, b, c) = (buf("A"), buf("B"), buf("C"));
+    let (o, l) = (
+        Var::new("o", DataType::i64()),
+        Var::new("l", DataType::i64()),
+    );
+    let i = Expr::Var(o.clone()) * 16i64 + Expr::Var(l.clone());
+    let body = Stmt::For {
+        var: o,
+        min: Expr::from(0i64),
+        extent: Expr::from(n / 16),
+        kind: kiln::ir::ForKind::Serial,
+        body: Box::new(Stmt::For {
+            var: l,
+            min: Expr::from(0i64),
+            extent: Expr::from(16i64),
+            kind: kiln::ir::ForKind::Vectorized,
+            body: Box::new(c.store(
+                vec![i.clone()],
+                value(op, t, a.load(vec![i.clone()]), b.load(vec![i])),
+            )),
+        }),
+    };
+    PrimFunc::new(
+        "f",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+}
+
 fn device_func(op: Intrinsic, t: DataType, n: i64) -> PrimFunc {
     let buf = |name: &str| Buffer::new(name, t, vec![Expr::from(n)]);
     let (a, b, c) = (buf("A"), buf("B"), buf("C"));
@@ -999,36 +1032,7 @@ fn compiled_exp_f32_is_within_two_ulp_over_the_whole_range() {
     let n = xs.len() as i64;
     let t = DataType::f32();
     let a: Vec<f64> = xs.iter().map(|x| f64::from(*x)).collect();
-    let vectorized = {
-        let buf = |name: &str| Buffer::new(name, t, vec![Expr::from(n)]);
-        let (ab, bb, cb) = (buf("A"), buf("B"), buf("C"));
-        let (o, l) = (
-            Var::new("o", DataType::i64()),
-            Var::new("l", DataType::i64()),
-        );
-        let i = Expr::Var(o.clone()) * 16i64 + Expr::Var(l.clone());
-        let body = Stmt::For {
-            var: o,
-            min: Expr::from(0i64),
-            extent: Expr::from(n / 16),
-            kind: kiln::ir::ForKind::Serial,
-            body: Box::new(Stmt::For {
-                var: l,
-                min: Expr::from(0i64),
-                extent: Expr::from(16i64),
-                kind: kiln::ir::ForKind::Vectorized,
-                body: Box::new(cb.store(
-                    vec![i.clone()],
-                    value(Intrinsic::Exp, t, ab.load(vec![i]), Expr::from(0.0f32)),
-                )),
-            }),
-        };
-        PrimFunc::new(
-            "f",
-            vec![Param::Buffer(ab), Param::Buffer(bb), Param::Buffer(cb)],
-            body,
-        )
-    };
+    let vectorized = vectorized_func(Intrinsic::Exp, t, n);
     for ((what, f), (cpu, opts)) in [
         ("scalar", cpu_func(Intrinsic::Exp, t, n)),
         ("vectorized", vectorized),
@@ -1152,36 +1156,7 @@ fn compiled_erf_f32_is_within_four_ulp() {
     let a: Vec<f64> = xs.iter().map(|x| f64::from(*x)).collect();
     let scalar = cpu_func(Intrinsic::Erf, t, n);
     let want = interpret(&scalar, t, &a, &a);
-    let vectorized = {
-        let buf = |name: &str| Buffer::new(name, t, vec![Expr::from(n)]);
-        let (ab, bb, cb) = (buf("A"), buf("B"), buf("C"));
-        let (o, l) = (
-            Var::new("o", DataType::i64()),
-            Var::new("l", DataType::i64()),
-        );
-        let i = Expr::Var(o.clone()) * 16i64 + Expr::Var(l.clone());
-        let body = Stmt::For {
-            var: o,
-            min: Expr::from(0i64),
-            extent: Expr::from(n / 16),
-            kind: kiln::ir::ForKind::Serial,
-            body: Box::new(Stmt::For {
-                var: l,
-                min: Expr::from(0i64),
-                extent: Expr::from(16i64),
-                kind: kiln::ir::ForKind::Vectorized,
-                body: Box::new(cb.store(
-                    vec![i.clone()],
-                    value(Intrinsic::Erf, t, ab.load(vec![i]), Expr::from(0.0f32)),
-                )),
-            }),
-        };
-        PrimFunc::new(
-            "f",
-            vec![Param::Buffer(ab), Param::Buffer(bb), Param::Buffer(cb)],
-            body,
-        )
-    };
+    let vectorized = vectorized_func(Intrinsic::Erf, t, n);
     for ((what, f), (cpu, opts)) in [("scalar", scalar.clone()), ("vectorized", vectorized)]
         .into_iter()
         .flat_map(|wf| host_and_no_fma().into_iter().map(move |o| (wf.clone(), o)))

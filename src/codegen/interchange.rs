@@ -72,7 +72,7 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool)
         min,
         extent,
         kind: ForKind::Serial,
-        body,
+        ..
     } = s
     else {
         return None;
@@ -80,32 +80,15 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool)
     if !matches!(min, Expr::IntImm { .. }) || extent.as_int().is_none_or(|n| n < MIN_LANES) {
         return None;
     }
-    let (init, nest) = match body.as_ref() {
-        Stmt::Seq(items) if items.len() == 2 => (Some(&items[0]), &items[1]),
-        nest @ Stmt::For { .. } => (None, nest),
-        _ => return None,
-    };
-    // The reduction nest, outermost first, and its innermost body.
-    let mut loops: Vec<(&Var, &Expr, &Expr, ForKind)> = Vec::new();
-    let mut cur = nest;
-    while let Stmt::For {
-        var,
-        min,
-        extent,
-        kind,
-        body,
-    } = cur
+    // The initialization, the reduction nest (outermost first) and its innermost store.
+    let (init, loops, cur) = reduction_parts(s)?;
+    if loops.is_empty()
+        || loops.iter().any(|(_, min, extent, kind)| {
+            !matches!(kind, ForKind::Serial | ForKind::Unrolled)
+                || min.mentions(j)
+                || extent.mentions(j)
+        })
     {
-        if !matches!(kind, ForKind::Serial | ForKind::Unrolled)
-            || min.mentions(j)
-            || extent.mentions(j)
-        {
-            return None;
-        }
-        loops.push((var, min, extent, *kind));
-        cur = body;
-    }
-    if loops.is_empty() {
         return None;
     }
     let Stmt::Store {
@@ -554,10 +537,15 @@ fn packed(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, stored: &HashSet<VarId>
     Some(out)
 }
 
+/// A loop of a reduction nest: its variable, `min`, `extent` and kind.
+type NestLoop<'a> = (&'a Var, &'a Expr, &'a Expr, ForKind);
+
+/// A spatial loop's initialization (if any), reduction nest and innermost store.
+type ReductionParts<'a> = (Option<&'a Stmt>, Vec<NestLoop<'a>>, &'a Stmt);
+
 /// The parts of a spatial loop around a reduction nest: the initialization (if any), the nest's
 /// loops and the innermost update; `None` when `s` is not one.
-#[allow(clippy::type_complexity)]
-fn reduction_parts(s: &Stmt) -> Option<(Option<&Stmt>, Vec<(&Var, &Expr, &Expr, ForKind)>, &Stmt)> {
+fn reduction_parts(s: &Stmt) -> Option<ReductionParts<'_>> {
     let Stmt::For { body, .. } = s else {
         return None;
     };
