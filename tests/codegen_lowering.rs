@@ -7,14 +7,12 @@
 
 mod common;
 
-use common::HostArray;
 use kiln::codegen::interchange::interchange_reductions;
-use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::codegen::llvm::CodegenOptions;
 use kiln::codegen::peel::hoist_first_iteration_guards;
 use kiln::ir::builder::exp;
 use kiln::ir::interp::{HostBuffer, InterpArg};
-use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
-use kiln::packed_func::Module;
+use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, Var};
 use kiln::target::Target;
 
 fn int(v: i64) -> Expr {
@@ -167,18 +165,7 @@ fn compiled(f: &PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
     let t = Target::parse(r#"{"kind": "llvm", "mcpu": "native", "fast-math-contract": false}"#)
         .unwrap();
     let opts = CodegenOptions::from_target(&t).unwrap();
-    let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &opts).unwrap();
-    let pf = m.require_function(&f.name).unwrap();
-    let mut arrays: Vec<HostArray> = inputs(shapes)
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| HostArray::f32(s, v))
-        .collect();
-    let dls: Vec<kiln::packed_func::DLTensor> = arrays.iter_mut().map(HostArray::dl).collect();
-    let views: Vec<kiln::packed_func::AnyView> =
-        dls.iter().map(kiln::packed_func::AnyView::from).collect();
-    pf.call(&views).unwrap();
-    arrays.last().unwrap().to_f32()
+    common::jit_last_on(f, shapes, &opts, &inputs(shapes))
 }
 
 /// The interpreter on [`inputs`]; returns the last buffer.

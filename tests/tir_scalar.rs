@@ -124,6 +124,44 @@ fn cpu_func(op: Intrinsic, t: DataType, n: i64) -> PrimFunc {
     )
 }
 
+/// A float32's position in the order of the floats (adjacent floats differ by 1, `-0.0` and
+/// `+0.0` are 0): distances in it are ulps.
+fn f32_key(v: f32) -> i64 {
+    let b = v.to_bits() as i32;
+    i64::from(if b < 0 { i32::MIN - b } else { b })
+}
+
+/// The float32 at position `k` of [`f32_key`].
+fn f32_from_key(k: i64) -> f32 {
+    let b = if k < 0 { i32::MIN - k as i32 } else { k as i32 };
+    f32::from_bits(b as u32)
+}
+
+/// Test inputs: every `step`-th float32 from `lo` to `hi`, the floats within `around` ulp of
+/// each of `edges`, then `extra`, padded with `pad` to a multiple of 16 (the vector width of
+/// the vectorized test functions).
+fn float_samples(
+    (lo, hi, step): (f32, f32, i64),
+    (edges, around): (&[f32], i64),
+    extra: &[f32],
+    pad: f32,
+) -> Vec<f32> {
+    let mut xs: Vec<f32> = (f32_key(lo)..=f32_key(hi))
+        .step_by(step as usize)
+        .map(f32_from_key)
+        .collect();
+    for e in edges {
+        for d in -around..=around {
+            xs.push(f32_from_key(f32_key(*e) + d));
+        }
+    }
+    xs.extend_from_slice(extra);
+    while xs.len() % 16 != 0 {
+        xs.push(pad);
+    }
+    xs
+}
+
 /// `C[i] = op(A[i])` (`A`, `B`, `C` of `n` elements, `n` a multiple of 16) in a loop of 16
 /// vectorized lanes, which kiln's emitter writes as vector code.
 fn vectorized_func(op: Intrinsic, t: DataType, n: i64) -> PrimFunc {
@@ -285,8 +323,7 @@ fn ulps(t: DataType, x: f64, y: f64) -> u64 {
     }
     let key = |v: f64| -> i64 {
         if t == DataType::f32() {
-            let b = (v as f32).to_bits() as i32;
-            i64::from(if b < 0 { i32::MIN - b } else { b })
+            f32_key(v as f32)
         } else {
             let b = v.to_bits() as i64;
             if b < 0 {
@@ -959,18 +996,13 @@ fn fast_exp_is_the_same_bits_on_every_backend() {
 #[test]
 fn fast_exp_is_within_two_ulp_of_exp() {
     use kiln::ir::approx::fast_exp_f32;
-    let key = |v: f32| -> i64 {
-        let b = v.to_bits() as i32;
-        i64::from(if b < 0 { i32::MIN - b } else { b })
-    };
-    let (lo, hi) = (key(-87.0), key(88.0));
+    let (lo, hi) = (f32_key(-87.0), f32_key(88.0));
     let mut worst = (0u64, 0f32);
     let mut k = lo;
     while k <= hi {
-        let b = if k < 0 { i32::MIN - k as i32 } else { k as i32 };
-        let x = f32::from_bits(b as u32);
+        let x = f32_from_key(k);
         let want = (f64::from(x)).exp() as f32;
-        let d = key(fast_exp_f32(x)).abs_diff(key(want));
+        let d = f32_key(fast_exp_f32(x)).abs_diff(f32_key(want));
         if d > worst.0 {
             worst = (d, x);
         }
@@ -992,43 +1024,28 @@ fn fast_exp_is_within_two_ulp_of_exp() {
 /// rounds to, NaN stays NaN.
 #[test]
 fn compiled_exp_f32_is_within_two_ulp_over_the_whole_range() {
-    let key = |v: f32| -> i64 {
-        let b = v.to_bits() as i32;
-        i64::from(if b < 0 { i32::MIN - b } else { b })
-    };
-    let from_key = |k: i64| {
-        let b = if k < 0 { i32::MIN - k as i32 } else { k as i32 };
-        f32::from_bits(b as u32)
-    };
-    let mut xs: Vec<f32> = Vec::new();
-    let mut k = key(-110.0);
-    while k <= key(95.0) {
-        xs.push(from_key(k));
-        k += 1009;
-    }
-    // The edges: ±0, ±∞, NaN, the last finite result, the first infinite one, the subnormal
-    // range and the last nonzero result.
-    for e in [
-        88.72283, 88.722_84, 88.7229, -87.33654, -87.3366, -100.0, -103.27893, -103.972,
-    ] {
-        for d in -3..=3 {
-            xs.push(from_key(key(e) + d));
-        }
-    }
-    xs.extend([
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        1.0,
-        -1.0,
-        1e-30,
-    ]);
-    // A multiple of the vector width.
-    while xs.len() % 16 != 0 {
-        xs.push(0.5);
-    }
+    // The edges: the last finite result, the first infinite one, the subnormal range and the
+    // last nonzero result; and ±0, ±∞, NaN.
+    let xs = float_samples(
+        (-110.0, 95.0, 1009),
+        (
+            &[
+                88.72283, 88.722_84, 88.7229, -87.33654, -87.3366, -100.0, -103.27893, -103.972,
+            ],
+            3,
+        ),
+        &[
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1.0,
+            -1.0,
+            1e-30,
+        ],
+        0.5,
+    );
     let n = xs.len() as i64;
     let t = DataType::f32();
     let a: Vec<f64> = xs.iter().map(|x| f64::from(*x)).collect();
@@ -1050,7 +1067,7 @@ fn compiled_exp_f32_is_within_two_ulp_over_the_whole_range() {
                 assert!(g.is_nan(), "{what}: exp(NaN) = {g}");
                 continue;
             }
-            let d = key(g).abs_diff(key(want));
+            let d = f32_key(g).abs_diff(f32_key(want));
             if d > worst.0 {
                 worst = (d, *x);
             }
@@ -1081,7 +1098,7 @@ fn compiled_exp_f32_is_within_two_ulp_over_the_whole_range() {
             assert!(g.is_nan());
             continue;
         }
-        let d = key(*g as f32).abs_diff(key(want));
+        let d = f32_key(*g as f32).abs_diff(f32_key(want));
         assert!(d <= 3, "sigmoid({x:e}) = {g} is {d} ulp from {want}");
     }
 }
@@ -1119,38 +1136,24 @@ fn cpu_exp_f32_is_inline_and_vectorized() {
 /// pieces, and ±0, ±∞ (±1) and NaN, in scalar code and in a loop kiln vectorizes.
 #[test]
 fn compiled_erf_f32_is_within_four_ulp() {
-    let key = |v: f32| -> i64 {
-        let b = v.to_bits() as i32;
-        i64::from(if b < 0 { i32::MIN - b } else { b })
-    };
-    let from_key = |k: i64| {
-        let b = if k < 0 { i32::MIN - k as i32 } else { k as i32 };
-        f32::from_bits(b as u32)
-    };
-    let mut xs: Vec<f32> = Vec::new();
-    let mut k = key(-6.0);
-    while k <= key(6.0) {
-        xs.push(from_key(k));
-        k += 257;
-    }
-    for e in [
-        0.921_875f32,
-        -0.921_875,
-        3.92,
-        -3.92,
-        1e-20,
-        -1e-38,
-        2.0,
-        0.5,
-    ] {
-        for d in -2..=2 {
-            xs.push(from_key(key(e) + d));
-        }
-    }
-    xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
-    while xs.len() % 16 != 0 {
-        xs.push(0.25);
-    }
+    let xs = float_samples(
+        (-6.0, 6.0, 257),
+        (
+            &[
+                0.921_875f32,
+                -0.921_875,
+                3.92,
+                -3.92,
+                1e-20,
+                -1e-38,
+                2.0,
+                0.5,
+            ],
+            2,
+        ),
+        &[0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN],
+        0.25,
+    );
     let n = xs.len() as i64;
     let t = DataType::f32();
     let a: Vec<f64> = xs.iter().map(|x| f64::from(*x)).collect();

@@ -253,11 +253,11 @@ mod identity_tests {
     #[test]
     fn the_mapping_holding_an_address_names_its_file() {
         let maps = "55d0-55e0 r-xp 00000000 08:01 12 /usr/bin/python3.11\n\
-                    7f00-7f80 r-xp 00001000 08:01 34 /work/target/libkiln_python.so\n\
+                    7f00-7f80 r-xp 00001000 08:01 34 /opt/kiln/lib/libkiln_python.so\n\
                     7f80-7f90 rw-p 00000000 00:00 0 [heap]\n";
         assert_eq!(
             mapped_file(maps, 0x7f10),
-            Some("/work/target/libkiln_python.so".into())
+            Some("/opt/kiln/lib/libkiln_python.so".into())
         );
         assert_eq!(
             mapped_file(maps, 0x55d0),

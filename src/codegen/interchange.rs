@@ -56,17 +56,33 @@ fn collect_allocations(s: &Stmt, out: &mut HashSet<VarId>) {
 }
 
 fn rewrite(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Stmt {
-    if let Some(r) = interchanged(s, unaliased, false) {
+    if let Some(r) = interchanged(s, unaliased) {
         return r;
     }
     s.map_children(|c| rewrite(c, unaliased))
 }
 
-/// `s` interchanged, if it is a spatial loop around a reduction nest that follows the rule.
-///
-/// With `legal_only`, loads that are not contiguous in `j` are allowed and `s` itself is
-/// returned where the rule holds otherwise (for [`pack_transposed_operands`]).
-fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool) -> Option<Stmt> {
+/// A spatial loop around a reduction nest that follows the rule (module docs), as
+/// [`analyze`] finds it.
+struct Nest<'a> {
+    /// The spatial loop's variable, `min` and `extent`.
+    j: &'a Var,
+    min: &'a Expr,
+    extent: &'a Expr,
+    /// The initialization in front of the nest, if any.
+    init: Option<&'a Stmt>,
+    /// The reduction loops, outermost first.
+    loops: Vec<NestLoop<'a>>,
+    /// The innermost store, `X[I] = v`.
+    update: &'a Stmt,
+    /// Whether every load in `v` is free of `j` or contiguous in it (else a vector would
+    /// gather: the rule holds but for that, which [`pack_transposed_operands`] mends).
+    contiguous: bool,
+}
+
+/// `s` as a [`Nest`], if it is a spatial loop around a reduction nest that follows the rule
+/// with the possible exception of the loads' contiguity.
+fn analyze<'a>(s: &'a Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Nest<'a>> {
     let Stmt::For {
         var: j,
         min,
@@ -80,8 +96,7 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool)
     if !matches!(min, Expr::IntImm { .. }) || extent.as_int().is_none_or(|n| n < MIN_LANES) {
         return None;
     }
-    // The initialization, the reduction nest (outermost first) and its innermost store.
-    let (init, loops, cur) = reduction_parts(s)?;
+    let (init, loops, update) = reduction_parts(s)?;
     if loops.is_empty()
         || loops.iter().any(|(_, min, extent, kind)| {
             !matches!(kind, ForKind::Serial | ForKind::Unrolled)
@@ -95,7 +110,7 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool)
         buffer: x,
         indices,
         value,
-    } = cur
+    } = update
     else {
         return None;
     };
@@ -111,7 +126,7 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool)
         return None;
     }
     let (legal, contiguous) = value_ok(value, x, indices, j);
-    if !legal || !(contiguous || legal_only) {
+    if !legal {
         return None;
     }
     if let Some(init) = init {
@@ -131,11 +146,33 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, legal_only: bool)
             return None;
         }
     }
-    if legal_only {
-        return Some(s.clone());
+    Some(Nest {
+        j,
+        min,
+        extent,
+        init,
+        loops,
+        update,
+        contiguous,
+    })
+}
+
+/// `s` interchanged, if it is a spatial loop around a reduction nest that follows the rule.
+fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
+    let Nest {
+        j,
+        min,
+        extent,
+        init,
+        loops,
+        update,
+        contiguous,
+    } = analyze(s, unaliased)?;
+    if !contiguous {
+        return None;
     }
     // The new nest: the reduction loops around the spatial loop around the update.
-    let mut inner = spatial_loop(j, min, extent, cur);
+    let mut inner = spatial_loop(j, min, extent, update);
     for (var, lo, n, kind) in loops.iter().rev() {
         inner = Stmt::For {
             var: (*var).clone(),
@@ -396,22 +433,19 @@ fn packed(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool, stored: &HashSet<VarId>
             _ => return None,
         }
     }
-    let j_loop = *chain.last()?;
-    let Stmt::For {
-        var: j,
+    let Nest {
+        j,
         min: jmin,
         extent: jext,
-        kind: ForKind::Serial,
+        loops,
+        update,
+        contiguous,
         ..
-    } = j_loop
-    else {
-        return None;
-    };
-    let (n, jlo) = (jext.as_int()?, jmin.as_int()?);
-    if n < MIN_LANES || interchanged(j_loop, unaliased, true).is_none() {
-        return None;
+    } = analyze(chain.last()?, unaliased)?;
+    if contiguous {
+        return None; // nothing to copy: the interchange applies as it is
     }
-    let (_, loops, update) = reduction_parts(j_loop)?;
+    let (n, jlo) = (jext.as_int()?, jmin.as_int()?);
     let Stmt::Store { value, .. } = update else {
         return None;
     };

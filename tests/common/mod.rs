@@ -303,6 +303,17 @@ pub fn jit_last(
     shapes: &[Vec<i64>],
     opts: &kiln::codegen::llvm::CodegenOptions,
 ) -> Vec<f32> {
+    jit_last_on(f, shapes, opts, &schedule_inputs(shapes))
+}
+
+/// Runs `f` JIT-compiled with `opts` on `inputs` (one `float32` array per shape); returns the
+/// last buffer.
+pub fn jit_last_on(
+    f: &kiln::ir::PrimFunc,
+    shapes: &[Vec<i64>],
+    opts: &kiln::codegen::llvm::CodegenOptions,
+    inputs: &[Vec<f32>],
+) -> Vec<f32> {
     use kiln::packed_func::Module;
     let m = kiln::codegen::llvm::LlvmModule::jit(
         &kiln::ir::IRModule::from_functions(vec![f.clone()]),
@@ -310,7 +321,7 @@ pub fn jit_last(
     )
     .unwrap();
     let pf = m.require_function(&f.name).unwrap();
-    let mut arrays: Vec<HostArray> = schedule_inputs(shapes)
+    let mut arrays: Vec<HostArray> = inputs
         .iter()
         .zip(shapes)
         .map(|(v, s)| HostArray::f32(s, v))

@@ -357,29 +357,23 @@ impl Emitter<'_> {
             DataType::f64()
         };
         let op = if signed { "fptosi" } else { "fptoui" };
-        let r = self.assign(tt, format!("{op} {} to {tt}", x.typed()));
+        let mut r = self.assign(tt, format!("{op} {} to {tt}", x.typed()));
         // The maximum and the minimum as LLVM reads them (an unsigned maximum is all ones).
         let (max, min) = if signed {
             (((1u64 << k) - 1).to_string(), format!("-{}", 1u64 << k))
         } else {
             ("-1".to_string(), "0".to_string())
         };
-        let big = self.assign(
-            "i1",
-            format!("fcmp oge {}, {}", x.typed(), float_const(fdt, two_k)),
-        );
-        let r = self.assign(
-            tt,
-            format!("select i1 {}, {tt} {max}, {}", big.v, r.typed()),
-        );
-        let small = self.assign(
-            "i1",
-            format!("fcmp olt {}, {}", x.typed(), float_const(fdt, lo)),
-        );
-        let r = self.assign(
-            tt,
-            format!("select i1 {}, {tt} {min}, {}", small.v, r.typed()),
-        );
+        for (pred, bound, limit) in [("oge", two_k, max), ("olt", lo, min)] {
+            let out = self.assign(
+                "i1",
+                format!("fcmp {pred} {}, {}", x.typed(), float_const(fdt, bound)),
+            );
+            r = self.assign(
+                tt,
+                format!("select i1 {}, {tt} {limit}, {}", out.v, r.typed()),
+            );
+        }
         let nan = self.assign("i1", format!("fcmp uno {}, 0.0", x.typed()));
         Some(self.assign(tt, format!("select i1 {}, {tt} 0, {}", nan.v, r.typed())))
     }

@@ -255,25 +255,9 @@ impl Emitter<'_> {
     /// of `erf` (the bound tested); the coefficients are in [`crate::ir::approx`].
     pub(super) fn erf_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
         use crate::ir::approx::{ERF_CENTER, ERF_CLAMP, ERF_LARGE_POLY, ERF_SMALL_POLY, ERF_SPLIT};
-        let vec = n > 1;
-        let c = |v: f64| -> String {
-            let s = float_const(DataType::f32(), v);
-            if vec {
-                Self::splat_const(n, sty, &s)
-            } else {
-                s
-            }
-        };
-        let bty = if vec {
-            format!("<{n} x i1>")
-        } else {
-            "i1".to_owned()
-        };
-        let sfx = if vec {
-            format!("v{n}f32")
-        } else {
-            "f32".to_owned()
-        };
+        let l = F32Lanes { n, sty };
+        let c = |v: f64| l.constant(v);
+        let (bty, sfx) = (l.of("i1"), l.suffix());
         // `fmuladd`: fused where the CPU has FMA, else a multiply and an add (not libm's `fmaf`).
         for (f, args) in [("fmuladd", 3), ("fabs", 1), ("copysign", 2)] {
             let params = vec![ty; args].join(", ");
@@ -343,25 +327,9 @@ impl Emitter<'_> {
     }
 
     fn exp_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val, full_range: bool) -> Val {
-        let vec = n > 1;
-        let c = |v: f64| -> String {
-            let s = float_const(DataType::f32(), v);
-            if vec {
-                Self::splat_const(n, sty, &s)
-            } else {
-                s
-            }
-        };
-        let (ity, bty) = if vec {
-            (format!("<{n} x i32>"), format!("<{n} x i1>"))
-        } else {
-            ("i32".to_owned(), "i1".to_owned())
-        };
-        let sfx = if vec {
-            format!("v{n}f32")
-        } else {
-            "f32".to_owned()
-        };
+        let l = F32Lanes { n, sty };
+        let c = |v: f64| l.constant(v);
+        let (ity, bty, sfx) = (l.of("i32"), l.of("i1"), l.suffix());
         // The full-range `exp` is no bit-exact definition: `fmuladd` lets LLVM fuse where the
         // CPU has FMA and multiply and add where it has not (`llvm.fma` would be a call of
         // libm's software `fmaf` there: x86-64 without `-mcpu`, TVM's default `llvm`).
@@ -444,7 +412,7 @@ impl Emitter<'_> {
         let y0 = fma(self, &p.v, &rr.v, &r.v);
         let y = self.assign(ty, format!("fadd {ty} {}, {}", y0.v, c(1.0)));
         let ic = |v: &str| -> String {
-            if vec {
+            if n > 1 {
                 Self::splat_const(n, "i32", v)
             } else {
                 v.to_owned()
@@ -486,5 +454,43 @@ impl Emitter<'_> {
             ty,
             format!("select {bty} {}, {ty} {}, {ty} {}", nan.v, x.v, e.v),
         )
+    }
+}
+
+/// The types and constants of float32 code of `n` lanes (`n == 1`: scalar code), for the
+/// inline `exp` and `erf`.
+struct F32Lanes<'a> {
+    n: i64,
+    /// The scalar float type's name.
+    sty: &'a str,
+}
+
+impl F32Lanes<'_> {
+    /// The float32 constant `v`, splat across the lanes.
+    fn constant(&self, v: f64) -> String {
+        let s = float_const(DataType::f32(), v);
+        if self.n > 1 {
+            Emitter::splat_const(self.n, self.sty, &s)
+        } else {
+            s
+        }
+    }
+
+    /// The type of `n` values of scalar type `elem`.
+    fn of(&self, elem: &str) -> String {
+        if self.n > 1 {
+            format!("<{} x {elem}>", self.n)
+        } else {
+            elem.to_owned()
+        }
+    }
+
+    /// The suffix of LLVM's float32 intrinsics for these lanes (`f32`, `v16f32`).
+    fn suffix(&self) -> String {
+        if self.n > 1 {
+            format!("v{}f32", self.n)
+        } else {
+            "f32".to_owned()
+        }
     }
 }

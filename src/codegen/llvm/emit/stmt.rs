@@ -197,7 +197,13 @@ impl Emitter<'_> {
 
     /// `!llvm.loop` metadata that keeps a loop as it is: not vectorized, interleaved or unrolled.
     pub(super) fn no_unroll_metadata(&mut self) -> String {
-        let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
+        self.fixed_width_metadata(1)
+    }
+
+    /// `!llvm.loop` metadata for a loop vectorized `width` lanes wide (1: not vectorized), not
+    /// interleaved and not unrolled.
+    fn fixed_width_metadata(&mut self, width: i64) -> String {
+        let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 {width}}}"));
         let il = self.md(|n| format!("!{n} = !{{!\"llvm.loop.interleave.count\", i32 1}}"));
         let un = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.disable\"}}"));
         let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}, !{il}, !{un}}}"));
@@ -304,11 +310,7 @@ impl Emitter<'_> {
             // the straight-line code, or vectorizes 32 lanes where the row has 48: a row of 48
             // int8 values computed in int32 ran 32 lanes vectorized and 16 scalar, 0.4x TVM's
             // time (whose LLVM 22 takes three 16-lane vectors).
-            let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 {width}}}"));
-            let il = self.md(|n| format!("!{n} = !{{!\"llvm.loop.interleave.count\", i32 1}}"));
-            let un = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.disable\"}}"));
-            let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}, !{il}, !{un}}}"));
-            format!(", !llvm.loop !{id}")
+            self.fixed_width_metadata(width)
         } else {
             self.loop_metadata(kind, group.as_deref())
         };
