@@ -12,7 +12,7 @@ use kiln::codegen::llvm::CodegenOptions;
 use kiln::codegen::peel::hoist_first_iteration_guards;
 use kiln::ir::builder::exp;
 use kiln::ir::interp::{HostBuffer, InterpArg};
-use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, Var};
+use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt, StorageScope, Var};
 use kiln::target::Target;
 
 fn int(v: i64) -> Expr {
@@ -439,4 +439,68 @@ fn a_copy_in_front_of_a_parallel_loop_is_shared_by_its_threads() {
         }
         assert_same_bits(&f, &[vec![m, k], vec![n, k], vec![m, n]]);
     }
+}
+
+/// A stride-2 window sum between two workspace buffers (TVM's `avg_pool2d` with padding:
+/// `pad_temp` and `pool_sum` are both allocated in the function): `T = X`, `S[o] = T[2o] +
+/// T[2o + 1] + T[2o + 2]`, `Y = S`.
+fn window_sum_through_workspaces(n: i64) -> PrimFunc {
+    let (x, y) = (buf("X", &[2 * n + 2]), buf("Y", &[n]));
+    let t = buf("T", &[2 * n + 2]).with_scope(StorageScope::Workspace);
+    let s = buf("S", &[n]).with_scope(StorageScope::Workspace);
+    let (i, o, r, j) = (var("i"), var("o"), var("r"), var("j"));
+    let e = |v: &Var| Expr::Var(v.clone());
+    let body = Stmt::Seq(vec![
+        for_(&i, int(2 * n + 2), t.store(vec![e(&i)], x.load(vec![e(&i)]))),
+        for_(
+            &o,
+            int(n),
+            tvm_reduction(
+                &r,
+                int(3),
+                &s,
+                vec![e(&o)],
+                t.load(vec![e(&o) * 2i32 + e(&r)]),
+            ),
+        ),
+        for_(&j, int(n), y.store(vec![e(&j)], s.load(vec![e(&j)]))),
+    ]);
+    let body = Stmt::Allocate {
+        buffer: t,
+        body: Box::new(Stmt::Allocate {
+            buffer: s,
+            body: Box::new(body),
+        }),
+    };
+    PrimFunc::new("f", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true)
+}
+
+#[test]
+fn workspace_buffers_do_not_alias_each_other() {
+    // Two allocations never overlap, and LLVM is told so: the window's sum stays in a
+    // register and `S[o]` is stored once per `o`, not once per tap (a store after every add
+    // made `avg_pool2d` 1.4x slower than TVM's build).
+    use kiln::packed_func::Module;
+    let n = 512;
+    let f = window_sum_through_workspaces(n);
+    let shapes = [vec![2 * n + 2], vec![n]];
+    assert_same_bits(&f, &shapes);
+    let m = kiln::codegen::llvm::LlvmModule::jit(
+        &kiln::ir::IRModule::from_functions(vec![f]),
+        &CodegenOptions::host(),
+    )
+    .unwrap();
+    let ll = m.get_source("ll").unwrap();
+    // With `S` kept in a register, the window's three adds come between two scalar stores;
+    // stored per tap, one add would.
+    let most_adds_between_stores = ll
+        .split("store float")
+        .skip(1)
+        .map(|seg| seg.matches("fadd float").count())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        most_adds_between_stores >= 3,
+        "the window sum was stored per tap:\n{ll}"
+    );
 }
