@@ -451,7 +451,11 @@ fn window_sum_through_workspaces(n: i64) -> PrimFunc {
     let (i, o, r, j) = (var("i"), var("o"), var("r"), var("j"));
     let e = |v: &Var| Expr::Var(v.clone());
     let body = Stmt::Seq(vec![
-        for_(&i, int(2 * n + 2), t.store(vec![e(&i)], x.load(vec![e(&i)]))),
+        for_(
+            &i,
+            int(2 * n + 2),
+            t.store(vec![e(&i)], x.load(vec![e(&i)])),
+        ),
         for_(
             &o,
             int(n),
@@ -503,4 +507,38 @@ fn workspace_buffers_do_not_alias_each_other() {
         most_adds_between_stores >= 3,
         "the window sum was stored per tap:\n{ll}"
     );
+}
+
+#[test]
+fn an_index_cast_of_known_range_is_a_plain_conversion() {
+    // TOPI's bilinear resize computes its source column as `int32(floor((x + 0.5) * 0.8 -
+    // 0.5))`, in [-1, 15] for x in [0, 20): no saturation is emitted for it (`codegen::bounds`),
+    // while the cast of a loaded value keeps it. Both agree with the interpreter.
+    use kiln::codegen::llvm::{generate_ir, Linkage};
+    use kiln::ir::builder::floor;
+    let (src, out) = (buf("X", &[16]), buf("Y", &[20]));
+    let x = var("x");
+    let e = |v: &Var| Expr::Var(v.clone());
+    let col = floor((e(&x).cast(DataType::f32()) + 0.5f32) * 0.8f32 - 0.5f32).cast(DataType::i32());
+    let clamped = col.clone().min(15i32).max(0i32);
+    let data = src.load(vec![clamped.clone()]) * 100.0f32;
+    let value = src.load(vec![clamped])
+        + col.cast(DataType::f32())
+        + data.cast(DataType::i32()).cast(DataType::f32());
+    let f = PrimFunc::new(
+        "f",
+        vec![Param::Buffer(src), Param::Buffer(out.clone())],
+        for_(&x, int(20), out.store(vec![e(&x)], value)),
+    )
+    .with_noalias(true);
+    assert_same_bits(&f, &[vec![16], vec![20]]);
+    let ir = generate_ir(
+        &kiln::ir::IRModule::from_functions(vec![f]),
+        &CodegenOptions::host(),
+        &Linkage::Export,
+    )
+    .unwrap();
+    // 2^31 as a float is the upper test of a saturating conversion to int32: once, for the
+    // loaded value.
+    assert_eq!(ir.matches("0x41E0000000000000").count(), 1, "{ir}");
 }

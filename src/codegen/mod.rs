@@ -16,6 +16,8 @@
 //! ([`crate::runtime`]), never the code generator's.
 
 #[cfg(feature = "llvm")]
+pub(crate) mod bounds;
+#[cfg(feature = "llvm")]
 pub mod cache;
 #[cfg(feature = "llvm")]
 pub mod cuda;

@@ -318,9 +318,9 @@ fn generate<const N: usize>(
                 let lowered = crate::codegen::reduce::lower_minmax_reductions(&split);
                 let peeled = crate::codegen::peel::hoist_first_iteration_guards(&lowered);
                 let packed = crate::codegen::interchange::pack_transposed_operands(f, &peeled);
-                e.stmt(&crate::codegen::interchange::interchange_reductions(
-                    f, &packed,
-                ))?;
+                let body = crate::codegen::interchange::interchange_reductions(f, &packed);
+                e.in_range_casts = Arc::new(crate::codegen::bounds::in_range_casts(&body));
+                e.stmt(&body)?;
             }
             e.line("ret i32 0");
             e.finish()

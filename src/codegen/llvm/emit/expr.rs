@@ -65,6 +65,16 @@ impl Emitter<'_> {
             Expr::Cast { dtype, value } => {
                 let from = value.dtype();
                 let x = self.expr(value)?;
+                if self.in_range_casts.contains(&(e as *const Expr as usize)) {
+                    // Provably in range and not NaN (`codegen::bounds`): nothing saturates.
+                    let op = if is_signed(*dtype) {
+                        "fptosi"
+                    } else {
+                        "fptoui"
+                    };
+                    let tt = reg_ty(*dtype);
+                    return Ok(self.assign(&tt, format!("{op} {} to {tt}", x.typed())));
+                }
                 self.cast(from, *dtype, x)
             }
             Expr::Load { buffer, indices } => {

@@ -56,6 +56,7 @@ mod vector;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::ir::{DataType, TypeCode, VarId};
 
@@ -318,6 +319,9 @@ pub(crate) struct Emitter<'m> {
     /// In an NVPTX kernel whose shared memory is dynamic: each `shared` allocation's byte
     /// offset in it (`kernel.rs`).
     dyn_shared: Option<HashMap<VarId, u64>>,
+    /// The float → integer casts of the body that cannot saturate, by address
+    /// (`codegen::bounds`): each is a plain conversion.
+    pub in_range_casts: Arc<HashSet<usize>>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -355,6 +359,7 @@ impl<'m> Emitter<'m> {
             stream_buf: None,
             next_extent: None,
             dyn_shared: None,
+            in_range_casts: Arc::default(),
         }
     }
 

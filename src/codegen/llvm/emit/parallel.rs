@@ -67,6 +67,7 @@ impl Emitter<'_> {
         // The lambda body, in its own emitter.
         let text = {
             let mut sub = Emitter::new(self.m, self.opts, &lname, self.metadata, self.md_next);
+            sub.in_range_casts = self.in_range_casts.clone();
             let cd = sub.assign(&format!("{sty}*"), format!("bitcast i8* %cdata to {sty}*"));
             let load_field = |e: &mut Emitter, idx: usize, ty: &str| -> Val {
                 let p = e.assign(
