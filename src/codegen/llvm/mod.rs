@@ -320,6 +320,7 @@ fn generate<const N: usize>(
                 let packed = crate::codegen::interchange::pack_transposed_operands(f, &peeled);
                 let body = crate::codegen::interchange::interchange_reductions(f, &packed);
                 e.in_range_casts = Arc::new(crate::codegen::bounds::in_range_casts(&body));
+                e.noalias = f.attrs.noalias;
                 e.stmt(&body)?;
             }
             e.line("ret i32 0");

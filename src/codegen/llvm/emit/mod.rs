@@ -322,6 +322,9 @@ pub(crate) struct Emitter<'m> {
     /// The float → integer casts of the body that cannot saturate, by address
     /// (`codegen::bounds`): each is a plain conversion.
     pub in_range_casts: Arc<HashSet<usize>>,
+    /// The function is `noalias`: its buffers (parameters and workspaces) never overlap, which
+    /// a parallel loop's body keeps by taking them as `noalias` arguments (`parallel.rs`).
+    pub noalias: bool,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -360,6 +363,7 @@ impl<'m> Emitter<'m> {
             next_extent: None,
             dyn_shared: None,
             in_range_casts: Arc::default(),
+            noalias: false,
         }
     }
 
