@@ -146,7 +146,7 @@ impl Emitter<'_> {
             inner.in_range_casts = self.in_range_casts.clone();
             inner.noalias = self.noalias;
             for (k, (id, v, is_buf)) in caps.iter().enumerate() {
-                let val = Val::new(&v.ty, &format!("%a{k}"));
+                let val = Val::new(&v.ty, format!("%a{k}"));
                 if *is_buf {
                     inner.bufs.insert(*id, val);
                 } else {
