@@ -542,3 +542,74 @@ fn an_index_cast_of_known_range_is_a_plain_conversion() {
     // loaded value.
     assert_eq!(ir.matches("0x41E0000000000000").count(), 1, "{ir}");
 }
+
+/// `Y[a, b] = X[b, a] * 2 + 1` over `Y[ea, eb]`, `a` of `kind`.
+fn transpose(ea: i64, eb: i64, kind: ForKind) -> PrimFunc {
+    let (x, y) = (buf("X", &[eb, ea]), buf("Y", &[ea, eb]));
+    let (a, b) = (var("a"), var("b"));
+    let e = |v: &Var| Expr::Var(v.clone());
+    let store = y.store(
+        vec![e(&a), e(&b)],
+        x.load(vec![e(&b), e(&a)]) * 2.0f32 + 1.0f32,
+    );
+    let body = Stmt::For {
+        var: a.clone(),
+        min: int(0),
+        extent: int(ea),
+        kind,
+        body: Box::new(for_(&b, int(eb), store)),
+    };
+    PrimFunc::new("f", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true)
+}
+
+#[test]
+fn a_transposing_copy_walks_its_source_in_blocks_of_a_cache_line() {
+    use kiln::codegen::block::block_strided_copies;
+    let f = transpose(40, 48, ForKind::Serial);
+    assert_eq!(
+        loops(&block_strided_copies(&f, &f.body)),
+        ["b_o:serial:3", "a:serial:40", "b_i:serial:16"]
+    );
+    assert_same_bits(&f, &[vec![48, 40], vec![40, 48]]);
+    // A parallel row loop hands its threads to the blocks.
+    let f = transpose(40, 48, ForKind::Parallel);
+    assert_eq!(
+        loops(&block_strided_copies(&f, &f.body)),
+        ["b_o:parallel:3", "a:serial:40", "b_i:serial:16"]
+    );
+    assert_same_bits(&f, &[vec![48, 40], vec![40, 48]]);
+    // Left alone: a row that is not a multiple of a line, a function that may alias, and a
+    // copy that walks no column (`Y[a, b] = X[a, b]`).
+    let f = transpose(40, 40, ForKind::Serial);
+    assert_eq!(
+        loops(&block_strided_copies(&f, &f.body)),
+        ["a:serial:40", "b:serial:40"]
+    );
+    assert_same_bits(&f, &[vec![40, 40], vec![40, 40]]);
+    let f = transpose(40, 48, ForKind::Serial).with_noalias(false);
+    assert_eq!(
+        loops(&block_strided_copies(&f, &f.body)),
+        ["a:serial:40", "b:serial:48"]
+    );
+    let (x, y) = (buf("X", &[40, 48]), buf("Y", &[40, 48]));
+    let (a, b) = (var("a"), var("b"));
+    let e = |v: &Var| Expr::Var(v.clone());
+    let copy = PrimFunc::new(
+        "f",
+        vec![Param::Buffer(x.clone()), Param::Buffer(y.clone())],
+        for_(
+            &a,
+            int(40),
+            for_(
+                &b,
+                int(48),
+                y.store(vec![e(&a), e(&b)], x.load(vec![e(&a), e(&b)])),
+            ),
+        ),
+    )
+    .with_noalias(true);
+    assert_eq!(
+        loops(&block_strided_copies(&copy, &copy.body)),
+        ["a:serial:40", "b:serial:48"]
+    );
+}

@@ -15,6 +15,7 @@
 //! (the thread pool, the kernel-launch service, the library loader) are the runtime's
 //! ([`crate::runtime`]), never the code generator's.
 
+pub mod block;
 #[cfg(feature = "llvm")]
 pub(crate) mod bounds;
 #[cfg(feature = "llvm")]

@@ -305,7 +305,8 @@ fn generate<const N: usize>(
             // max/min reductions in integer-key form (`codegen::reduce`), then reductions'
             // first-iteration initializations hoisted out of their loops (`codegen::peel`),
             // then reduction nests moved outside the spatial loop around them
-            // (`codegen::interchange`);
+            // (`codegen::interchange`), then transposing copies blocked by cache lines
+            // (`codegen::block`);
             // device host code
             // keeps its kernels as written.
             if o.device_host {
@@ -318,7 +319,10 @@ fn generate<const N: usize>(
                 let lowered = crate::codegen::reduce::lower_minmax_reductions(&split);
                 let peeled = crate::codegen::peel::hoist_first_iteration_guards(&lowered);
                 let packed = crate::codegen::interchange::pack_transposed_operands(f, &peeled);
-                let body = crate::codegen::interchange::interchange_reductions(f, &packed);
+                let body = crate::codegen::block::block_strided_copies(
+                    f,
+                    &crate::codegen::interchange::interchange_reductions(f, &packed),
+                );
                 e.in_range_casts = Arc::new(crate::codegen::bounds::in_range_casts(&body));
                 e.noalias = f.attrs.noalias;
                 e.stmt(&body)?;
