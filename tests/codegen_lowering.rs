@@ -565,51 +565,39 @@ fn transpose(ea: i64, eb: i64, kind: ForKind) -> PrimFunc {
 #[test]
 fn a_transposing_copy_walks_its_source_in_blocks_of_a_cache_line() {
     use kiln::codegen::block::block_strided_copies;
-    let f = transpose(40, 48, ForKind::Serial);
+    let blocked = |f: &PrimFunc| loops(&block_strided_copies(f, &f.body));
+    // X is 96 x 256 floats (96 KiB, more than an L1 cache).
+    let f = transpose(256, 96, ForKind::Serial);
     assert_eq!(
-        loops(&block_strided_copies(&f, &f.body)),
-        ["b_o:serial:3", "a:serial:40", "b_i:serial:16"]
+        blocked(&f),
+        ["b_o:serial:6", "a:serial:256", "b_i:serial:16"]
     );
-    assert_same_bits(&f, &[vec![48, 40], vec![40, 48]]);
+    assert_same_bits(&f, &[vec![96, 256], vec![256, 96]]);
     // A parallel row loop hands its threads to the blocks.
-    let f = transpose(40, 48, ForKind::Parallel);
+    let f = transpose(256, 96, ForKind::Parallel);
     assert_eq!(
-        loops(&block_strided_copies(&f, &f.body)),
-        ["b_o:parallel:3", "a:serial:40", "b_i:serial:16"]
+        blocked(&f),
+        ["b_o:parallel:6", "a:serial:256", "b_i:serial:16"]
     );
-    assert_same_bits(&f, &[vec![48, 40], vec![40, 48]]);
-    // Left alone: a row that is not a multiple of a line, a function that may alias, and a
-    // copy that walks no column (`Y[a, b] = X[a, b]`).
-    let f = transpose(40, 40, ForKind::Serial);
-    assert_eq!(
-        loops(&block_strided_copies(&f, &f.body)),
-        ["a:serial:40", "b:serial:40"]
-    );
-    assert_same_bits(&f, &[vec![40, 40], vec![40, 40]]);
-    let f = transpose(40, 48, ForKind::Serial).with_noalias(false);
-    assert_eq!(
-        loops(&block_strided_copies(&f, &f.body)),
-        ["a:serial:40", "b:serial:48"]
-    );
-    let (x, y) = (buf("X", &[40, 48]), buf("Y", &[40, 48]));
+    assert_same_bits(&f, &[vec![96, 256], vec![256, 96]]);
+    // Left alone: a row that is not a multiple of a line, a source that fits in L1, a function
+    // that may alias, and a copy that walks no column (`Y[a, b] = X[a, b]`).
+    let f = transpose(256, 100, ForKind::Serial);
+    assert_eq!(blocked(&f), ["a:serial:256", "b:serial:100"]);
+    assert_same_bits(&f, &[vec![100, 256], vec![256, 100]]);
+    let f = transpose(40, 48, ForKind::Serial);
+    assert_eq!(blocked(&f), ["a:serial:40", "b:serial:48"]);
+    let f = transpose(256, 96, ForKind::Serial).with_noalias(false);
+    assert_eq!(blocked(&f), ["a:serial:256", "b:serial:96"]);
+    let (x, y) = (buf("X", &[256, 96]), buf("Y", &[256, 96]));
     let (a, b) = (var("a"), var("b"));
     let e = |v: &Var| Expr::Var(v.clone());
+    let copy = y.store(vec![e(&a), e(&b)], x.load(vec![e(&a), e(&b)]));
     let copy = PrimFunc::new(
         "f",
-        vec![Param::Buffer(x.clone()), Param::Buffer(y.clone())],
-        for_(
-            &a,
-            int(40),
-            for_(
-                &b,
-                int(48),
-                y.store(vec![e(&a), e(&b)], x.load(vec![e(&a), e(&b)])),
-            ),
-        ),
+        vec![Param::Buffer(x), Param::Buffer(y)],
+        for_(&a, int(256), for_(&b, int(96), copy)),
     )
     .with_noalias(true);
-    assert_eq!(
-        loops(&block_strided_copies(&copy, &copy.body)),
-        ["a:serial:40", "b:serial:48"]
-    );
+    assert_eq!(blocked(&copy), ["a:serial:256", "b:serial:96"]);
 }
