@@ -601,3 +601,43 @@ fn a_transposing_copy_walks_its_source_in_blocks_of_a_cache_line() {
     .with_noalias(true);
     assert_eq!(blocked(&copy), ["a:serial:256", "b:serial:96"]);
 }
+
+#[test]
+fn a_gather_computes_its_offset_in_32_bits_and_agrees_with_the_interpreter() {
+    // Y[i, j] = X[clamp(int32(I[i] * 4)), j] + X[int32(floor(j * 0.6)), 2 j % 20]: two
+    // data-dependent accesses into a small buffer, whose offsets are 32-bit arithmetic widened
+    // once (`mul nsw i32` by the row length), as TVM computes them.
+    use kiln::codegen::llvm::{generate_ir, Linkage};
+    use kiln::ir::builder::floor;
+    let (x, idx, y) = (buf("X", &[20, 20]), buf("I", &[16]), buf("Y", &[16, 20]));
+    let (i, j) = (var("i"), var("j"));
+    let e = |v: &Var| Expr::Var(v.clone());
+    let row = (idx.load(vec![e(&i)]) * 4.0f32)
+        .cast(DataType::i32())
+        .min(19i32)
+        .max(0i32);
+    let col_row = floor(e(&j).cast(DataType::f32()) * 0.6f32).cast(DataType::i32());
+    let value = x.load(vec![row, e(&j)]) + x.load(vec![col_row, (e(&j) * 2i32).floormod(20i32)]);
+    let f = PrimFunc::new(
+        "f",
+        vec![
+            Param::Buffer(x),
+            Param::Buffer(idx),
+            Param::Buffer(y.clone()),
+        ],
+        for_(
+            &i,
+            int(16),
+            for_(&j, int(20), y.store(vec![e(&i), e(&j)], value)),
+        ),
+    )
+    .with_noalias(true);
+    assert_same_bits(&f, &[vec![20, 20], vec![16], vec![16, 20]]);
+    let ir = generate_ir(
+        &kiln::ir::IRModule::from_functions(vec![f]),
+        &CodegenOptions::host(),
+        &Linkage::Export,
+    )
+    .unwrap();
+    assert_eq!(ir.matches("mul nsw i32").count(), 2, "{ir}");
+}
