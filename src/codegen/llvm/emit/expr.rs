@@ -246,6 +246,7 @@ impl Emitter<'_> {
             )));
         }
         let mut off: Option<Val> = None;
+        let mut last: Option<Val> = None;
         match &buffer.strides {
             Some(strides) => {
                 for (i, s) in indices.iter().zip(strides) {
@@ -264,8 +265,11 @@ impl Emitter<'_> {
                 // in-bounds access's partial sums lie between 0 and its offset, so `nsw` holds;
                 // an out-of-bounds access is undefined anyway (docs/ir.md). LLVM then gathers
                 // with 32-bit indices, 16 lanes on AVX-512 rather than 8.
+                // As below, the last dimension is a second `getelementptr`.
+                let dims = crate::codegen::index::contiguous_dims(indices, &buffer.shape);
+                let n = dims.len();
                 let mut o32: Option<Val> = None;
-                for dim in crate::codegen::index::contiguous_dims(indices, &buffer.shape) {
+                for (d, dim) in dims.iter().enumerate() {
                     let mut iv = self.expr(dim.index)?;
                     if iv.ty != "i32" {
                         let op = if is_signed(dim.index.dtype()) {
@@ -275,38 +279,76 @@ impl Emitter<'_> {
                         };
                         iv = self.assign("i32", format!("{op} {} to i32", iv.typed()));
                     }
-                    o32 = Some(match o32 {
-                        None => iv,
-                        Some(mut o) => {
-                            for e in &dim.extents {
-                                let n = e.as_int().unwrap_or(1);
-                                o = self.assign("i32", format!("mul nsw i32 {}, {n}", o.v));
-                            }
-                            self.assign("i32", format!("add nsw i32 {}, {}", o.v, iv.v))
-                        }
-                    });
+                    let Some(mut o) = o32.take() else {
+                        o32 = Some(iv);
+                        continue;
+                    };
+                    for e in &dim.extents {
+                        let k = e.as_int().unwrap_or(1);
+                        o = self.assign("i32", format!("mul nsw i32 {}, {k}", o.v));
+                    }
+                    if d + 1 == n {
+                        last = Some(self.assign("i64", format!("sext {} to i64", iv.typed())));
+                        o32 = Some(o);
+                    } else {
+                        o32 = Some(self.assign("i32", format!("add nsw i32 {}, {}", o.v, iv.v)));
+                    }
                 }
                 off = o32.map(|o| self.assign("i64", format!("sext {} to i64", o.typed())));
             }
             None => {
                 // Dimensions whose indices split one value are merged (`codegen::index`).
-                for dim in crate::codegen::index::contiguous_dims(indices, &buffer.shape) {
+                let dims = crate::codegen::index::contiguous_dims(indices, &buffer.shape);
+                let n = dims.len();
+                for (d, dim) in dims.iter().enumerate() {
                     let iv = self.index64(dim.index)?;
-                    off = Some(match off {
-                        None => iv,
-                        Some(mut o) => {
-                            for e in &dim.extents {
-                                let ext = self.index64(e)?;
-                                o = self.assign("i64", format!("mul nsw i64 {}, {}", o.v, ext.v));
-                            }
-                            self.assign("i64", format!("add nsw i64 {}, {}", o.v, iv.v))
+                    let mut o = match off {
+                        None => {
+                            off = Some(iv);
+                            continue;
                         }
-                    });
+                        Some(o) => o,
+                    };
+                    for e in &dim.extents {
+                        let ext = self.index64(e)?;
+                        o = self.assign("i64", format!("mul nsw i64 {}, {}", o.v, ext.v));
+                    }
+                    if d + 1 == n {
+                        // The row's pointer, then the element in it: a second `getelementptr`
+                        // rather than a sum, so that a column index that unrolling makes a
+                        // constant is an address displacement. As a sum, LLVM 14 rewrote
+                        // `row * 16 + 3` into `row * 16 | 3` and the SLP vectorizer built the
+                        // addresses of an unrolled row in a vector and extracted each
+                        // (TOPI's `resize_nearest` on AVX2: 3-4x TVM's time).
+                        off = Some(o);
+                        last = Some(iv);
+                    } else {
+                        off = Some(self.assign("i64", format!("add nsw i64 {}, {}", o.v, iv.v)));
+                    }
                 }
             }
         }
         let off = off.unwrap_or_else(|| Val::new("i64", "0"));
         let mt = mem_ty(buffer.dtype);
+        if let Some(last) = last {
+            let row = self.assign(
+                &Self::ptr(&mt),
+                format!(
+                    "getelementptr inbounds {mt}, {}, i64 {}",
+                    base.typed(),
+                    off.v
+                ),
+            );
+            let p = self.assign(
+                &Self::ptr(&mt),
+                format!(
+                    "getelementptr inbounds {mt}, {}, i64 {}",
+                    row.typed(),
+                    last.v
+                ),
+            );
+            return Ok(p.v);
+        }
         let p = self.assign(
             &Self::ptr(&mt),
             format!(
