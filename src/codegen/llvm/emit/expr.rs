@@ -330,33 +330,13 @@ impl Emitter<'_> {
         }
         let off = off.unwrap_or_else(|| Val::new("i64", "0"));
         let mt = mem_ty(buffer.dtype);
-        if let Some(last) = last {
-            let row = self.assign(
+        let mut p = base;
+        for o in std::iter::once(off).chain(last) {
+            p = self.assign(
                 &Self::ptr(&mt),
-                format!(
-                    "getelementptr inbounds {mt}, {}, i64 {}",
-                    base.typed(),
-                    off.v
-                ),
+                format!("getelementptr inbounds {mt}, {}, i64 {}", p.typed(), o.v),
             );
-            let p = self.assign(
-                &Self::ptr(&mt),
-                format!(
-                    "getelementptr inbounds {mt}, {}, i64 {}",
-                    row.typed(),
-                    last.v
-                ),
-            );
-            return Ok(p.v);
         }
-        let p = self.assign(
-            &Self::ptr(&mt),
-            format!(
-                "getelementptr inbounds {mt}, {}, i64 {}",
-                base.typed(),
-                off.v
-            ),
-        );
         Ok(p.v)
     }
 
