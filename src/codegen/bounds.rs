@@ -107,8 +107,6 @@ impl Analysis {
                 body,
                 ..
             } => {
-                self.expr(min);
-                self.expr(extent);
                 let range = match (self.expr(min), self.expr(extent)) {
                     (Some(m), Some(e)) if e.1 >= 1.0 => checked((m.0, m.1 + e.1 - 1.0)),
                     _ => None,

@@ -259,59 +259,30 @@ impl Emitter<'_> {
                     });
                 }
             }
-            None if narrow_offsets(buffer, indices) => {
-                // A data-dependent access (a gather, for the vectorizer) into fewer than 2^31
-                // elements: its offset in 32 bits, as TVM computes it, widened once. An
-                // in-bounds access's partial sums lie between 0 and its offset, so `nsw` holds;
-                // an out-of-bounds access is undefined anyway (docs/ir.md). LLVM then gathers
-                // with 32-bit indices, 16 lanes on AVX-512 rather than 8.
-                // As below, the last dimension is a second `getelementptr`.
+            None => {
+                // Dimensions whose indices split one value are merged (`codegen::index`). The
+                // offset is 64-bit arithmetic, or 32-bit for a data-dependent access (a gather,
+                // for the vectorizer) into fewer than 2^31 elements (`narrow_offsets`), as TVM
+                // computes it, widened once: LLVM then gathers with 32-bit indices, 16 lanes on
+                // AVX-512 rather than 8. An in-bounds access's partial sums lie between 0 and
+                // its offset, so `nsw` holds; an out-of-bounds access is undefined anyway
+                // (docs/ir.md).
+                let w = if narrow_offsets(buffer, indices) {
+                    "i32"
+                } else {
+                    "i64"
+                };
                 let dims = crate::codegen::index::contiguous_dims(indices, &buffer.shape);
                 let n = dims.len();
-                let mut o32: Option<Val> = None;
                 for (d, dim) in dims.iter().enumerate() {
-                    let mut iv = self.expr(dim.index)?;
-                    if iv.ty != "i32" {
-                        let op = if is_signed(dim.index.dtype()) {
-                            "sext"
-                        } else {
-                            "zext"
-                        };
-                        iv = self.assign("i32", format!("{op} {} to i32", iv.typed()));
-                    }
-                    let Some(mut o) = o32.take() else {
-                        o32 = Some(iv);
+                    let iv = self.index_as(w, dim.index)?;
+                    let Some(mut o) = off.take() else {
+                        off = Some(iv);
                         continue;
                     };
                     for e in &dim.extents {
-                        let k = e.as_int().unwrap_or(1);
-                        o = self.assign("i32", format!("mul nsw i32 {}, {k}", o.v));
-                    }
-                    if d + 1 == n {
-                        last = Some(self.assign("i64", format!("sext {} to i64", iv.typed())));
-                        o32 = Some(o);
-                    } else {
-                        o32 = Some(self.assign("i32", format!("add nsw i32 {}, {}", o.v, iv.v)));
-                    }
-                }
-                off = o32.map(|o| self.assign("i64", format!("sext {} to i64", o.typed())));
-            }
-            None => {
-                // Dimensions whose indices split one value are merged (`codegen::index`).
-                let dims = crate::codegen::index::contiguous_dims(indices, &buffer.shape);
-                let n = dims.len();
-                for (d, dim) in dims.iter().enumerate() {
-                    let iv = self.index64(dim.index)?;
-                    let mut o = match off {
-                        None => {
-                            off = Some(iv);
-                            continue;
-                        }
-                        Some(o) => o,
-                    };
-                    for e in &dim.extents {
-                        let ext = self.index64(e)?;
-                        o = self.assign("i64", format!("mul nsw i64 {}, {}", o.v, ext.v));
+                        let ext = self.index_as(w, e)?;
+                        o = self.assign(w, format!("mul nsw {w} {}, {}", o.v, ext.v));
                     }
                     if d + 1 == n {
                         // The row's pointer, then the element in it: a second `getelementptr`
@@ -323,8 +294,15 @@ impl Emitter<'_> {
                         off = Some(o);
                         last = Some(iv);
                     } else {
-                        off = Some(self.assign("i64", format!("add nsw i64 {}, {}", o.v, iv.v)));
+                        off = Some(self.assign(w, format!("add nsw {w} {}, {}", o.v, iv.v)));
                     }
+                }
+                if w == "i32" {
+                    let wide = |e: &mut Self, v: Val| {
+                        e.assign("i64", format!("sext {} to i64", v.typed()))
+                    };
+                    off = off.map(|v| wide(self, v));
+                    last = last.map(|v| wide(self, v));
                 }
             }
         }
@@ -338,6 +316,24 @@ impl Emitter<'_> {
             );
         }
         Ok(p.v)
+    }
+
+    /// An index expression as an integer of type `w` (`i32` or `i64`): widened by its sign, or
+    /// truncated (a 32-bit offset's constant extents).
+    fn index_as(&mut self, w: &str, e: &Expr) -> R<Val> {
+        if w == "i64" {
+            return self.index64(e);
+        }
+        let t = e.dtype();
+        let v = self.expr(e)?;
+        Ok(match v.ty.as_str() {
+            "i32" => v,
+            "i64" => self.assign("i32", format!("trunc {} to i32", v.typed())),
+            _ => {
+                let op = if is_signed(t) { "sext" } else { "zext" };
+                self.assign("i32", format!("{op} {} to i32", v.typed()))
+            }
+        })
     }
 
     /// An index expression widened to i64.

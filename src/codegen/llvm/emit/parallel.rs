@@ -22,6 +22,7 @@ impl Emitter<'_> {
         let n = self.expr(extent)?;
         let lo64 = self.widen64(var.dtype, lo);
         let n64 = self.widen64(var.dtype, n);
+        let ty = reg_ty(var.dtype);
         // Capture every variable and buffer in scope that the body uses.
         let mut used = BTreeSet::new();
         collect_vars(body, &mut used);
@@ -67,7 +68,6 @@ impl Emitter<'_> {
         // The lambda body, in its own emitter.
         let text = {
             let mut sub = Emitter::new(self.m, self.opts, &lname, self.metadata, self.md_next);
-            sub.in_range_casts = self.in_range_casts.clone();
             let cd = sub.assign(&format!("{sty}*"), format!("bitcast i8* %cdata to {sty}*"));
             let load_field = |e: &mut Emitter, idx: usize, ty: &str| -> Val {
                 let p = e.assign(
@@ -111,7 +111,6 @@ impl Emitter<'_> {
             let e1 = sub.assign("i64", format!("add i64 {}, {}", b1.v, len.v));
             let bl = sub.assign("i64", format!("add i64 {}, {}", b1.v, lo.v));
             let el = sub.assign("i64", format!("add i64 {}, {}", e1.v, lo.v));
-            let ty = reg_ty(var.dtype);
             let (blv, elv) = if ty == "i64" {
                 (bl, el)
             } else {
@@ -153,7 +152,6 @@ impl Emitter<'_> {
                     inner.vars.insert(*id, val);
                 }
             }
-            let ty = reg_ty(var.dtype);
             inner.counted_loop(
                 var,
                 Val::new(&ty, "%lo"),
@@ -164,7 +162,7 @@ impl Emitter<'_> {
             inner.line("ret i32 0");
             inner.finish()
         };
-        let ty = reg_ty(var.dtype);
+        let attrs = fn_attrs(self.opts);
         let mut params = vec![format!("{ty} %lo"), format!("{ty} %hi")];
         for (k, (_, v, is_buf)) in caps.iter().enumerate() {
             let na = if *is_buf && self.noalias {
@@ -175,11 +173,9 @@ impl Emitter<'_> {
             params.push(format!("{}{na} %a{k}", v.ty));
         }
         self.m.functions.push(format!(
-            "define internal i32 @\"{lname}_body\"({}) {} alwaysinline {{\n{body_text}}}\n",
-            params.join(", "),
-            fn_attrs(self.opts)
+            "define internal i32 @\"{lname}_body\"({}) {attrs} alwaysinline {{\n{body_text}}}\n",
+            params.join(", ")
         ));
-        let attrs = fn_attrs(self.opts);
         self.m.functions.push(format!(
             "define internal i32 @\"{lname}\"(i32 %task, {{ i8*, i32 }}* %penv, i8* %cdata) {attrs} {{\n{text}}}\n"
         ));
