@@ -2,7 +2,7 @@
 //! pools and the `TVMBackend*Workspace` entry points.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kiln::device_api::{
     self, workspace, Device, DeviceError, DevicePtr, DeviceType, NullDeviceApi, Tensor,
@@ -53,12 +53,18 @@ fn the_global_function_device_api_cpu_returns_the_device_type_code() {
     assert_eq!(f.call_typed::<_, i64>(()).unwrap(), 1);
 }
 
+/// Held from `next_extension_code` to `register_device_api`: the tests of this file run in
+/// parallel, and two of them could otherwise be handed the same free code.
+static REGISTERING: Mutex<()> = Mutex::new(());
+
 #[test]
 fn a_backend_registered_from_rust_gets_a_name_a_code_and_a_global_function() {
+    let guard = REGISTERING.lock().unwrap_or_else(|e| e.into_inner());
     let code = device_api::next_extension_code().unwrap();
     assert!(code.0 >= DeviceType::EXT_BASE);
     let api = Arc::new(NullDeviceApi::new("rt_test_dev", code, 1, 1 << 20));
     device_api::register_device_api("rt_test_dev", code, api.clone()).unwrap();
+    drop(guard);
     assert_eq!(DeviceType::from_name("rt_test_dev").unwrap(), code);
     assert_eq!(code.name(), "rt_test_dev");
     assert!(device_api::list()
@@ -84,6 +90,7 @@ fn a_backend_registered_from_rust_gets_a_name_a_code_and_a_global_function() {
 #[test]
 fn copies_between_two_non_cpu_backends_bounce_through_the_host() {
     let mk = |name: &str| {
+        let _guard = REGISTERING.lock().unwrap_or_else(|e| e.into_inner());
         let code = device_api::next_extension_code().unwrap();
         let api = Arc::new(NullDeviceApi::new(name, code, 2, 1 << 20));
         device_api::register_device_api(name, code, api).unwrap();
