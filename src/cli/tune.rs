@@ -120,9 +120,10 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         None => module.functions.clone(),
     };
     let target = Target::parse(&a.target)?;
-    if target.kind_name() != "llvm" {
+    if target.kind_name() != "llvm" && (a.rpc.is_some() || a.tracker.is_some()) {
         return Err(format!(
-            "`kiln tune` measures on the CPU (target kind `llvm`) for now; `{}` is not supported yet",
+            "`kiln tune --rpc`/`--tracker` measures on a remote CPU (target kind `llvm`); \
+             measuring on a remote `{}` device is not supported yet",
             target.kind_name()
         )
         .into());
@@ -210,13 +211,14 @@ fn tune_one(
         (None, Some(_), Some(k)) => format!("remote key {k}"),
         _ => tune::db::host_cpu(),
     };
+    let device = tune::db::device_name(target);
     let default = measurer.baseline();
     let w = tune::db::workload(f);
     eprintln!(
         "tuning {} for {} on {}: the default build takes {:.4} ms [{:.4}, {:.4}]",
         w.key,
         target,
-        cpu,
+        if device == "cpu" { &cpu } else { &device },
         default.median * 1e3,
         default.min * 1e3,
         default.max * 1e3
@@ -235,7 +237,7 @@ fn tune_one(
             workload: w.clone(),
             target: target.to_string(),
             cpu: cpu.clone(),
-            device: "cpu".to_owned(),
+            device: device.clone(),
             steps: steps.to_vec(),
             time: t,
             default_time: default,

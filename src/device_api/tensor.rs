@@ -292,6 +292,58 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Copies `bytes` (the tensor's elements, row-major, in its dtype's little-endian layout)
+    /// into this compact tensor and waits for the copy: a host array of any dtype in, where
+    /// [`Tensor::from_slice`] takes typed elements.
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidTensor`] for a tensor that is not compact, or read-only, or
+    /// whose size is not `bytes.len()`; copy errors.
+    pub fn copy_from_bytes(&mut self, bytes: &[u8]) -> DeviceResult<()> {
+        self.check_bytes(bytes.len())?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let src = host_view(bytes.as_ptr().cast_mut().cast(), &self.shape, self.dl.dtype);
+        // SAFETY: `src` describes `bytes` (read only, `nbytes` long, checked above), alive
+        // until the copy is synchronized inside `copy_in`.
+        unsafe { self.copy_in(&src) }
+    }
+
+    /// Copies this compact tensor's elements into `bytes` (row-major, as
+    /// [`Tensor::copy_from_bytes`] takes them) and waits for the copy.
+    ///
+    /// # Errors
+    /// As [`Tensor::copy_from_bytes`] (but a read-only tensor can be read).
+    pub fn copy_to_bytes(&self, bytes: &mut [u8]) -> DeviceResult<()> {
+        self.check_bytes(bytes.len())?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let dst = host_view(bytes.as_mut_ptr().cast(), &self.shape, self.dl.dtype);
+        // SAFETY: `dst` describes `bytes` (writable, `nbytes` long, checked above), alive until
+        // after the sync; `self.dl` describes memory this tensor owns.
+        unsafe { registry::copy_data_from_to(&self.dl, &dst, StreamHandle::DEFAULT)? };
+        sync_default(self.device())
+    }
+
+    fn check_bytes(&self, len: usize) -> DeviceResult<()> {
+        if !self.is_compact() {
+            return Err(DeviceError::InvalidTensor(
+                "a byte copy needs a compact tensor".into(),
+            ));
+        }
+        if self.nbytes() != len as u64 {
+            return Err(DeviceError::InvalidTensor(format!(
+                "the tensor holds {} bytes ({:?} of {}), the host buffer {len}",
+                self.nbytes(),
+                self.shape,
+                self.dl.dtype
+            )));
+        }
+        Ok(())
+    }
+
     /// Copies `src` into this tensor and waits for the copy.
     ///
     /// # Safety

@@ -25,8 +25,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::{Schedule, ScheduleResult};
 use crate::ir::visit::{walk_expr, walk_stmt, Visitor};
-use crate::ir::{Buffer, Expr, ForKind, PrimFunc, Stmt, StorageScope, Var, VarId};
+use crate::ir::{Buffer, Expr, ForKind, PrimFunc, Stmt, StorageScope, ThreadTag, Var, VarId};
 
 /// What [`auto_parallel`] did.
 #[derive(Debug, Clone, PartialEq)]
@@ -227,4 +228,202 @@ fn independent(var: &Var, body: &Stmt) -> bool {
                 .all(|acc| acc.var_dims.contains(d))
         })
     })
+}
+
+/// What [`bind_default`] does with one loop nest that runs on the host: the loops it fuses
+/// into a kernel's threads, or the one loop it runs on a single thread.
+#[derive(Debug, Clone, PartialEq)]
+enum HostNest {
+    /// A perfect chain of independent loops, outermost first: fused, split into blocks of
+    /// threads.
+    Threads(Vec<String>),
+    /// A loop with no independent loop inside and a constant extent: the whole nest in one
+    /// thread of one block.
+    Single(String, i64),
+}
+
+/// Whether `s` holds a thread-bound loop.
+fn has_binding(s: &Stmt) -> bool {
+    struct Find(bool);
+    impl Visitor for Find {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::For {
+                kind: ForKind::ThreadBinding(_),
+                ..
+            } = s
+            {
+                self.0 = true;
+                return;
+            }
+            walk_stmt(self, s);
+        }
+    }
+    let mut f = Find(false);
+    f.stmt(s);
+    f.0
+}
+
+/// Whether `s` loads or stores a buffer in device memory (a parameter or a workspace), the
+/// nests a device target cannot leave on the host.
+fn touches_device_memory(s: &Stmt) -> bool {
+    let uses = s.free_uses();
+    uses.buffers
+        .iter()
+        .any(|b| matches!(b.scope, StorageScope::Global | StorageScope::Workspace))
+}
+
+/// The first loop nest in `s` (in walk order) that runs on the host and touches device memory.
+fn host_nest(s: &Stmt) -> Option<HostNest> {
+    match s {
+        Stmt::For {
+            var,
+            extent,
+            kind,
+            body,
+            ..
+        } => {
+            if matches!(kind, ForKind::ThreadBinding(_)) || !touches_device_memory(s) {
+                return None;
+            }
+            if has_binding(body) {
+                // A host loop around kernels: its body is looked into.
+                return host_nest(body);
+            }
+            let chain = independent_chain(s);
+            if !chain.is_empty() {
+                return Some(HostNest::Threads(chain));
+            }
+            host_nest(body).or_else(|| {
+                extent
+                    .as_int()
+                    .filter(|&n| n >= 1)
+                    .map(|n| HostNest::Single(var.name.to_string(), n))
+            })
+        }
+        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => host_nest(body),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => host_nest(then_case).or_else(|| else_case.as_deref().and_then(host_nest)),
+        Stmt::Seq(v) => v.iter().find_map(host_nest),
+        _ => None,
+    }
+}
+
+/// The loops of the perfect chain that starts at `s` (each loop the whole body of the one
+/// before) whose iterations are independent (see the module documentation), outermost first,
+/// up to the first that is not, or whose bounds use an outer loop's variable; empty when `s`
+/// is not such a loop. Fused, they can run as the threads of a device kernel.
+pub fn independent_chain(s: &Stmt) -> Vec<String> {
+    let mut chain = Vec::new();
+    let mut outer: Vec<&Var> = Vec::new();
+    let mut cur = s;
+    while let Stmt::For {
+        var,
+        min,
+        extent,
+        body,
+        ..
+    } = cur
+    {
+        let depends = outer.iter().any(|o| min.mentions(o) || extent.mentions(o));
+        if depends || !independent(var, body) {
+            break;
+        }
+        chain.push(var.name.to_string());
+        outer.push(var);
+        cur = body;
+    }
+    chain
+}
+
+/// Makes every loop nest of the function that touches device memory and is not in a kernel
+/// yet a kernel of its own (TVM's `DefaultGPUSchedule`), for a device target with at most
+/// `max_threads` threads per block, and returns the names of the loops made kernels.
+///
+/// In each nest, the outermost chain of perfectly nested loops whose iterations are
+/// independent (as [`auto_parallel`] decides it: each written element belongs to one
+/// iteration) is fused into one loop, split by `min(max_threads, 256)` (or its extent, when
+/// smaller), and bound to `blockIdx.x` and `threadIdx.x`; the loops inside run in each thread.
+/// A loop that is not independent (a host loop around a kernel) is looked into, and one with no
+/// independent loop inside at all runs whole on one thread of one block (constant extents
+/// only; else it is left alone and the build says the host cannot touch device memory). The
+/// primitives are recorded in the schedule's trace, so the result replays as [`Step`]s.
+///
+/// Like TVM's device kernels, the kernels assume their buffer parameters do not overlap.
+///
+/// [`Step`]: crate::schedule::Step
+///
+/// # Errors
+/// A primitive that refuses (a chain whose loops cannot fuse); `max_threads` below 1.
+pub fn bind_default(s: &mut Schedule, max_threads: i64) -> ScheduleResult<Vec<String>> {
+    if max_threads < 1 {
+        return Err(s.form(
+            "bind_default",
+            format!("needs at least one thread per block, found {max_threads}"),
+        ));
+    }
+    let threads = max_threads.min(256);
+    let mut out = Vec::new();
+    // Each round binds one nest; a function has finitely many, and a bound nest is no longer
+    // a host nest.
+    for _ in 0..4096 {
+        let Some(nest) = host_nest(&s.func().body) else {
+            return Ok(out);
+        };
+        match nest {
+            HostNest::Threads(chain) => {
+                let mut fused = chain[0].clone();
+                for inner in &chain[1..] {
+                    fused = s.fuse(&fused, inner)?;
+                }
+                let extent = loop_extent(s, &fused);
+                let t = extent.map_or(threads, |e| e.clamp(1, threads));
+                let (bo, ti) = s.split(&fused, t)?;
+                s.bind(&bo, ThreadTag::Block(0))?;
+                s.bind(&ti, ThreadTag::Thread(0))?;
+                out.push(fused);
+            }
+            HostNest::Single(name, n) => {
+                let (bo, _) = s.split(&name, n)?;
+                s.bind(&bo, ThreadTag::Block(0))?;
+                out.push(name);
+            }
+        }
+    }
+    Err(s.form("bind_default", "more than 4096 loop nests"))
+}
+
+/// The constant extent of loop `name` of the schedule's function.
+fn loop_extent(s: &Schedule, name: &str) -> Option<i64> {
+    let mut out = None;
+    crate::ir::visit::for_each_loop(&s.func().body, |v, _, e| {
+        if &*v.name == name {
+            out = e.as_int();
+        }
+    });
+    out
+}
+
+/// `func` with every loop nest that touches device memory outside a kernel made a kernel
+/// ([`bind_default`]), for a device target of `max_threads` threads per block; the function
+/// as it is when it has none.
+///
+/// ```
+/// use kiln::ir::{kernels, ForKind, Stmt};
+/// use kiln::schedule::auto::device_default;
+/// let mut f = kernels::vadd();
+/// if let Stmt::For { kind, .. } = &mut f.body { *kind = ForKind::Serial; }
+/// let g = device_default(&f, 256)?;
+/// assert!(g.to_string().contains("blockIdx.x"));
+/// # Ok::<(), kiln::schedule::ScheduleError>(())
+/// ```
+///
+/// # Errors
+/// As [`bind_default`], and a result that does not verify.
+pub fn device_default(func: &PrimFunc, max_threads: i64) -> ScheduleResult<PrimFunc> {
+    let mut s = Schedule::new(func.clone());
+    bind_default(&mut s, max_threads)?;
+    s.finish()
 }

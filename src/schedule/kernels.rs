@@ -218,6 +218,8 @@ pub struct MatmulParts {
     pub j: String,
     /// The reduction loop.
     pub k: String,
+    /// The `[m, k]` operand.
+    pub a: String,
     /// The `[k, n]` operand (packed into panels).
     pub b: String,
     /// The output.
@@ -231,6 +233,7 @@ impl Default for MatmulParts {
             i: "i".into(),
             j: "j".into(),
             k: "k0".into(),
+            a: "A".into(),
             b: "B".into(),
             c: "C".into(),
         }
@@ -595,39 +598,73 @@ fn gpu_matmul(
     tile: i64,
     kt: i64,
 ) -> ScheduleResult<PrimFunc> {
-    let mut s = Schedule::new(plain::matmul_sized(m, n, k));
-    if m % tile != 0 || n % tile != 0 || k % kt != 0 {
+    let s = Schedule::new(plain::matmul_sized(m, n, k));
+    gpu_matmul_on(s, &MatmulParts::default(), [m, n, k], tile, kt)
+        .map_err(|e| match e {
+            crate::schedule::ScheduleError::Form {
+                func,
+                message,
+                primitive: "gpu_matmul",
+            } => crate::schedule::ScheduleError::Form {
+                func,
+                primitive: what,
+                message,
+            },
+            e => e,
+        })?
+        .finish()
+}
+
+/// The schedule of [`opencl_matmul_sized`] and [`cuda_matmul_sized`] applied to the matmul
+/// `parts` of `s` (in kiln's form: the init beside the `k` loop), of shape `[m, n, k]`: blocks
+/// of `tile` x `tile` elements of `C`, 16 x 16 threads each computing a `tile / 16` square
+/// register tile, `k` by `kt` with both input tiles staged in shared memory. `m` and `n` must
+/// be multiples of `tile` (itself a multiple of 16), `k` of `kt`.
+///
+/// # Errors
+/// Sizes that are not multiples of the tiles; loops or buffers `parts` names that are not
+/// there.
+pub fn gpu_matmul_on(
+    mut s: Schedule,
+    parts: &MatmulParts,
+    [m, n, k]: [i64; 3],
+    tile: i64,
+    kt: i64,
+) -> ScheduleResult<Schedule> {
+    if tile < 16 || tile % 16 != 0 || kt < 1 || m % tile != 0 || n % tile != 0 || k % kt != 0 {
         return Err(s.form(
-            what,
-            format!("needs m and n multiples of {tile} and k of {kt}, found {m} x {n} x {k}"),
+            "gpu_matmul",
+            format!(
+                "needs a tile that is a multiple of 16, m and n multiples of it and k of {kt}, \
+                 found tile {tile} for {m} x {n} x {k}"
+            ),
         ));
     }
     let r = tile / 16;
-    let (io, ii) = s.split("i", tile)?;
+    let (io, ii) = s.split(&parts.i, tile)?;
     let (ty, ri) = s.split(&ii, r)?;
-    let (jo, ji) = s.split("j", tile)?;
+    let (jo, ji) = s.split(&parts.j, tile)?;
     let (tx, ci) = s.split(&ji, r)?;
     s.reorder(&[&io, &jo, &ty, &tx, &ri, &ci])?;
     s.bind(&io, ThreadTag::Block(1))?;
     s.bind(&jo, ThreadTag::Block(0))?;
     s.bind(&ty, ThreadTag::Thread(1))?;
     s.bind(&tx, ThreadTag::Thread(0))?;
-    // The thread's 4 x 4 block of C in registers over the whole k loop.
-    s.cache_write("C", &tx)?;
+    // The thread's register tile of C over the whole k loop.
+    s.cache_write(&parts.c, &tx)?;
     let c_loops = s.fission(&ci)?;
     let r_loops = s.fission(&ri)?;
-    s.reorder(&["k0", &r_loops[1], &c_loops[1]])?;
-    let (ko, _ki) = s.split("k0", kt)?;
-    s.cache_read_shared("A", &ko)?;
-    s.cache_read_shared("B", &ko)?;
-    // The 4 x 4 register tile unrolled (so it stays in registers); the 16 steps over the
-    // shared tiles are not: on PoCL (Intel Xeon, AVX-512) unrolling them too made the kernel
-    // 1.2x slower (140 vs 115 ms), the work-item loops PoCL builds around the body vectorizing
-    // worse.
+    s.reorder(&[&parts.k, &r_loops[1], &c_loops[1]])?;
+    let (ko, _ki) = s.split(&parts.k, kt)?;
+    s.cache_read_shared(&parts.a, &ko)?;
+    s.cache_read_shared(&parts.b, &ko)?;
+    // The register tile unrolled (so it stays in registers); the steps over the shared tiles
+    // are not: on PoCL (Intel Xeon, AVX-512) unrolling them too made the kernel 1.2x slower
+    // (140 vs 115 ms), the work-item loops PoCL builds around the body vectorizing worse.
     for l in r_loops.iter().chain(&c_loops) {
         s.unroll(l)?;
     }
-    s.finish()
+    Ok(s)
 }
 
 /// `vadd` for the `cuda` target: the schedule of [`opencl_vadd`] (256 threads per block).

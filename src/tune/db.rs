@@ -118,6 +118,26 @@ pub fn host_cpu() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// The device a target's candidates are measured on, as records name it: `cpu` for a CPU
+/// target, else the kind and the device's own name (`opencl: cpu-haswell-Intel(R) Xeon(R)
+/// Processor`), or the kind alone when the device does not say or is not there.
+pub fn device_name(target: &Target) -> String {
+    let kind = target.kind_name();
+    if kind == "llvm" {
+        return "cpu".to_owned();
+    }
+    let named = (|| {
+        let cg = crate::codegen::device::codegen_for(kind)?;
+        let dev = crate::device_api::Device::new(cg.device_type().into(), 0);
+        let api = crate::device_api::get(dev.device_type).ok()?;
+        let v = api
+            .attr(dev, crate::device_api::AttrKind::DEVICE_NAME)
+            .ok()??;
+        Some(format!("{kind}: {v}"))
+    })();
+    named.unwrap_or_else(|| kind.to_owned())
+}
+
 /// A database file and its records.
 #[derive(Debug, Default)]
 pub struct Database {
@@ -205,14 +225,20 @@ impl Database {
         Ok(())
     }
 
-    /// The fastest record for `f` on `target` (and this CPU, unless `any_cpu`).
+    /// The fastest record for `f` on `target` (and this CPU and device, unless `any_cpu`).
     pub fn best(&self, f: &PrimFunc, target: &Target, any_cpu: bool) -> Option<&Record> {
         let w = workload(f);
         let t = target.to_string();
-        let cpu = host_cpu();
+        let mut here: Option<(String, String)> = None;
         self.records
             .iter()
-            .filter(|r| r.workload.hash == w.hash && r.target == t && (any_cpu || r.cpu == cpu))
+            .filter(|r| r.workload.hash == w.hash && r.target == t)
+            .filter(|r| {
+                any_cpu || {
+                    let (cpu, dev) = here.get_or_insert_with(|| (host_cpu(), device_name(target)));
+                    r.cpu == *cpu && r.device == *dev
+                }
+            })
             .min_by(|a, b| a.time.median.total_cmp(&b.time.median))
     }
 

@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::device_api::{self, Device, DeviceType, Tensor};
 use crate::ir::{IRModule, Param, PrimFunc};
 use crate::npy::{parse_dtype, NpyArray};
 use crate::packed_func::{AnyView, DLTensor, PackedFunc};
@@ -61,6 +62,122 @@ pub enum Outcome {
 pub struct Bench {
     inputs: Vec<NpyArray>,
     reference: Vec<NpyArray>,
+    /// The device candidates run on (device 0 of a device target's kind); `None` for a CPU
+    /// target, whose candidates run on the host arrays themselves.
+    device: Option<Device>,
+}
+
+/// The device a target's kernels run on: device 0 of its kind, or `None` for a CPU target
+/// (kind `llvm`).
+///
+/// # Errors
+/// A kind kiln has no code generator for, or whose device this machine does not have.
+pub fn device_of(target: &Target) -> Result<Option<Device>, String> {
+    if target.kind_name() == "llvm" {
+        return Ok(None);
+    }
+    let cg = crate::codegen::device::codegen_for(target.kind_name()).ok_or_else(|| {
+        format!(
+            "`kiln tune` measures on the CPU (`llvm`) and on devices kiln generates code for \
+             (`opencl`, `cuda`); `{}` is neither",
+            target.kind_name()
+        )
+    })?;
+    let dev = Device::new(DeviceType::from(cg.device_type()), 0);
+    let api = device_api::get(dev.device_type).map_err(|e| e.to_string())?;
+    api.check_device(dev)
+        .map_err(|e| format!("no {} device to measure on: {e}", target.kind_name()))?;
+    Ok(Some(dev))
+}
+
+/// The CPU target a device target's results are checked against: its `host`, or the machine
+/// kiln runs on.
+fn host_target(target: &Target) -> Result<Target, String> {
+    match target.host() {
+        Some(h) if h.kind_name() == "llvm" => Ok(h.clone()),
+        _ => Target::parse("llvm").map_err(|e| e.to_string()),
+    }
+}
+
+/// Device copies of host arrays, and the timing of calls on them with the device's events.
+struct OnDevice {
+    api: std::sync::Arc<dyn device_api::DeviceApi>,
+    dev: Device,
+    tensors: Vec<Tensor>,
+}
+
+impl OnDevice {
+    fn new(dev: Device, arrays: &[NpyArray]) -> Result<Self, String> {
+        let api = device_api::get(dev.device_type).map_err(|e| e.to_string())?;
+        let tensors = arrays
+            .iter()
+            .map(|a| {
+                let mut t = Tensor::empty(&a.shape, a.dtype, dev).map_err(|e| e.to_string())?;
+                t.copy_from_bytes(a.data.as_slice())
+                    .map_err(|e| e.to_string())?;
+                Ok(t)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(OnDevice { api, dev, tensors })
+    }
+
+    fn views(&self) -> Vec<AnyView<'_>> {
+        self.tensors
+            .iter()
+            .map(|t| AnyView::from(t.as_dltensor()))
+            .collect()
+    }
+
+    /// One call, waited for; its time to completion.
+    fn call(&self, func: &PackedFunc) -> Result<f64, String> {
+        let views = self.views();
+        let t = Instant::now();
+        func.call(&views).map_err(|e| e.to_string())?;
+        let stream = self.api.current_stream(self.dev);
+        self.api
+            .sync_stream(self.dev, stream)
+            .map_err(|e| e.to_string())?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// The arrays' contents, copied back into `out`.
+    fn read(&self, out: &mut [NpyArray]) -> Result<(), String> {
+        for (t, a) in self.tensors.iter().zip(out) {
+            t.copy_to_bytes(a.data.as_mut_slice())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// `n` calls between two events of the device's current stream: their device time.
+    fn run(&self, func: &PackedFunc, n: u64) -> Result<f64, String> {
+        let (api, dev) = (&self.api, self.dev);
+        let err = |e: crate::device_api::DeviceError| e.to_string();
+        let views = self.views();
+        let stream = api.current_stream(dev);
+        let start = api.create_event(dev).map_err(err)?;
+        let end = match api.create_event(dev) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = api.destroy_event(dev, start);
+                return Err(e.to_string());
+            }
+        };
+        let timed = (|| {
+            api.record_event(dev, stream, start).map_err(err)?;
+            for _ in 0..n {
+                func.call(&views).map_err(|e| e.to_string())?;
+            }
+            api.record_event(dev, stream, end).map_err(err)?;
+            api.sync_event(dev, end).map_err(err)?;
+            api.event_elapsed(dev, start, end)
+                .map(|d| d.as_secs_f64())
+                .map_err(err)
+        })();
+        let _ = api.destroy_event(dev, start);
+        let _ = api.destroy_event(dev, end);
+        timed
+    }
 }
 
 fn fill(a: &mut NpyArray, seed: u64) {
@@ -246,6 +363,9 @@ impl Bench {
     /// Symbolic shapes, scalar parameters, a default build that fails.
     pub fn new(f: &PrimFunc, target: &Target, seed: u64) -> Result<(Bench, Timing), String> {
         let inputs = arrays(f, seed)?;
+        if let Some(dev) = device_of(target)? {
+            return Self::on_device(f, target, dev, inputs);
+        }
         let func = build(f, target)?;
         let mut out = clone_arrays(&inputs)?;
         let t = Instant::now();
@@ -254,9 +374,40 @@ impl Bench {
         let bench = Bench {
             inputs,
             reference: clone_arrays(&out)?,
+            device: None,
         };
         let time = bench.time_default(&func, &mut out, first)?;
         Ok((bench, time))
+    }
+
+    /// For a device target: the reference results are the host's build of `f` (the CPU code
+    /// kiln's differential tests hold to the interpreter), and the default is `f` built for the
+    /// device as it is (its loops made kernels by the default device schedule where nobody
+    /// bound them), checked against them and timed like a candidate.
+    fn on_device(
+        f: &PrimFunc,
+        target: &Target,
+        dev: Device,
+        inputs: Vec<NpyArray>,
+    ) -> Result<(Bench, Timing), String> {
+        let host = build(f, &host_target(target)?)?;
+        let mut out = clone_arrays(&inputs)?;
+        call(&host, &mut out)?;
+        let bench = Bench {
+            inputs,
+            reference: out,
+            device: Some(dev),
+        };
+        let func = build(f, target).map_err(|e| format!("the default device build: {e}"))?;
+        match bench.check_and_time(f, &func, None) {
+            Outcome::Ok(t) => Ok((bench, t)),
+            Outcome::Wrong(e) => Err(format!(
+                "the default device build computes something else than the host's: {e}"
+            )),
+            Outcome::Invalid(e) | Outcome::Crashed(e) => {
+                Err(format!("the default device build: {e}"))
+            }
+        }
     }
 
     /// The default build's time. It is there to report the speedup, so a slow default is not
@@ -291,47 +442,16 @@ impl Bench {
     ) -> Result<Timing, String> {
         let dls: Vec<DLTensor> = args.iter_mut().map(|a| a.as_dltensor()).collect();
         let views: Vec<AnyView<'_>> = dls.iter().map(AnyView::from).collect();
-        let run = |n: u64| -> Result<f64, String> {
-            let t = Instant::now();
-            for _ in 0..n {
-                func.call(&views).map_err(|e| e.to_string())?;
-            }
-            Ok(t.elapsed().as_secs_f64())
-        };
-        let first = run(1)?;
-        if cutoff.is_some_and(|c| first > c) {
-            return Ok(Timing {
-                median: first,
-                min: first,
-                max: first,
-            });
-        }
-        let batches = if first >= 0.05 { 3 } else { 7 };
-        let mut number = 1u64;
-        loop {
-            let t = run(number)?;
-            if t >= 2e-3 || number >= 1 << 20 {
-                break;
-            }
-            number = (number * 2).max((number as f64 * 2.2e-3 / t.max(1e-9)) as u64);
-        }
-        let mut per: Vec<f64> = Vec::new();
-        for i in 0..15 {
-            per.push(run(number)? / number as f64);
-            if i + 1 >= batches {
-                let mut s = per.clone();
-                s.sort_by(f64::total_cmp);
-                let t = Timing {
-                    median: s[s.len() / 2],
-                    min: s[0],
-                    max: s[s.len() - 1],
-                };
-                if t.spread() <= 0.1 || i == 14 || batches == 3 {
-                    return Ok(t);
+        time_runs(
+            |n: u64| -> Result<f64, String> {
+                let t = Instant::now();
+                for _ in 0..n {
+                    func.call(&views).map_err(|e| e.to_string())?;
                 }
-            }
-        }
-        unreachable!("the loop returns at its last iteration")
+                Ok(t.elapsed().as_secs_f64())
+            },
+            cutoff,
+        )
     }
 
     /// Builds, checks and times `f` (a scheduled version of the function); see
@@ -346,6 +466,9 @@ impl Bench {
     /// Checks and times `func`, the build of `f` (a scheduled version of the function); see
     /// [`Bench::time_within`] for `cutoff`.
     pub fn check_and_time(&self, f: &PrimFunc, func: &PackedFunc, cutoff: Option<f64>) -> Outcome {
+        if let Some(dev) = self.device {
+            return self.check_and_time_on(dev, f, func, cutoff);
+        }
         let mut out = match clone_arrays(&self.inputs) {
             Ok(x) => x,
             Err(e) => return Outcome::Invalid(e),
@@ -375,4 +498,83 @@ impl Bench {
             Err(e) => Outcome::Invalid(e),
         }
     }
+
+    /// [`Bench::check_and_time`] on a device: fresh device copies of the inputs, one call
+    /// (waited for), the results copied back and compared, then calls timed with the device's
+    /// events on the same tensors.
+    fn check_and_time_on(
+        &self,
+        dev: Device,
+        f: &PrimFunc,
+        func: &PackedFunc,
+        cutoff: Option<f64>,
+    ) -> Outcome {
+        let on = match OnDevice::new(dev, &self.inputs) {
+            Ok(x) => x,
+            Err(e) => return Outcome::Invalid(e),
+        };
+        // (The first call's time is no answer here, as it is on the CPU: it includes the
+        // driver compiling the kernels.)
+        if let Err(e) = on.call(func) {
+            return Outcome::Invalid(e);
+        }
+        let mut out = match clone_arrays(&self.inputs) {
+            Ok(x) => x,
+            Err(e) => return Outcome::Invalid(e),
+        };
+        if let Err(e) = on.read(&mut out) {
+            return Outcome::Invalid(e);
+        }
+        if let Err(e) = compare(&out, &self.reference, f) {
+            return Outcome::Wrong(e);
+        }
+        match time_runs(|n| on.run(func, n), cutoff) {
+            Ok(t) => Outcome::Ok(t),
+            Err(e) => Outcome::Invalid(e),
+        }
+    }
+}
+
+/// Times calls with `run(n)` (the seconds `n` calls take): when the first call takes more than
+/// `cutoff` seconds, that call is the answer; else calls are batched until a batch lasts 2 ms
+/// and the median of 7 batches (3 for calls of 50 ms or more; up to 15 while the spread is
+/// over 10 %) is taken, with the fastest and slowest batch.
+fn time_runs(
+    mut run: impl FnMut(u64) -> Result<f64, String>,
+    cutoff: Option<f64>,
+) -> Result<Timing, String> {
+    let first = run(1)?;
+    if cutoff.is_some_and(|c| first > c) {
+        return Ok(Timing {
+            median: first,
+            min: first,
+            max: first,
+        });
+    }
+    let batches = if first >= 0.05 { 3 } else { 7 };
+    let mut number = 1u64;
+    loop {
+        let t = run(number)?;
+        if t >= 2e-3 || number >= 1 << 20 {
+            break;
+        }
+        number = (number * 2).max((number as f64 * 2.2e-3 / t.max(1e-9)) as u64);
+    }
+    let mut per: Vec<f64> = Vec::new();
+    for i in 0..15 {
+        per.push(run(number)? / number as f64);
+        if i + 1 >= batches {
+            let mut s = per.clone();
+            s.sort_by(f64::total_cmp);
+            let t = Timing {
+                median: s[s.len() / 2],
+                min: s[0],
+                max: s[s.len() - 1],
+            };
+            if t.spread() <= 0.1 || i == 14 || batches == 3 {
+                return Ok(t);
+            }
+        }
+    }
+    unreachable!("the loop returns at its last iteration")
 }

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub mod db;
+pub mod device;
 pub mod measure;
 pub mod remote;
 pub mod space;
@@ -113,12 +114,25 @@ pub fn tune(
     if nests.is_empty() {
         return Err(format!("`{}` has no loop nest to schedule", f.name));
     }
+    let sp = if target.kind_name() == "llvm" {
+        Space::Cpu(&g, &nests)
+    } else {
+        let limits = crate::codegen::device::codegen_for(target.kind_name())
+            .map(|cg| crate::codegen::device::DeviceLimits::of(target, cg.default_limits()))
+            .ok_or_else(|| {
+                format!(
+                    "no device code generator for target kind `{}`",
+                    target.kind_name()
+                )
+            })?;
+        Space::Device(device::DeviceSpace::new(&g, limits.max_threads))
+    };
     let default = m.baseline();
     let mut rng = space::Rng::new(opts.seed);
     let mut seen: HashSet<String> = HashSet::new();
     seen.insert("[]".into());
     // Measured candidates: (median, choice).
-    let mut pop: Vec<(f64, space::Choice)> = Vec::new();
+    let mut pop: Vec<(f64, Choice)> = Vec::new();
     let mut report = TuneReport {
         workload: db::workload(f),
         default,
@@ -132,13 +146,16 @@ pub fn tune(
     let mut best = default.median;
     // The seeds but the first (no knob set: the default, timed already, and for a large
     // kernel the slowest candidate there is: 48 s a call for a 2048³ matmul).
-    let mut queue: std::collections::VecDeque<space::Choice> =
-        space::seeds(&nests).into_iter().skip(1).collect();
+    let mut queue: std::collections::VecDeque<Choice> = sp.seeds().into_iter().collect();
     for _ in 0..12 {
-        queue.push_back(space::random_choice(&nests, &mut rng));
+        queue.push_back(sp.random(&mut rng));
     }
     // kiln's hand schedules of this kernel, if it has any, go first.
-    let mut hand: std::collections::VecDeque<Vec<Step>> = templates::templates(f, target).into();
+    let hand = match sp {
+        Space::Cpu(..) => templates::templates(f, target),
+        Space::Device(_) => device::device_templates(f, target),
+    };
+    let mut hand: std::collections::VecDeque<Vec<Step>> = hand.into();
     let mut attempts = 0usize;
     let out_of_time = |start: &Instant| {
         opts.seconds
@@ -151,7 +168,7 @@ pub fn tune(
         }
         // The next candidates, as many as the measurer builds at once: (steps, the knobs they
         // come from, or none for a hand schedule).
-        let mut batch: Vec<(Vec<Step>, Option<space::Choice>)> = Vec::new();
+        let mut batch: Vec<(Vec<Step>, Option<Choice>)> = Vec::new();
         while batch.len() < width
             && report.trials + batch.len() < opts.trials
             && attempts < opts.trials * 50 + 100
@@ -162,17 +179,15 @@ pub fn tune(
             } else {
                 let choice = match queue.pop_front() {
                     Some(c) => c,
-                    None if pop.is_empty() || rng.below(5) == 0 => {
-                        space::random_choice(&nests, &mut rng)
-                    }
+                    None if pop.is_empty() || rng.below(5) == 0 => sp.random(&mut rng),
                     None => {
                         pop.sort_by(|a, b| a.0.total_cmp(&b.0));
                         pop.truncate(4);
                         let parent = pop[rng.below(pop.len())].1.clone();
-                        space::mutate(&nests, &parent, &mut rng)
+                        sp.mutate(&parent, &mut rng)
                     }
                 };
-                match space::steps_for(&g, &nests, &choice) {
+                match sp.steps(&choice) {
                     Ok(s) => (prefix.iter().cloned().chain(s).collect(), Some(choice)),
                     Err(_) => continue,
                 }
@@ -239,4 +254,63 @@ pub fn tune(
     }
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The space a search draws from: the CPU's knobs or a device's.
+enum Space<'a> {
+    Cpu(&'a PrimFunc, &'a [space::Nest]),
+    Device(device::DeviceSpace),
+}
+
+/// One candidate's knobs, in the space's terms.
+#[derive(Clone, Debug, PartialEq)]
+enum Choice {
+    Cpu(space::Choice),
+    Device(device::DeviceChoice),
+}
+
+impl Space<'_> {
+    /// The hand-written starting points, but the one with no knob set (the default, timed
+    /// already; for a large kernel the slowest candidate there is: 48 s a call for a 2048³
+    /// matmul).
+    fn seeds(&self) -> Vec<Choice> {
+        match self {
+            Space::Cpu(_, n) => space::seeds(n)
+                .into_iter()
+                .skip(1)
+                .map(Choice::Cpu)
+                .collect(),
+            Space::Device(d) => {
+                let none: device::DeviceChoice = vec![Default::default(); d.nests.len()];
+                d.seeds()
+                    .into_iter()
+                    .filter(|c| *c != none)
+                    .map(Choice::Device)
+                    .collect()
+            }
+        }
+    }
+
+    fn random(&self, rng: &mut space::Rng) -> Choice {
+        match self {
+            Space::Cpu(_, n) => Choice::Cpu(space::random_choice(n, rng)),
+            Space::Device(d) => Choice::Device(d.random(rng)),
+        }
+    }
+
+    fn mutate(&self, c: &Choice, rng: &mut space::Rng) -> Choice {
+        match (self, c) {
+            (Space::Cpu(_, n), Choice::Cpu(c)) => Choice::Cpu(space::mutate(n, c, rng)),
+            (Space::Device(d), Choice::Device(c)) => Choice::Device(d.mutate(c, rng)),
+            _ => self.random(rng),
+        }
+    }
+
+    fn steps(&self, c: &Choice) -> Result<Vec<Step>, String> {
+        match (self, c) {
+            (Space::Cpu(g, n), Choice::Cpu(c)) => space::steps_for(g, n, c),
+            (Space::Device(d), Choice::Device(c)) => d.steps_for(c),
+            _ => Err("a choice of another space".into()),
+        }
+    }
 }

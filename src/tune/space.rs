@@ -92,7 +92,8 @@ fn stores_under(s: &Stmt, out: &mut Vec<Vec<Expr>>) {
     }
 }
 
-fn loop_info(var: &Var, extent: &Expr, body: &Stmt) -> LoopInfo {
+/// The loop `for var in [.., extent) { body }` described.
+pub(crate) fn loop_info(var: &Var, extent: &Expr, body: &Stmt) -> LoopInfo {
     let mut stores = Vec::new();
     stores_under(body, &mut stores);
     let reduction = !stores.is_empty() && !stores.iter().flatten().any(|e| e.mentions(var));
@@ -137,7 +138,8 @@ fn leaves_in(s: &Stmt, out: &mut Vec<LoopInfo>) {
     }
 }
 
-fn nest_of(s: &Stmt) -> Option<Nest> {
+/// The nest starting at loop `s`; `None` when `s` is not a loop.
+pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
     let mut loops = Vec::new();
     let mut cur = s;
     while let Stmt::For {
@@ -297,6 +299,21 @@ fn mixed_leaf(s: &Stmt) -> Option<String> {
         Stmt::Seq(v) => v.iter().find_map(mixed_leaf),
         _ => None,
     }
+}
+
+/// The statements [`nests`] reads its nests from (the top-level loops), in the same order.
+pub(crate) fn nest_stmts(f: &PrimFunc) -> Vec<&Stmt> {
+    fn go<'s>(s: &'s Stmt, out: &mut Vec<&'s Stmt>) {
+        match s {
+            Stmt::For { .. } => out.push(s),
+            Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => go(body, out),
+            Stmt::Seq(v) => v.iter().for_each(|x| go(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    go(&f.body, &mut out);
+    out
 }
 
 /// The top-level loop nests of `f`.

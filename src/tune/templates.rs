@@ -226,6 +226,7 @@ pub fn match_matmul(f: &PrimFunc) -> Option<MatmulMatch> {
             i: i.name.to_string(),
             j: j.name.to_string(),
             k: kv.name.to_string(),
+            a: a.name.to_string(),
             b: b.name.to_string(),
             c: c.name.to_string(),
         },

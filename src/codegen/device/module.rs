@@ -28,6 +28,33 @@ pub fn host_options(cg: &dyn DeviceCodegen, target: &Target) -> CodegenResult<Co
     Ok(o)
 }
 
+/// `module` with every loop nest that touches device memory outside a kernel made a kernel of
+/// its own ([`crate::schedule::auto::bind_default`], TVM's `DefaultGPUSchedule`), so that a
+/// function nobody scheduled runs on a device target; functions whose nests are all kernels
+/// already are kept as they are.
+///
+/// # Errors
+/// A nest the default schedule cannot bind, named with its function.
+pub fn default_kernels(
+    cg: &dyn DeviceCodegen,
+    module: &IRModule,
+    target: &Target,
+) -> CodegenResult<IRModule> {
+    let limits = super::DeviceLimits::of(target, cg.default_limits());
+    let mut out = module.clone();
+    for f in &mut out.functions {
+        let g = crate::schedule::auto::device_default(f, limits.max_threads).map_err(|e| {
+            CodegenError::Unsupported(format!(
+                "function `{}` has loops outside any kernel, and the default device schedule \
+                 refuses them: {e}",
+                f.name
+            ))
+        })?;
+        *f = g;
+    }
+    Ok(out)
+}
+
 /// A module compiled for a device target: host functions in-process (JIT), kernels loaded by
 /// the device runtime (built by the driver on first launch).
 pub struct HostDeviceModule {
@@ -60,6 +87,8 @@ impl HostDeviceModule {
         module: &IRModule,
         target: &Target,
     ) -> CodegenResult<Self> {
+        let scheduled = default_kernels(cg, module, target)?;
+        let module = &scheduled;
         let code = device_code(cg, module, target)?;
         let mut opts = host_options(cg, target)?;
         let device = DeviceModule::load(cg.kind(), code.source, code.kernels)
