@@ -260,3 +260,123 @@ fn a_scheduled_function_is_left_alone() {
     assert!(r.loops.is_empty());
     assert_eq!(r.func, f);
 }
+
+// ---- The default device schedule (`bind_default`, TVM's `DefaultGPUSchedule`) ----
+
+use kiln::schedule::auto::{bind_default, device_default};
+use kiln::schedule::Schedule;
+
+/// `f` with the default device schedule, checked in the interpreter (which runs thread-bound
+/// loops as a device would, and reports races on shared memory) against `f` itself.
+fn bound_like(f: &PrimFunc, shapes: &[Vec<i64>], max_threads: i64) -> PrimFunc {
+    let g = device_default(f, max_threads).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(interp_last(&g, shapes), interp_last(f, shapes), "{g}");
+    g
+}
+
+#[test]
+fn the_default_device_schedule_fuses_the_independent_loops_into_threads() {
+    let g = bound_like(
+        &elementwise(true),
+        &[vec![256, 256], vec![256], vec![256, 256]],
+        1024,
+    );
+    let text = g.to_string();
+    // i and j fused (65536 iterations), 256 threads a block.
+    assert!(text.contains("i_j"), "{text}");
+    assert!(
+        text.contains("blockIdx.x") && text.contains("threadIdx.x"),
+        "{text}"
+    );
+    // The target's limit wins when it is lower.
+    let g = device_default(&elementwise(true), 64).unwrap();
+    assert!(!g.to_string().contains(", 256)"), "{g}");
+}
+
+#[test]
+fn the_default_device_schedule_keeps_reductions_in_the_thread_and_host_loops_on_the_host() {
+    // matmul: i and j fused into threads, k serial in each.
+    let m = kiln::ir::kernels::matmul_sized(13, 40, 5);
+    let g = bound_like(&m, &[vec![13, 5], vec![5, 40], vec![13, 40]], 256);
+    let text = g.to_string();
+    assert!(text.contains("i_j"), "{text}");
+    // A small nest gets as many threads as it has iterations: 13 * 40 = 520 > 256, so 256.
+    // TVM's form (the init guarded in the first iteration of k) too.
+    let t = kiln::ir::kernels::matmul_tvm_form(7, 9, 4);
+    bound_like(&t, &[vec![7, 4], vec![4, 9], vec![7, 9]], 256);
+    // `for k { for i { C[i] += A[k, i] } }`: k is not independent, so it stays a host loop
+    // launching a kernel over i each iteration.
+    let body = for_(
+        "k",
+        8,
+        for_(
+            "i",
+            100,
+            st(
+                "C",
+                vec![v("i")],
+                op("add", ld("C", vec![v("i")]), ld("A", vec![v("k"), v("i")])),
+            ),
+        ),
+    );
+    let f = func(vec![buf("A", &[8, 100]), buf("C", &[100])], body, true);
+    let g = bound_like(&f, &[vec![8, 100], vec![100]], 256);
+    let text = g.to_string();
+    assert!(text.contains("for k"), "{text}");
+    // 100 iterations: one block of 100 threads, no guard.
+    assert!(!text.contains("if "), "{text}");
+}
+
+#[test]
+fn a_nest_with_no_independent_loop_runs_on_one_thread() {
+    // `for k { S[0] += A[k] }`
+    let body = for_(
+        "k",
+        64,
+        st(
+            "S",
+            vec![c(0)],
+            op("add", ld("S", vec![c(0)]), ld("A", vec![v("k")])),
+        ),
+    );
+    let f = func(vec![buf("A", &[64]), buf("S", &[1])], body, true);
+    let g = bound_like(&f, &[vec![64], vec![1]], 256);
+    let text = g.to_string();
+    assert!(
+        text.contains("blockIdx.x") && !text.contains("threadIdx"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_default_device_schedule_leaves_kernels_and_host_statements_alone() {
+    // Bound already: nothing changes.
+    let k = kiln::schedule::kernels::opencl_vadd().unwrap();
+    let mut s = Schedule::new(k.clone());
+    assert!(bind_default(&mut s, 256).unwrap().is_empty());
+    assert!(s.trace().is_empty());
+    assert_eq!(s.finish().unwrap(), k);
+    // A store outside any loop stays where it is (the build then says the host cannot
+    // touch device memory).
+    let one = json!({ "const": 1.0, "dtype": "float32" });
+    let f = func(vec![buf("S", &[1])], st("S", vec![c(0)], one), true);
+    let mut s = Schedule::new(f);
+    assert!(bind_default(&mut s, 256).unwrap().is_empty());
+    // No threads at all is a clear error.
+    let mut s = Schedule::new(elementwise(true));
+    let e = bind_default(&mut s, 0).unwrap_err().to_string();
+    assert!(e.contains("at least one thread per block, found 0"), "{e}");
+}
+
+#[test]
+fn the_default_device_schedule_replays_from_its_trace() {
+    let f = kiln::ir::kernels::softmax_sized(4, 32);
+    let mut s = Schedule::new(f.clone());
+    let loops = bind_default(&mut s, 256).unwrap();
+    assert_eq!(loops, ["i"]);
+    let steps = s.trace().to_vec();
+    let g = s.finish().unwrap();
+    let mut r = Schedule::new(f);
+    r.apply(&steps).unwrap();
+    assert_eq!(r.finish().unwrap().to_string(), g.to_string());
+}

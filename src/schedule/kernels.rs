@@ -631,13 +631,16 @@ pub fn gpu_matmul_on(
     tile: i64,
     kt: i64,
 ) -> ScheduleResult<Schedule> {
-    if tile < 16 || tile % 16 != 0 || kt < 1 || m % tile != 0 || n % tile != 0 || k % kt != 0 {
+    if tile < 16 || tile % 16 != 0 || kt < 1 {
         return Err(s.form(
             "gpu_matmul",
-            format!(
-                "needs a tile that is a multiple of 16, m and n multiples of it and k of {kt}, \
-                 found tile {tile} for {m} x {n} x {k}"
-            ),
+            format!("needs a tile that is a multiple of 16 and a k step of 1 or more, found {tile} and {kt}"),
+        ));
+    }
+    if m % tile != 0 || n % tile != 0 || k % kt != 0 {
+        return Err(s.form(
+            "gpu_matmul",
+            format!("needs m and n multiples of {tile} and k of {kt}, found {m} x {n} x {k}"),
         ));
     }
     let r = tile / 16;

@@ -1,0 +1,344 @@
+//! `kiln tune` for device targets: the device search space (which modes a nest is offered, and
+//! that every candidate it proposes is a schedule the primitives accept), candidates measured on
+//! a real OpenCL device (PoCL in CI) and checked against the host build, the records' device
+//! names, and the CLI end to end. Tests that need a device skip visibly without one, and fail
+//! under `KILN_REQUIRE_OPENCL=1` (CI).
+
+mod common;
+
+use std::process::Command;
+
+use kiln::ir::builder::for_range;
+use kiln::ir::{kernels, Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt};
+use kiln::schedule::{Schedule, Step};
+use kiln::target::Target;
+use kiln::tune::device::{DeviceSpace, Mode};
+use kiln::tune::{self, space, Database, Measurer, Outcome, Record, Timing, TuneOptions};
+
+fn opencl() -> Target {
+    Target::parse(r#"{"kind": "opencl"}"#).unwrap()
+}
+
+fn device_space(f: &PrimFunc) -> DeviceSpace {
+    let (g, _) = space::normalize(f);
+    DeviceSpace::new(&g, 256)
+}
+
+#[test]
+fn rows_mode_is_offered_where_each_thread_reads_back_what_it_wrote() {
+    // softmax: one nest, a row loop over four column loops of one extent.
+    let s = device_space(&kernels::softmax_sized(8, 64));
+    assert_eq!(s.nests.len(), 1, "{:?}", s.nests);
+    let (leaves, e) = s.nests[0].rows.clone().expect("softmax's rows");
+    assert_eq!(e, 64);
+    assert_eq!(leaves.len(), 4);
+    // rowsum: the reduction's init is a nest of its own; the reduction is a row of one loop.
+    let s = device_space(&kernels::rowsum_sized(8, 64));
+    assert!(s.nests.iter().any(|n| n.rows.is_some()));
+
+    // A column loop that reads what another thread wrote: B[i, 63 - j].
+    let (rows, cols) = (8i64, 64i64);
+    let a = Buffer::new(
+        "A",
+        DataType::f32(),
+        vec![Expr::from(rows), Expr::from(cols)],
+    );
+    let b = Buffer::new(
+        "B",
+        DataType::f32(),
+        vec![Expr::from(rows), Expr::from(cols)],
+    );
+    let c = Buffer::new(
+        "C",
+        DataType::f32(),
+        vec![Expr::from(rows), Expr::from(cols)],
+    );
+    let body = for_range("i", Expr::from(rows), ForKind::Serial, |i| {
+        Stmt::Seq(vec![
+            for_range("j", Expr::from(cols), ForKind::Serial, |j| {
+                b.store(
+                    [i.clone(), j.clone()],
+                    a.load([i.clone(), j]) * Expr::from(2.0f32),
+                )
+            }),
+            for_range("j2", Expr::from(cols), ForKind::Serial, |j| {
+                c.store(
+                    [i.clone(), j.clone()],
+                    b.load([i.clone(), Expr::from(cols - 1) - j]),
+                )
+            }),
+        ])
+    });
+    let f = PrimFunc::new(
+        "mirror",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+    .with_noalias(true);
+    let s = device_space(&f);
+    assert!(
+        s.nests.iter().all(|n| n.rows.is_none()),
+        "a cross-thread read must not be offered rows mode: {:?}",
+        s.nests
+    );
+}
+
+#[test]
+fn every_device_candidate_is_a_schedule_the_primitives_accept() {
+    for f in [
+        kernels::softmax_sized(16, 256),
+        kernels::matmul_sized(64, 64, 32),
+        kernels::matmul_tvm_form(48, 40, 16),
+        kernels::rowsum_sized(32, 128),
+    ] {
+        let s = device_space(&f);
+        let mut rng = space::Rng::new(5);
+        let mut ok = 0;
+        let mut modes = std::collections::HashSet::new();
+        let mut choices: Vec<_> = s.seeds();
+        for _ in 0..40 {
+            choices.push(s.random(&mut rng));
+        }
+        let first = choices[0].clone();
+        for _ in 0..20 {
+            choices.push(s.mutate(&first, &mut rng));
+        }
+        for c in &choices {
+            for k in c {
+                modes.insert(k.mode);
+            }
+            if let Ok(steps) = s.steps_for(c) {
+                // Replayed on the normalized function, the steps give a function with every
+                // loop nest in a kernel.
+                let mut r = Schedule::new(s.func.clone());
+                r.apply(&steps).unwrap();
+                let g = r.finish().unwrap();
+                assert!(g.to_string().contains("blockIdx"), "{}: {g}", f.name);
+                ok += 1;
+            }
+        }
+        assert!(
+            ok * 2 >= choices.len(),
+            "{}: {ok} of {}",
+            f.name,
+            choices.len()
+        );
+        assert!(modes.len() >= 3, "{}: {modes:?}", f.name);
+    }
+    // The matmul's hand schedules come first for the device too.
+    let t = tune::device::device_templates(&kernels::matmul_sized(128, 128, 64), &opencl());
+    assert!(t.len() >= 4, "{}", t.len());
+    assert!(t[0]
+        .iter()
+        .any(|s| matches!(s, Step::CacheReadShared { .. })));
+    // A shape the tiles do not divide has none.
+    assert!(
+        tune::device::device_templates(&kernels::matmul_sized(13, 40, 5), &opencl()).is_empty()
+    );
+}
+
+#[test]
+fn the_default_device_build_is_checked_against_the_host_build() {
+    let Some(_) =
+        common::opencl_device("the_default_device_build_is_checked_against_the_host_build")
+    else {
+        return;
+    };
+    // Unscheduled functions run on the device: their default schedule's results agree with
+    // the host's (InProcess::new fails otherwise).
+    for f in [
+        kernels::softmax_sized(16, 128),
+        kernels::matmul_tvm_form(13, 40, 5),
+        kernels::rowsum_sized(9, 100),
+    ] {
+        let m =
+            tune::InProcess::new(&f, &opencl(), 1).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        assert!(m.baseline().median > 0.0);
+    }
+}
+
+/// `for i { B[i] = A[i] + 1; A[i + 1] = B[i] * 0.5 }`: distributing the loop over its two
+/// statements (`fission`) changes the results.
+fn chained(n: i64) -> PrimFunc {
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(n)]);
+    let b = Buffer::new("B", DataType::f32(), vec![Expr::from(n)]);
+    let body = for_range("i", Expr::from(n - 1), ForKind::Serial, |i| {
+        Stmt::Seq(vec![
+            b.store([i.clone()], a.load([i.clone()]) + Expr::from(1.0f32)),
+            a.store([i.clone() + 1i64], b.load([i]) * Expr::from(0.5f32)),
+        ])
+    });
+    PrimFunc::new("chained", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true)
+}
+
+#[test]
+fn a_device_schedule_that_computes_something_else_never_wins() {
+    let Some(_) =
+        common::opencl_device("a_device_schedule_that_computes_something_else_never_wins")
+    else {
+        return;
+    };
+    let f = chained(64);
+    let mut m = tune::InProcess::new(&f, &opencl(), 3).unwrap();
+    let wrong = vec![Step::Fission { loop_: "i".into() }];
+    match m.measure(&wrong, None) {
+        Outcome::Wrong(e) => assert!(e.contains("the default build gives"), "{e}"),
+        other => panic!("expected a wrong result, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_device_search_finds_a_faster_schedule_that_agrees_with_the_host() {
+    let Some(_) =
+        common::opencl_device("a_device_search_finds_a_faster_schedule_that_agrees_with_the_host")
+    else {
+        return;
+    };
+    let f = kernels::softmax_sized(64, 512);
+    let target = opencl();
+    let mut m = tune::InProcess::new(&f, &target, 0).unwrap();
+    let mut better = 0;
+    let r = tune::tune(
+        &f,
+        &target,
+        &mut m,
+        &TuneOptions {
+            trials: 12,
+            ..TuneOptions::default()
+        },
+        |_, _, _| better += 1,
+    )
+    .unwrap();
+    assert_eq!(r.trials, 12);
+    assert_eq!(r.wrong, 0, "{r:?}");
+    // The default gives every thread a whole row of 512 serially; a block per row does far
+    // better on any OpenCL device (PoCL on 2 cores: 2-3x).
+    let (steps, t) = r.best.clone().expect("a schedule faster than the default");
+    assert!(t.median < r.default.median, "{r:?}");
+    assert!(better >= 1);
+    // Applied again, the record's steps give the same function, and it agrees with the host.
+    let mut s = Schedule::new(f.clone());
+    s.apply(&steps).unwrap();
+    let g = s.finish().unwrap();
+    let mut s2 = Schedule::new(f);
+    s2.apply(&steps).unwrap();
+    assert_eq!(s2.finish().unwrap().to_string(), g.to_string());
+    assert!(matches!(m.measure(&steps, None), Outcome::Ok(_)));
+}
+
+fn record(f: &PrimFunc, target: &Target, device: &str, steps: Vec<Step>) -> Record {
+    let t = Timing {
+        median: 1e-3,
+        min: 1e-3,
+        max: 1e-3,
+    };
+    Record {
+        format: tune::db::FORMAT.into(),
+        workload: tune::db::workload(f),
+        target: target.to_string(),
+        cpu: tune::db::host_cpu(),
+        device: device.into(),
+        steps,
+        time: t,
+        default_time: t,
+        trials: 1,
+        seed: 0,
+        kiln: env!("CARGO_PKG_VERSION").into(),
+    }
+}
+
+#[test]
+fn a_device_record_is_applied_only_on_the_device_it_was_measured_on() {
+    let f = kernels::softmax_sized(4, 64);
+    let t = opencl();
+    let steps = vec![Step::Bind {
+        loop_: "i".into(),
+        thread: "blockIdx.x".into(),
+    }];
+    let mut db = Database::default();
+    db.records
+        .push(record(&f, &t, "opencl: some other GPU", steps.clone()));
+    assert!(db.best(&f, &t, false).is_none());
+    assert!(db.best(&f, &t, true).is_some(), "--any-cpu lifts it");
+    // The device this machine has (or the kind alone, where it has none).
+    db.records
+        .push(record(&f, &t, &tune::db::device_name(&t), steps));
+    assert!(db.best(&f, &t, false).is_some());
+    assert_ne!(tune::db::device_name(&t), "cpu");
+    assert_eq!(
+        tune::db::device_name(&Target::parse("llvm").unwrap()),
+        "cpu"
+    );
+}
+
+#[test]
+fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
+    let Some(_) =
+        common::opencl_device("kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.jsonl");
+    let kiln = env!("CARGO_BIN_EXE_kiln");
+    let ex = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/kernels/plain/softmax_256x1024.json"
+    );
+    let out = Command::new(kiln)
+        .args([
+            "tune", ex, "softmax", "--target", "opencl", "--trials", "6", "--db",
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(se.contains("on opencl: "), "{se}");
+    assert!(
+        so.contains("best:") && so.contains("record written"),
+        "{so}\n{se}"
+    );
+    let text = std::fs::read_to_string(&db).unwrap();
+    let r: Record = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(r.device.starts_with("opencl: "), "{}", r.device);
+    assert!(r.target.contains("\"kind\":\"opencl\""));
+    let run = Command::new(kiln)
+        .args([
+            "run", ex, "softmax", "--target", "opencl", "--check", "--db",
+        ])
+        .arg(&db)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(run.status.success(), "{so}\n{se}");
+    assert!(se.contains("tuning record applied"), "{se}");
+    assert!(so.contains("max abs difference"), "{so}");
+    // Remote measuring is for CPUs: a clear error, not a wrong record.
+    let e = Command::new(kiln)
+        .args([
+            "tune",
+            ex,
+            "softmax",
+            "--target",
+            "opencl",
+            "--rpc",
+            "127.0.0.1:1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!e.status.success());
+    let se = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        se.contains("remote `opencl` device is not supported yet"),
+        "{se}"
+    );
+}
