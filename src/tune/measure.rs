@@ -10,6 +10,13 @@
 //! A candidate whose checking call takes more than nine times the best so far is timed by that
 //! call alone; one whose first timed call takes more than three times the best, by that call.
 //!
+//! On a device target, the reference is the function built for the host CPU, and the default
+//! (the function as written, made kernels by the default device schedule) is checked against
+//! it like every candidate. A candidate runs on device copies of the inputs, its results are
+//! copied back to be compared, and its calls are timed between two events of the device's
+//! current stream (the driver's own timer); its first call, which includes the driver
+//! compiling the kernels, is never the answer.
+//!
 //! Timing: on the arrays of the checking call (warm: paged in, in the caches as in the calls
 //! that follow, so a cold first call does not count against a candidate), calls are batched
 //! until a batch lasts 2 ms, then 7 batches are timed; the result is the median time per call

@@ -10,7 +10,8 @@
 //! | file | part |
 //! |---|---|
 //! | [`space`] | the function's loop nests (made perfect first where an initialization sits beside its reduction) and their knobs (tiles, vector width, unrolling, parallel loops); a choice of knobs becomes schedule [`Step`]s |
-//! | [`measure`] | inputs from a seed, the default build's results, a candidate's check against them and its timing |
+//! | [`device`] | the space of a device target (`opencl`, `cuda`): per nest a mode (the default device schedule; flat blocks of threads; a 2-D block with shared-memory staging; a block per row) and its thread shapes, offered only where no two threads can race |
+//! | [`measure`] | inputs from a seed, the default build's results, a candidate's check against them and its timing (the CPU clock; the device's events for a device target, checked against the host's build) |
 //! | [`templates`] | kiln's hand schedules (today the matmul, in kiln's form or TVM's) recognized in a function, as steps: the first candidates |
 //! | [`worker`] | where candidates run: this process, or a child process (`kiln tune-worker`) that a crash or a hang cannot take the search down with |
 //! | [`remote`] | candidates measured on another machine through a TVM RPC server (`kiln tune --rpc` / `--tracker`) |
