@@ -342,3 +342,36 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         "{se}"
     );
 }
+
+/// Every TOPI operator of the corpus, as TVM 0.27 lowers it (no schedule), built for `opencl`
+/// (the default device schedule makes its loops kernels, its host `local` intermediates device
+/// memory, its parallel loops threads) and run on the device, agrees with the host build.
+#[test]
+fn every_topi_operator_runs_unscheduled_on_opencl_and_agrees_with_the_host() {
+    let Some(_) = common::opencl_device(
+        "every_topi_operator_runs_unscheduled_on_opencl_and_agrees_with_the_host",
+    ) else {
+        return;
+    };
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tvm027_topi_corpus.json"
+    ))
+    .unwrap();
+    let m = kiln::ir::IRModule::from_json_str(&text).unwrap();
+    assert_eq!(m.functions.len(), 50);
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for f in &m.functions {
+        if tune::measure::benchable(f).is_err() {
+            // (`add_symbolic_rows`: no constant shape to make inputs of.)
+            continue;
+        }
+        match tune::InProcess::new(f, &opencl(), 7) {
+            Ok(_) => checked += 1,
+            Err(e) => failures.push(format!("{}: {e}", f.name)),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(checked >= 49, "{checked}");
+}

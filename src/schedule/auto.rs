@@ -263,13 +263,18 @@ fn has_binding(s: &Stmt) -> bool {
     f.0
 }
 
-/// Whether `s` loads or stores a buffer in device memory (a parameter or a workspace), the
-/// nests a device target cannot leave on the host.
+/// Whether `s` loads or stores a buffer allocated outside it: a parameter or a workspace (in
+/// device memory), or a `local` allocation of the host (which the device build moves to device
+/// memory when a kernel uses it). These are the nests a device target cannot leave on the host;
+/// one that touches only its own allocations can stay there.
 fn touches_device_memory(s: &Stmt) -> bool {
     let uses = s.free_uses();
-    uses.buffers
-        .iter()
-        .any(|b| matches!(b.scope, StorageScope::Global | StorageScope::Workspace))
+    uses.buffers.iter().any(|b| {
+        matches!(
+            b.scope,
+            StorageScope::Global | StorageScope::Workspace | StorageScope::Local
+        )
+    })
 }
 
 /// The first loop nest in `s` (in walk order) that runs on the host and touches device memory.
@@ -374,6 +379,7 @@ pub fn bind_default(s: &mut Schedule, max_threads: i64) -> ScheduleResult<Vec<St
         };
         match nest {
             HostNest::Threads(chain) => {
+                make_serial(s, &chain)?;
                 let mut fused = chain[0].clone();
                 for inner in &chain[1..] {
                     fused = s.fuse(&fused, inner)?;
@@ -386,6 +392,7 @@ pub fn bind_default(s: &mut Schedule, max_threads: i64) -> ScheduleResult<Vec<St
                 out.push(fused);
             }
             HostNest::Single(name, n) => {
+                make_serial(s, std::slice::from_ref(&name))?;
                 let (bo, _) = s.split(&name, n)?;
                 s.bind(&bo, ThreadTag::Block(0))?;
                 out.push(name);
@@ -393,6 +400,47 @@ pub fn bind_default(s: &mut Schedule, max_threads: i64) -> ScheduleResult<Vec<St
         }
     }
     Err(s.form("bind_default", "more than 4096 loop nests"))
+}
+
+/// Makes the named loops serial where a CPU schedule made them `parallel`, `vectorized` or
+/// `unrolled` (TVM's `cumsum` comes with its outer loop parallel): their iterations are
+/// becoming a device's threads, which only serial loops can be bound to. Recorded in the trace.
+///
+/// # Errors
+/// No such loop.
+pub fn make_serial(s: &mut Schedule, names: &[String]) -> ScheduleResult<()> {
+    for name in names {
+        if loop_kind(&s.func().body, name).is_some_and(|k| k != ForKind::Serial) {
+            s.traced(
+                || crate::schedule::Step::Kind {
+                    loop_: name.clone(),
+                    kind: ForKind::Serial.name().into(),
+                },
+                |x| x.set_kind(name, ForKind::Serial),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The kind of loop `name` in `s`.
+fn loop_kind(s: &Stmt, name: &str) -> Option<ForKind> {
+    struct Find<'a>(&'a str, Option<ForKind>);
+    impl Visitor for Find<'_> {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::For { var, kind, .. } = s {
+                if &*var.name == self.0 {
+                    self.1 = Some(*kind);
+                    return;
+                }
+            }
+            walk_stmt(self, s);
+        }
+        fn expr(&mut self, _: &Expr) {}
+    }
+    let mut f = Find(name, None);
+    f.stmt(s);
+    f.1
 }
 
 /// The constant extent of loop `name` of the schedule's function.

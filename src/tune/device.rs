@@ -407,6 +407,10 @@ impl DeviceSpace {
     ) -> Result<(), ScheduleError> {
         let names: Vec<&str> = n.nest.loops.iter().map(|l| l.name.as_str()).collect();
         let p = n.independent;
+        if k.mode != Mode::Default {
+            let chain: Vec<String> = names[..p].iter().map(|x| x.to_string()).collect();
+            crate::schedule::auto::make_serial(s, &chain)?;
+        }
         let fuse = |s: &mut Schedule, loops: &[&str]| -> Result<String, ScheduleError> {
             let mut f = loops[0].to_owned();
             for inner in &loops[1..] {

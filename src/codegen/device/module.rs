@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use crate::codegen::llvm::{CodegenOptions, LlvmModule};
 use crate::codegen::{CodegenError, CodegenResult};
-use crate::ir::IRModule;
+use crate::ir::rewrite::{rw_stmt, Rewriter};
+use crate::ir::visit::{walk_stmt, Visitor};
+use crate::ir::{Buffer, Expr, ForKind, IRModule, Stmt, StorageScope, VarId};
 use crate::packed_func::{Module, PackedFunc};
 use crate::runtime::DeviceModule;
 use crate::target::Target;
@@ -50,9 +52,88 @@ pub fn default_kernels(
                 f.name
             ))
         })?;
+        let body = promote_host_locals(&g.body);
         *f = g;
+        f.body = body;
     }
     Ok(out)
+}
+
+/// `s` with every `local` allocation of the host that a kernel uses made a `workspace`
+/// allocation (device memory for the call). TVM's lowering allocates a reduction's
+/// intermediate (`argmax`'s `A_red_temp`) as `local` at the top of the function; on the CPU
+/// that is the stack, but a kernel cannot reach the host's stack.
+fn promote_host_locals(s: &Stmt) -> Stmt {
+    match s {
+        Stmt::For {
+            kind: ForKind::ThreadBinding(_),
+            ..
+        } => s.clone(),
+        Stmt::Allocate { buffer, body }
+            if buffer.scope == StorageScope::Local && kernel_uses(body, buffer.data.id) =>
+        {
+            let mut b = buffer.clone();
+            b.scope = StorageScope::Workspace;
+            let mut r = Rescope(b.clone());
+            let body = rw_stmt(&mut r, &promote_host_locals(body));
+            Stmt::Allocate {
+                buffer: b,
+                body: Box::new(body),
+            }
+        }
+        _ => s.map_children(promote_host_locals),
+    }
+}
+
+/// Whether a thread-bound loop nest in `s` uses the buffer `id`.
+fn kernel_uses(s: &Stmt, id: VarId) -> bool {
+    struct Find(VarId, bool);
+    impl Visitor for Find {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::For {
+                kind: ForKind::ThreadBinding(_),
+                ..
+            } = s
+            {
+                if s.free_uses().buffers.iter().any(|b| b.data.id == self.0) {
+                    self.1 = true;
+                }
+                return;
+            }
+            walk_stmt(self, s);
+        }
+        fn expr(&mut self, _: &Expr) {}
+    }
+    let mut f = Find(id, false);
+    f.stmt(s);
+    f.1
+}
+
+/// Gives every access of a buffer the scope of `.0`.
+struct Rescope(Buffer);
+
+impl Rewriter for Rescope {
+    fn post_expr(&mut self, e: Expr) -> Expr {
+        match e {
+            Expr::Load { buffer, indices } if buffer.data.id == self.0.data.id => Expr::Load {
+                buffer: self.0.clone(),
+                indices,
+            },
+            e => e,
+        }
+    }
+    fn post_store(&mut self, buffer: Buffer, indices: Vec<Expr>, value: Expr) -> Stmt {
+        let buffer = if buffer.data.id == self.0.data.id {
+            self.0.clone()
+        } else {
+            buffer
+        };
+        Stmt::Store {
+            buffer,
+            indices,
+            value,
+        }
+    }
 }
 
 /// A module compiled for a device target: host functions in-process (JIT), kernels loaded by
