@@ -124,6 +124,12 @@ fn every_device_candidate_is_a_schedule_the_primitives_accept() {
             choices.len()
         );
         assert!(modes.len() >= 3, "{}: {modes:?}", f.name);
+        let want = if f.name.contains("matmul") {
+            Mode::TwoD
+        } else {
+            Mode::Rows
+        };
+        assert!(modes.contains(&want), "{}: {modes:?}", f.name);
     }
     // The matmul's hand schedules come first for the device too.
     let t = tune::device::device_templates(&kernels::matmul_sized(128, 128, 64), &opencl());

@@ -126,7 +126,7 @@ pub fn tune(
                     target.kind_name()
                 )
             })?;
-        Space::Device(device::DeviceSpace::new(&g, limits.max_threads))
+        Space::Device(Box::new(device::DeviceSpace::new(&g, limits.max_threads)))
     };
     let default = m.baseline();
     let mut rng = space::Rng::new(opts.seed);
@@ -260,7 +260,7 @@ pub fn tune(
 /// The space a search draws from: the CPU's knobs or a device's.
 enum Space<'a> {
     Cpu(&'a PrimFunc, &'a [space::Nest]),
-    Device(device::DeviceSpace),
+    Device(Box<device::DeviceSpace>),
 }
 
 /// One candidate's knobs, in the space's terms.
