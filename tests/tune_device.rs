@@ -381,3 +381,71 @@ fn every_topi_operator_runs_unscheduled_on_opencl_and_agrees_with_the_host() {
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(checked >= 49, "{checked}");
 }
+
+/// The corpus module (TVM 0.27's lowering of 50 TOPI operators).
+fn corpus() -> kiln::ir::IRModule {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tvm027_topi_corpus.json"
+    ))
+    .unwrap();
+    kiln::ir::IRModule::from_json_str(&text).unwrap()
+}
+
+/// Differential, with no device: every candidate the device space proposes for a reduction or
+/// normalization of TVM's (seeds, random choices, mutations) computes, in the reference
+/// interpreter (which runs thread-bound loops as a device does and reports races on shared
+/// memory), what the function does. Rows mode on `mean`, whose reduction target is a `local`
+/// the host allocates, once added the block's sum once per thread.
+#[test]
+fn every_device_candidate_computes_what_the_function_does_in_the_interpreter() {
+    let m = corpus();
+    for name in [
+        "mean",
+        "sum",
+        "max",
+        "layer_norm",
+        "log_softmax",
+        "softmax",
+        "cumsum",
+        "global_avg_pool",
+        "avg_pool2d_pad",
+    ] {
+        let f = m.get(name).unwrap();
+        let shapes: Vec<Vec<i64>> = f
+            .params
+            .iter()
+            .map(|p| match p {
+                Param::Buffer(b) => b.shape.iter().map(|e| e.as_int().unwrap()).collect(),
+                Param::Scalar(_) => unreachable!("the corpus's float operators take buffers"),
+            })
+            .collect();
+        let want = common::interp_last(f, &shapes);
+        let s = device_space(f);
+        let mut rng = space::Rng::new(11);
+        let mut choices = s.seeds();
+        for _ in 0..10 {
+            choices.push(s.random(&mut rng));
+        }
+        for i in 0..choices.len().min(6) {
+            let c = choices[i].clone();
+            choices.push(s.mutate(&c, &mut rng));
+        }
+        let mut ran = 0;
+        for c in &choices {
+            let Ok(steps) = s.steps_for(c) else { continue };
+            let mut r = Schedule::new(s.func.clone());
+            r.apply(&steps).unwrap();
+            let g = r.finish().unwrap();
+            let got = common::interp_last(&g, &shapes);
+            for (j, (x, y)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                    "{name}, choice {c:?}: element {j} is {x}, the function gives {y}\n{g}"
+                );
+            }
+            ran += 1;
+        }
+        assert!(ran >= 4, "{name}: {ran} candidates");
+    }
+}

@@ -20,6 +20,35 @@ use crate::ir::{
     BinOp, Buffer, DataType, Expr, ForKind, Stmt, StorageScope, ThreadTag, Var, VarId,
 };
 
+/// The buffers allocated inside a thread-bound loop (per block or per thread).
+fn kernel_locals(s: &Stmt) -> std::collections::HashSet<VarId> {
+    struct Find(std::collections::HashSet<VarId>, usize);
+    impl crate::ir::visit::Visitor for Find {
+        fn stmt(&mut self, s: &Stmt) {
+            match s {
+                Stmt::For {
+                    kind: ForKind::ThreadBinding(_),
+                    ..
+                } => {
+                    self.1 += 1;
+                    crate::ir::visit::walk_stmt(self, s);
+                    self.1 -= 1;
+                    return;
+                }
+                Stmt::Allocate { buffer, .. } if self.1 > 0 => {
+                    self.0.insert(buffer.data.id);
+                }
+                _ => {}
+            }
+            crate::ir::visit::walk_stmt(self, s);
+        }
+        fn expr(&mut self, _: &Expr) {}
+    }
+    let mut f = Find(Default::default(), 0);
+    crate::ir::visit::Visitor::stmt(&mut f, s);
+    f.0
+}
+
 /// A loop on the way to another: variable, min, extent, kind.
 type Loop = (Var, Expr, Expr, ForKind);
 
@@ -501,6 +530,7 @@ impl Schedule {
         }
         let rname = self.fresh_buffer("red");
         let pname = self.fresh_buffer(&format!("{rname}_part"));
+        let kernel_locals = kernel_locals(&self.func.body);
         let mut problem: Option<String> = None;
         // (X, ix) of the reduction, for folding the init.
         let mut target: Option<(Buffer, Vec<Expr>)> = None;
@@ -599,11 +629,16 @@ impl Schedule {
                 seq.push(Stmt::Barrier);
                 h /= 2;
             }
+            // Every thread updates X only when X is its own: a `local` allocated inside the
+            // kernel. A `local` of the host (one copy, in device memory once a kernel uses it)
+            // is updated once, by thread 0, as any other buffer.
+            let private = buffer.scope == StorageScope::Local
+                && kernel_locals.contains(&buffer.data.id);
             let fin = buffer.store(
                 indices.clone(),
                 reducer.combine(buffer.load(indices.clone()), red.load(z())),
             );
-            seq.push(if buffer.scope == StorageScope::Local {
+            seq.push(if private {
                 fin
             } else {
                 guard(tx.clone().eq_(imm(t, 0)), fin)

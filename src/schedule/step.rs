@@ -479,8 +479,9 @@ impl Schedule {
     /// }
     /// ```
     ///
-    /// A `local` `X` (per thread in a kernel) is updated by every thread, so all of them see the
-    /// result (softmax's row max); any other `X` by thread 0 only. When the statement just
+    /// A `local` `X` allocated inside the kernel (one per thread) is updated by every thread,
+    /// so all of them see the result (softmax's row max); any other `X` (including a `local` the
+    /// host allocates: one copy for the whole block) by thread 0 only. When the statement just
     /// before `outer` is `X[ix] = v` (the reduction's init), it is folded in: `X[ix] = v op
     /// red[0]`. Returns the shared buffer's name (`red`, `red1`, ...).
     ///

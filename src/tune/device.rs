@@ -572,6 +572,12 @@ fn row_leaves(body: &Stmt) -> Option<(Vec<LoopInfo>, i64)> {
     if !row_walk(body, &mut leaves, &mut acc) || leaves.is_empty() {
         return None;
     }
+    // A buffer is a thread's own only when the row allocates it: a `local` of the host, outside
+    // the row, is one copy that every thread of the block would share.
+    let own = allocations(body);
+    for a in &mut acc {
+        a.local = a.local && own.contains(&a.buffer);
+    }
     let e = leaves[0].0.extent?;
     if e < 2 || leaves.iter().any(|(l, _)| l.extent != Some(e)) {
         return None;
@@ -661,6 +667,22 @@ fn row_walk(s: &Stmt, leaves: &mut Vec<(LoopInfo, VarId)>, acc: &mut Vec<RowAcce
         }
         _ => false,
     }
+}
+
+/// The buffers allocated in `s`.
+fn allocations(s: &Stmt) -> Vec<VarId> {
+    struct V(Vec<VarId>);
+    impl Visitor for V {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::Allocate { buffer, .. } = s {
+                self.0.push(buffer.data.id);
+            }
+            walk_stmt(self, s);
+        }
+    }
+    let mut v = V(Vec::new());
+    v.stmt(s);
+    v.0
 }
 
 fn accesses(s: &Stmt, leaf: Option<(VarId, bool)>, acc: &mut Vec<RowAccess>) {
