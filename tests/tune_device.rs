@@ -449,3 +449,60 @@ fn every_device_candidate_computes_what_the_function_does_in_the_interpreter() {
         assert!(ran >= 4, "{name}: {ran} candidates");
     }
 }
+
+#[test]
+fn kiln_tune_names_what_it_cannot_measure_on() {
+    let kiln = env!("CARGO_BIN_EXE_kiln");
+    let ex = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/kernels/plain/softmax_256x1024.json"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run = |target: &str| {
+        let o = Command::new(kiln)
+            .args([
+                "tune",
+                ex,
+                "softmax",
+                "--trials",
+                "2",
+                "--in-process",
+                "--target",
+                target,
+            ])
+            .arg("--db")
+            .arg(dir.path().join("t.jsonl"))
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, e) = run(r#"{"kind": "vulkan"}"#);
+    assert!(!ok);
+    assert!(
+        e.contains("devices kiln generates code for (`opencl`, `cuda`); `vulkan` is neither"),
+        "{e}"
+    );
+    // Without a CUDA driver (CI), the reason is given, and nothing is written.
+    if kiln::device_api::get(kiln::device_api::DeviceType::CUDA)
+        .and_then(|api| {
+            api.check_device(kiln::device_api::Device::new(
+                kiln::device_api::DeviceType::CUDA,
+                0,
+            ))
+        })
+        .is_err()
+    {
+        let (ok, e) = run("cuda");
+        assert!(!ok);
+        assert!(e.contains("no cuda device to measure on"), "{e}");
+    }
+    assert!(
+        !dir.path().join("t.jsonl").exists()
+            || std::fs::read_to_string(dir.path().join("t.jsonl"))
+                .unwrap()
+                .is_empty()
+    );
+}
