@@ -410,6 +410,8 @@ fn every_device_candidate_computes_what_the_function_does_in_the_interpreter() {
         "cumsum",
         "global_avg_pool",
         "avg_pool2d_pad",
+        "dense",
+        "batch_matmul",
     ] {
         let f = m.get(name).unwrap();
         let shapes: Vec<Vec<i64>> = f
@@ -430,6 +432,18 @@ fn every_device_candidate_computes_what_the_function_does_in_the_interpreter() {
         for i in 0..choices.len().min(6) {
             let c = choices[i].clone();
             choices.push(s.mutate(&c, &mut rng));
+        }
+        if name == "dense" {
+            // Register tiles (a thread's r x r outputs cached over the reduction).
+            choices.extend(
+                s.seeds()
+                    .into_iter()
+                    .filter(|c| c.iter().any(|k| k.reg > 1)),
+            );
+            assert!(
+                choices.iter().any(|c| c.iter().any(|k| k.reg > 1)),
+                "dense gets register tiles"
+            );
         }
         let mut ran = 0;
         for c in &choices {

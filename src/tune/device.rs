@@ -62,6 +62,8 @@ pub struct DeviceKnobs {
     pub block: [i64; 2],
     /// The `k` slice staged in shared memory (2-D; 0: none).
     pub stage: i64,
+    /// The side of each thread's register tile of outputs (2-D; 0 or 1: one output a thread).
+    pub reg: i64,
     /// Unroll factor of the innermost reduction loop in a thread (flat, 2-D; 0: none).
     pub unroll: i64,
 }
@@ -82,6 +84,8 @@ pub struct DeviceNest {
     /// The buffers its innermost reduction loop reads and nothing in the nest writes (the
     /// ones 2-D mode stages).
     pub reads: Vec<String>,
+    /// The one buffer the nest writes, when it writes one (what a register tile caches).
+    pub output: Option<String>,
 }
 
 /// The search space of a function on a device target.
@@ -114,11 +118,19 @@ impl DeviceSpace {
                 .flatten()
                 .filter(|(leaves, _)| leaves.iter().all(|l| nest_leaf_named(&nest, l)));
             let reads = below.map(reads_of_reduction).unwrap_or_default();
+            let mut written: Vec<String> = Vec::new();
+            stores_in(s, &mut |b, _| {
+                if !written.contains(&b.name) {
+                    written.push(b.name.clone())
+                }
+            });
+            let output = (written.len() == 1).then(|| written.remove(0));
             nests.push(DeviceNest {
                 nest,
                 independent,
                 rows,
                 reads,
+                output,
             });
         }
         DeviceSpace {
@@ -201,6 +213,27 @@ impl DeviceSpace {
         out
     }
 
+    /// 2-D mode's register tiles for a block of `[ty, tx]` threads: 1, and 2 or 4 where they
+    /// divide the loops and a reduction inside accumulates into the tile.
+    fn regs(n: &DeviceNest, block: [i64; 2]) -> Vec<i64> {
+        let mut out = vec![1];
+        if Self::stage_loop(n).is_none() || n.output.is_none() {
+            return out;
+        }
+        let (a, b) = (
+            &n.nest.loops[n.independent - 2],
+            &n.nest.loops[n.independent - 1],
+        );
+        if let (Some(ea), Some(eb)) = (a.extent, b.extent) {
+            out.extend(
+                [2, 4]
+                    .into_iter()
+                    .filter(|&r| ea % (block[0] * r) == 0 && eb % (block[1] * r) == 0),
+            );
+        }
+        out
+    }
+
     /// The reduction loop right inside the independent loops, when there is one of constant
     /// extent: what 2-D mode stages.
     fn stage_loop(n: &DeviceNest) -> Option<&LoopInfo> {
@@ -274,6 +307,7 @@ impl DeviceSpace {
             Mode::TwoD => {
                 let b = self.blocks(n);
                 k.block = b[rng.below(b.len())];
+                k.reg = rng.pick(&Self::regs(n, k.block));
                 k.stage = rng.pick(&Self::stages(n));
                 k.unroll = rng.pick(&Self::unrolls(n));
             }
@@ -313,8 +347,14 @@ impl DeviceSpace {
             (Mode::Flat, 0) => k.threads = fresh.threads,
             (Mode::Flat, 1) => k.coarsen = fresh.coarsen,
             (Mode::Flat, _) => k.unroll = fresh.unroll,
-            (Mode::TwoD, 0) => k.block = fresh.block,
+            (Mode::TwoD, 0) => {
+                k.block = fresh.block;
+                if !Self::regs(n, k.block).contains(&k.reg) {
+                    k.reg = 1;
+                }
+            }
             (Mode::TwoD, 1) => k.stage = fresh.stage,
+            (Mode::TwoD, _) if rng.below(2) == 0 => k.reg = fresh.reg,
             (Mode::TwoD, _) => k.unroll = fresh.unroll,
             _ => *k = fresh,
         }
@@ -345,10 +385,12 @@ impl DeviceSpace {
                 let block = if b.contains(&want) { want } else { *b.last()? };
                 let stages = Self::stages(n);
                 let stage = if stages.contains(&stage) { stage } else { 0 };
+                let regs = Self::regs(n, block);
                 Some(DeviceKnobs {
                     mode: Mode::TwoD,
                     block,
                     stage,
+                    reg: if stage > 0 { *regs.last()? } else { 1 },
                     ..d
                 })
             };
@@ -441,13 +483,42 @@ impl DeviceSpace {
                     let z = fuse(s, &names[..p - 2])?;
                     s.bind(&z, crate::ir::ThreadTag::Block(2))?;
                 }
-                let (ao, ai) = s.split(a, k.block[0])?;
-                let (bo, bi) = s.split(b, k.block[1])?;
-                s.reorder(&[&ao, &bo, &ai, &bi])?;
+                let r = k.reg.max(1);
+                let (ao, ai, bo, bi);
+                let mut tile = None;
+                if r > 1 {
+                    // Each thread an r x r tile of outputs, kept in registers over the
+                    // reduction (kiln's GPU matmul, for any nest of this shape).
+                    let (o, a1) = s.split(a, k.block[0] * r)?;
+                    let (i, ri) = s.split(&a1, r)?;
+                    (ao, ai) = (o, i);
+                    let (o, b1) = s.split(b, k.block[1] * r)?;
+                    let (i, ci) = s.split(&b1, r)?;
+                    (bo, bi) = (o, i);
+                    s.reorder(&[&ao, &bo, &ai, &bi, &ri, &ci])?;
+                    tile = Some((ri, ci));
+                } else {
+                    (ao, ai) = s.split(a, k.block[0])?;
+                    (bo, bi) = s.split(b, k.block[1])?;
+                    s.reorder(&[&ao, &bo, &ai, &bi])?;
+                }
                 s.bind(&ao, crate::ir::ThreadTag::Block(1))?;
                 s.bind(&bo, crate::ir::ThreadTag::Block(0))?;
                 s.bind(&ai, crate::ir::ThreadTag::Thread(1))?;
                 s.bind(&bi, crate::ir::ThreadTag::Thread(0))?;
+                if let Some((ri, ci)) = &tile {
+                    let (Some(red), Some(out)) = (Self::stage_loop(n), &n.output) else {
+                        return Err(ScheduleError::Form {
+                            func: self.func.name.clone(),
+                            primitive: "cache_write",
+                            message: "a register tile needs a reduction and one output".into(),
+                        });
+                    };
+                    s.reorder(&[&red.name, ri, ci])?;
+                    s.cache_write(out, &bi)?;
+                    s.unroll(ri)?;
+                    s.unroll(ci)?;
+                }
                 let mut staged_inner = None;
                 if k.stage > 0 {
                     let r = Self::stage_loop(n).ok_or_else(|| ScheduleError::Form {
