@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | default | every nest | left to [`bind_default`] (TVM's `DefaultGPUSchedule`): the independent loops fused, 256 threads a block |
 //! | flat | a nest whose outer loops are independent | those loops fused, split into blocks of `threads` (32-1024) threads, each thread `coarsen` (1-8) elements `threads` apart (coalesced), the inner reduction unrolled by 0-8 |
-//! | 2-D | two or more independent outer loops | the last two split by `ty` and `tx`, bound to `threadIdx.y/x` and `blockIdx.y/x` (the ones outside fused into `blockIdx.z`); the reduction loop inside split by `kt` and every buffer it reads staged in shared memory a `kt` slice at a time (`cache_read_shared`), or not staged |
+//! | 2-D | two or more independent outer loops | the last two split by `ty` and `tx`, bound to `threadIdx.y/x` and `blockIdx.y/x` (the ones outside fused into `blockIdx.z`); each thread a 1 x 1, 2 x 2 or 4 x 4 tile of outputs kept in registers over the reduction (`cache_write`); the reduction loop inside split by `kt` and every buffer it reads staged in shared memory a `kt` slice at a time (`cache_read_shared`), or not staged |
 //! | rows | a row loop whose body is innermost loops of one extent (softmax's four column loops; rowsum's reduction) | a block per row, `threads` threads (a power of two dividing the extent) sharing each column loop: a reduction becomes a `block_reduce` (a tree in shared memory), a spatial loop is bound to `threadIdx.x` |
 //!
 //! What rows mode may do is decided before it is offered, from the loops alone, because a

@@ -97,7 +97,8 @@ pub struct TuneReport {
 }
 
 /// Searches for the fastest schedule of `f`, measuring with `m`. `on_better` is called with
-/// every candidate that beats the best so far (and the default): the place to save a record,
+/// every candidate that beats the best so far (and the default) beyond its spread (its median
+/// below the fastest batch of the best so far): the place to save a record,
 /// so that an interrupted search keeps what it found.
 ///
 /// # Errors
@@ -145,6 +146,10 @@ pub fn tune(
         seconds: 0.0,
     };
     let mut best = default.median;
+    // What a candidate must beat to be the new best: the fastest batch of the best so far (the
+    // default's at first). A median within the best's own spread is a tie, not a win: on a
+    // noisy machine such "wins" came out slower when measured again.
+    let mut bar = default.min.min(default.median);
     // The seeds but the first (no knob set: the default, timed already, and for a large
     // kernel the slowest candidate there is: 48 s a call for a 2048³ matmul).
     let mut queue: std::collections::VecDeque<Choice> = sp.seeds().into_iter().collect();
@@ -215,8 +220,9 @@ pub fn tune(
                     if let Some(c) = choice {
                         pop.push((t.median, c));
                     }
-                    let mark = if t.median < best {
+                    let mark = if t.median < bar {
                         best = t.median;
+                        bar = t.min.min(t.median);
                         report.best = Some((steps.clone(), *t));
                         on_better(&steps, *t, report.trials);
                         " new best"
