@@ -16,9 +16,10 @@
 //! race between the threads of a block need not show in one checking run: every buffer a
 //! column loop writes is accessed only in column loops, indexed by their own loop variable in
 //! one dimension (so each thread reads back only what it wrote: all loops split alike); a
-//! reduction's target is `local` (every thread gets the result) or touched nowhere else in the
-//! row; the statements between the column loops write only `local` buffers (every thread runs
-//! them alike).
+//! reduction's target is a `local` the row allocates (one per thread: every thread gets the
+//! result) or touched nowhere else in the row; the statements between the column loops write
+//! only such `local` buffers (every thread runs them alike). A `local` the host allocates is one
+//! copy for the whole block.
 //!
 //! Loops whose iterations are independent are found as [`crate::schedule::auto`] finds them
 //! for `parallel` loops. Kernels kiln has a hand schedule for come first, as for the CPU:
