@@ -7,8 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use kiln::ir::builder::for_range;
-use kiln::ir::{kernels, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt};
+use kiln::ir::{kernels, IRModule, PrimFunc};
 use kiln::schedule::Step;
 use kiln::target::Target;
 use kiln::tune::templates::templates;
@@ -111,23 +110,9 @@ fn the_same_seed_gives_the_same_search() {
     assert_eq!(keys.len(), a.len());
 }
 
-/// `for i { B[i] = A[i] + 1; A[i + 1] = B[i] * 0.5 }`: each iteration reads what the one before
-/// wrote, so distributing the loop over its two statements (`fission`) changes the results.
-fn chained(n: i64) -> PrimFunc {
-    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(n)]);
-    let b = Buffer::new("B", DataType::f32(), vec![Expr::from(n)]);
-    let body = for_range("i", Expr::from(n - 1), ForKind::Serial, |i| {
-        Stmt::Seq(vec![
-            b.store([i.clone()], a.load([i.clone()]) + Expr::from(1.0f32)),
-            a.store([i.clone() + 1i64], b.load([i]) * Expr::from(0.5f32)),
-        ])
-    });
-    PrimFunc::new("chained", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true)
-}
-
 #[test]
 fn a_schedule_that_computes_something_else_never_wins() {
-    let f = chained(256);
+    let f = common::chained(256);
     let mut m = tune::InProcess::new(&f, &host(), 3).unwrap();
     let wrong = vec![Step::Fission { loop_: "i".into() }];
     match m.measure(&wrong, None) {
@@ -472,7 +457,7 @@ fn candidates_are_measured_on_a_remote_server() {
     // The server serves one session at a time: this one ends before the next starts.
     drop(m);
     // A schedule that computes something else is caught on the remote side too.
-    let g = chained(128);
+    let g = common::chained(128);
     let mut m = Remote::new(Endpoint::Direct(addr), &g, &host(), 1).unwrap();
     let wrong = vec![Step::Fission { loop_: "i".into() }];
     assert!(matches!(m.measure(&wrong, None), Outcome::Wrong(_)));

@@ -163,20 +163,6 @@ fn the_default_device_build_is_checked_against_the_host_build() {
     }
 }
 
-/// `for i { B[i] = A[i] + 1; A[i + 1] = B[i] * 0.5 }`: distributing the loop over its two
-/// statements (`fission`) changes the results.
-fn chained(n: i64) -> PrimFunc {
-    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(n)]);
-    let b = Buffer::new("B", DataType::f32(), vec![Expr::from(n)]);
-    let body = for_range("i", Expr::from(n - 1), ForKind::Serial, |i| {
-        Stmt::Seq(vec![
-            b.store([i.clone()], a.load([i.clone()]) + Expr::from(1.0f32)),
-            a.store([i.clone() + 1i64], b.load([i]) * Expr::from(0.5f32)),
-        ])
-    });
-    PrimFunc::new("chained", vec![Param::Buffer(a), Param::Buffer(b)], body).with_noalias(true)
-}
-
 #[test]
 fn a_device_schedule_that_computes_something_else_never_wins() {
     let Some(_) =
@@ -184,7 +170,7 @@ fn a_device_schedule_that_computes_something_else_never_wins() {
     else {
         return;
     };
-    let f = chained(64);
+    let f = common::chained(64);
     let mut m = tune::InProcess::new(&f, &opencl(), 3).unwrap();
     let wrong = vec![Step::Fission { loop_: "i".into() }];
     match m.measure(&wrong, None) {

@@ -69,21 +69,28 @@ pub fn auto_parallel(func: &PrimFunc, min_work: u64) -> AutoParallel {
 
 /// Whether a loop is already parallel or bound to a thread.
 fn scheduled(s: &Stmt) -> bool {
-    struct Find(bool);
-    impl Visitor for Find {
+    has_loop_of(s, |k| {
+        matches!(k, ForKind::Parallel | ForKind::ThreadBinding(_))
+    })
+}
+
+/// Whether `s` holds a loop whose kind `pred` accepts.
+fn has_loop_of(s: &Stmt, pred: impl Fn(ForKind) -> bool) -> bool {
+    struct Find<P>(P, bool);
+    impl<P: Fn(ForKind) -> bool> Visitor for Find<P> {
         fn stmt(&mut self, s: &Stmt) {
             if let Stmt::For { kind, .. } = s {
-                if matches!(kind, ForKind::Parallel | ForKind::ThreadBinding(_)) {
-                    self.0 = true;
+                if (self.0)(*kind) {
+                    self.1 = true;
                     return;
                 }
             }
             walk_stmt(self, s);
         }
     }
-    let mut f = Find(false);
+    let mut f = Find(pred, false);
     f.stmt(s);
-    f.0
+    f.1
 }
 
 fn rewrite(s: &Stmt, min_work: u64, loops: &mut Vec<String>) -> Stmt {
@@ -244,23 +251,7 @@ enum HostNest {
 
 /// Whether `s` holds a thread-bound loop.
 fn has_binding(s: &Stmt) -> bool {
-    struct Find(bool);
-    impl Visitor for Find {
-        fn stmt(&mut self, s: &Stmt) {
-            if let Stmt::For {
-                kind: ForKind::ThreadBinding(_),
-                ..
-            } = s
-            {
-                self.0 = true;
-                return;
-            }
-            walk_stmt(self, s);
-        }
-    }
-    let mut f = Find(false);
-    f.stmt(s);
-    f.0
+    has_loop_of(s, |k| matches!(k, ForKind::ThreadBinding(_)))
 }
 
 /// Whether `s` loads or stores a buffer allocated outside it: a parameter or a workspace (in

@@ -441,3 +441,41 @@ pub fn device_vadd() -> kiln::ir::PrimFunc {
         body,
     )
 }
+
+/// `for i { B[i] = A[i] + 1; A[i + 1] = B[i] * 0.5 }`: distributing the loop over its two
+/// statements (`fission`) changes the results.
+pub fn chained(n: i64) -> kiln::ir::PrimFunc {
+    let a = kiln::ir::Buffer::new(
+        "A",
+        kiln::ir::DataType::f32(),
+        vec![kiln::ir::Expr::from(n)],
+    );
+    let b = kiln::ir::Buffer::new(
+        "B",
+        kiln::ir::DataType::f32(),
+        vec![kiln::ir::Expr::from(n)],
+    );
+    let body = kiln::ir::builder::for_range(
+        "i",
+        kiln::ir::Expr::from(n - 1),
+        kiln::ir::ForKind::Serial,
+        |i| {
+            kiln::ir::Stmt::Seq(vec![
+                b.store(
+                    [i.clone()],
+                    a.load([i.clone()]) + kiln::ir::Expr::from(1.0f32),
+                ),
+                a.store(
+                    [i.clone() + 1i64],
+                    b.load([i]) * kiln::ir::Expr::from(0.5f32),
+                ),
+            ])
+        },
+    );
+    kiln::ir::PrimFunc::new(
+        "chained",
+        vec![kiln::ir::Param::Buffer(a), kiln::ir::Param::Buffer(b)],
+        body,
+    )
+    .with_noalias(true)
+}
