@@ -375,7 +375,7 @@ pub fn bind_default(s: &mut Schedule, max_threads: i64) -> ScheduleResult<Vec<St
                 for inner in &chain[1..] {
                     fused = s.fuse(&fused, inner)?;
                 }
-                let extent = loop_extent(s, &fused);
+                let extent = find_loop(&s.func().body, &fused).and_then(|l| l.2.as_int());
                 let t = extent.map_or(threads, |e| e.clamp(1, threads));
                 let (bo, ti) = s.split(&fused, t)?;
                 s.bind(&bo, ThreadTag::Block(0))?;
@@ -401,7 +401,7 @@ pub fn bind_default(s: &mut Schedule, max_threads: i64) -> ScheduleResult<Vec<St
 /// No such loop.
 pub fn make_serial(s: &mut Schedule, names: &[String]) -> ScheduleResult<()> {
     for name in names {
-        if loop_kind(&s.func().body, name).is_some_and(|k| k != ForKind::Serial) {
+        if find_loop(&s.func().body, name).is_some_and(|l| l.3 != ForKind::Serial) {
             s.traced(
                 || crate::schedule::Step::Kind {
                     loop_: name.clone(),
@@ -414,35 +414,9 @@ pub fn make_serial(s: &mut Schedule, names: &[String]) -> ScheduleResult<()> {
     Ok(())
 }
 
-/// The kind of loop `name` in `s`.
-fn loop_kind(s: &Stmt, name: &str) -> Option<ForKind> {
-    struct Find<'a>(&'a str, Option<ForKind>);
-    impl Visitor for Find<'_> {
-        fn stmt(&mut self, s: &Stmt) {
-            if let Stmt::For { var, kind, .. } = s {
-                if &*var.name == self.0 {
-                    self.1 = Some(*kind);
-                    return;
-                }
-            }
-            walk_stmt(self, s);
-        }
-        fn expr(&mut self, _: &Expr) {}
-    }
-    let mut f = Find(name, None);
-    f.stmt(s);
-    f.1
-}
-
-/// The constant extent of loop `name` of the schedule's function.
-fn loop_extent(s: &Schedule, name: &str) -> Option<i64> {
-    let mut out = None;
-    crate::ir::visit::for_each_loop(&s.func().body, |v, _, e| {
-        if &*v.name == name {
-            out = e.as_int();
-        }
-    });
-    out
+/// Loop `name` of `s`: variable, min, extent, kind.
+fn find_loop(s: &Stmt, name: &str) -> Option<super::device::Loop> {
+    super::device::loop_path(s, name, &mut Vec::new())
 }
 
 /// `func` with every loop nest that touches device memory outside a kernel made a kernel

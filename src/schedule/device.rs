@@ -50,10 +50,10 @@ fn kernel_locals(s: &Stmt) -> std::collections::HashSet<VarId> {
 }
 
 /// A loop on the way to another: variable, min, extent, kind.
-type Loop = (Var, Expr, Expr, ForKind);
+pub(super) type Loop = (Var, Expr, Expr, ForKind);
 
 /// The loops enclosing loop `name` (outermost first) and the loop itself, if it is in `s`.
-fn loop_path(s: &Stmt, name: &str, path: &mut Vec<Loop>) -> Option<Loop> {
+pub(super) fn loop_path(s: &Stmt, name: &str, path: &mut Vec<Loop>) -> Option<Loop> {
     match s {
         Stmt::For {
             var,

@@ -126,15 +126,15 @@ pub fn device_name(target: &Target) -> String {
     if kind == "llvm" {
         return "cpu".to_owned();
     }
-    let named = (|| {
-        let cg = crate::codegen::device::codegen_for(kind)?;
-        let dev = crate::device_api::Device::new(cg.device_type().into(), 0);
-        let api = crate::device_api::get(dev.device_type).ok()?;
-        let v = api
-            .attr(dev, crate::device_api::AttrKind::DEVICE_NAME)
-            .ok()??;
-        Some(format!("{kind}: {v}"))
-    })();
+    let named = super::measure::device_of(target)
+        .ok()
+        .flatten()
+        .and_then(|dev| {
+            let api = crate::device_api::get(dev.device_type).ok()?;
+            api.attr(dev, crate::device_api::AttrKind::DEVICE_NAME)
+                .ok()?
+        })
+        .map(|v| format!("{kind}: {v}"));
     named.unwrap_or_else(|| kind.to_owned())
 }
 

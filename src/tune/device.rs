@@ -120,7 +120,7 @@ impl DeviceSpace {
                 .filter(|(leaves, _)| leaves.iter().all(|l| nest_leaf_named(&nest, l)));
             let reads = below.map(reads_of_reduction).unwrap_or_default();
             let mut written: Vec<String> = Vec::new();
-            stores_in(s, &mut |b, _| {
+            space::for_each_store(s, &mut |b, _| {
                 if !written.contains(&b.name) {
                     written.push(b.name.clone())
                 }
@@ -602,7 +602,7 @@ fn reads_of_reduction(below: &Stmt) -> Vec<String> {
     };
     let uses = below.free_uses();
     let mut written = Vec::new();
-    stores_in(below, &mut |b, _| written.push(b.data.id));
+    space::for_each_store(below, &mut |b, _| written.push(b.data.id));
     uses.buffers
         .iter()
         .filter(|b| b.scope == StorageScope::Global && !written.contains(&b.data.id))
@@ -610,27 +610,10 @@ fn reads_of_reduction(below: &Stmt) -> Vec<String> {
         .collect()
 }
 
-fn stores_in(s: &Stmt, f: &mut dyn FnMut(&crate::ir::Buffer, &[Expr])) {
-    struct V<'a>(&'a mut dyn FnMut(&crate::ir::Buffer, &[Expr]));
-    impl Visitor for V<'_> {
-        fn stmt(&mut self, s: &Stmt) {
-            if let Stmt::Store {
-                buffer, indices, ..
-            } = s
-            {
-                (self.0)(buffer, indices);
-            }
-            walk_stmt(self, s);
-        }
-    }
-    V(f).stmt(s);
-}
-
 /// One access in a row body: the buffer, whether it is a store, its indices, and the column
 /// loop it is in (`None`: between the column loops).
 struct RowAccess {
     buffer: VarId,
-    local: bool,
     store: bool,
     indices: Vec<Expr>,
     leaf: Option<(VarId, bool)>,
@@ -644,12 +627,9 @@ fn row_leaves(body: &Stmt) -> Option<(Vec<LoopInfo>, i64)> {
     if !row_walk(body, &mut leaves, &mut acc) || leaves.is_empty() {
         return None;
     }
-    // A buffer is a thread's own only when the row allocates it: a `local` of the host, outside
-    // the row, is one copy that every thread of the block would share.
-    let own = allocations(body);
-    for a in &mut acc {
-        a.local = a.local && own.contains(&a.buffer);
-    }
+    // A buffer is a thread's own only when the row allocates it as a `local`: a `local` of the
+    // host, outside the row, is one copy that every thread of the block would share.
+    let own = row_locals(body);
     let e = leaves[0].0.extent?;
     if e < 2 || leaves.iter().any(|(l, _)| l.extent != Some(e)) {
         return None;
@@ -661,7 +641,7 @@ fn row_leaves(body: &Stmt) -> Option<(Vec<LoopInfo>, i64)> {
     }
     for (buf, stores) in &written {
         let all: Vec<&RowAccess> = acc.iter().filter(|a| a.buffer == *buf).collect();
-        let local = stores[0].local;
+        let local = own.contains(buf);
         let in_spatial = stores.iter().any(|a| a.leaf.is_some_and(|(_, red)| !red));
         let in_reduction = stores.iter().any(|a| a.leaf.is_some_and(|(_, red)| red));
         let between = stores.iter().any(|a| a.leaf.is_none());
@@ -741,13 +721,15 @@ fn row_walk(s: &Stmt, leaves: &mut Vec<(LoopInfo, VarId)>, acc: &mut Vec<RowAcce
     }
 }
 
-/// The buffers allocated in `s`.
-fn allocations(s: &Stmt) -> Vec<VarId> {
+/// The `local` buffers allocated in `s`.
+fn row_locals(s: &Stmt) -> Vec<VarId> {
     struct V(Vec<VarId>);
     impl Visitor for V {
         fn stmt(&mut self, s: &Stmt) {
             if let Stmt::Allocate { buffer, .. } = s {
-                self.0.push(buffer.data.id);
+                if buffer.scope == StorageScope::Local {
+                    self.0.push(buffer.data.id);
+                }
             }
             walk_stmt(self, s);
         }
@@ -762,31 +744,29 @@ fn accesses(s: &Stmt, leaf: Option<(VarId, bool)>, acc: &mut Vec<RowAccess>) {
         leaf: Option<(VarId, bool)>,
         acc: &'a mut Vec<RowAccess>,
     }
+    impl V<'_> {
+        fn push(&mut self, buffer: &crate::ir::Buffer, indices: &[Expr], store: bool) {
+            self.acc.push(RowAccess {
+                buffer: buffer.data.id,
+                store,
+                indices: indices.to_vec(),
+                leaf: self.leaf,
+            });
+        }
+    }
     impl Visitor for V<'_> {
         fn stmt(&mut self, s: &Stmt) {
             if let Stmt::Store {
                 buffer, indices, ..
             } = s
             {
-                self.acc.push(RowAccess {
-                    buffer: buffer.data.id,
-                    local: buffer.scope == StorageScope::Local,
-                    store: true,
-                    indices: indices.clone(),
-                    leaf: self.leaf,
-                });
+                self.push(buffer, indices, true);
             }
             walk_stmt(self, s);
         }
         fn expr(&mut self, e: &Expr) {
             if let Expr::Load { buffer, indices } = e {
-                self.acc.push(RowAccess {
-                    buffer: buffer.data.id,
-                    local: buffer.scope == StorageScope::Local,
-                    store: false,
-                    indices: indices.clone(),
-                    leaf: self.leaf,
-                });
+                self.push(buffer, indices, false);
             }
             walk_expr(self, e);
         }

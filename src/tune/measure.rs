@@ -135,16 +135,13 @@ impl OnDevice {
             .collect()
     }
 
-    /// One call, waited for; its time to completion.
-    fn call(&self, func: &PackedFunc) -> Result<f64, String> {
-        let views = self.views();
-        let t = Instant::now();
-        func.call(&views).map_err(|e| e.to_string())?;
+    /// One call, waited for.
+    fn call(&self, func: &PackedFunc) -> Result<(), String> {
+        func.call(&self.views()).map_err(|e| e.to_string())?;
         let stream = self.api.current_stream(self.dev);
         self.api
             .sync_stream(self.dev, stream)
-            .map_err(|e| e.to_string())?;
-        Ok(t.elapsed().as_secs_f64())
+            .map_err(|e| e.to_string())
     }
 
     /// The arrays' contents, copied back into `out`.

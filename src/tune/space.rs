@@ -22,7 +22,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ir::{Expr, PrimFunc, Stmt, Var};
+use crate::ir::visit::{walk_stmt, Visitor};
+use crate::ir::{Buffer, Expr, PrimFunc, Stmt, Var};
 use crate::schedule::{Schedule, Step};
 
 /// One loop of a nest.
@@ -71,31 +72,28 @@ pub struct Knobs {
 /// The knobs of every nest of a function: one candidate.
 pub type Choice = Vec<Knobs>;
 
-fn stores_under(s: &Stmt, out: &mut Vec<Vec<Expr>>) {
-    match s {
-        Stmt::Store { indices, .. } => out.push(indices.clone()),
-        Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {
-            stores_under(body, out)
-        }
-        Stmt::IfThenElse {
-            then_case,
-            else_case,
-            ..
-        } => {
-            stores_under(then_case, out);
-            if let Some(e) = else_case {
-                stores_under(e, out);
+/// Calls `f` with the buffer and indices of every store in `s`.
+pub(crate) fn for_each_store(s: &Stmt, f: &mut dyn FnMut(&Buffer, &[Expr])) {
+    struct V<'a>(&'a mut dyn FnMut(&Buffer, &[Expr]));
+    impl Visitor for V<'_> {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::Store {
+                buffer, indices, ..
+            } = s
+            {
+                (self.0)(buffer, indices);
             }
+            walk_stmt(self, s);
         }
-        Stmt::Seq(v) => v.iter().for_each(|x| stores_under(x, out)),
-        _ => {}
+        fn expr(&mut self, _: &Expr) {}
     }
+    V(f).stmt(s);
 }
 
 /// The loop `for var in [.., extent) { body }` described.
 pub(crate) fn loop_info(var: &Var, extent: &Expr, body: &Stmt) -> LoopInfo {
-    let mut stores = Vec::new();
-    stores_under(body, &mut stores);
+    let mut stores: Vec<Vec<Expr>> = Vec::new();
+    for_each_store(body, &mut |_, ix| stores.push(ix.to_vec()));
     let reduction = !stores.is_empty() && !stores.iter().flatten().any(|e| e.mentions(var));
     LoopInfo {
         name: var.name.to_string(),
@@ -165,15 +163,6 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         perfect,
         leaves,
     })
-}
-
-fn collect(s: &Stmt, out: &mut Vec<Nest>) {
-    match s {
-        Stmt::For { .. } => out.extend(nest_of(s)),
-        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => collect(body, out),
-        Stmt::Seq(v) => v.iter().for_each(|x| collect(x, out)),
-        _ => {}
-    }
 }
 
 /// The loops from a top-level loop down to one whose body is a sequence ending in a loop (a
@@ -318,9 +307,7 @@ pub(crate) fn nest_stmts(f: &PrimFunc) -> Vec<&Stmt> {
 
 /// The top-level loop nests of `f`.
 pub fn nests(f: &PrimFunc) -> Vec<Nest> {
-    let mut out = Vec::new();
-    collect(&f.body, &mut out);
-    out
+    nest_stmts(f).into_iter().filter_map(nest_of).collect()
 }
 
 /// The values each knob of `nest` may take (the first is always "off").

@@ -45,16 +45,15 @@ pub fn default_kernels(
     let limits = super::DeviceLimits::of(target, cg.default_limits());
     let mut out = module.clone();
     for f in &mut out.functions {
-        let g = crate::schedule::auto::device_default(f, limits.max_threads).map_err(|e| {
+        let mut g = crate::schedule::auto::device_default(f, limits.max_threads).map_err(|e| {
             CodegenError::Unsupported(format!(
                 "function `{}` has loops outside any kernel, and the default device schedule \
                  refuses them: {e}",
                 f.name
             ))
         })?;
-        let body = promote_host_locals(&g.body);
+        g.body = promote_host_locals(&g.body);
         *f = g;
-        f.body = body;
     }
     Ok(out)
 }
