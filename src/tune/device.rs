@@ -367,7 +367,8 @@ impl DeviceSpace {
     }
 
     /// The first candidates: every nest in each mode's usual shape (flat 256 and 64 threads,
-    /// 16 x 16 threads staged by 16 and not, a block of 256 threads per row), where it has it.
+    /// 16 x 16 threads staged by 16 and not, a block of 256 threads or of one warp, 32, per
+    /// row), where it has it.
     pub fn seeds(&self) -> Vec<DeviceChoice> {
         let usual = |n: &DeviceNest, which: usize| -> DeviceKnobs {
             let d = DeviceKnobs::default();
@@ -395,12 +396,12 @@ impl DeviceSpace {
                     ..d
                 })
             };
-            let rows = || {
+            let rows = |most: i64| {
                 let t = self.row_threads(n);
                 let pick = t
                     .iter()
                     .copied()
-                    .filter(|&x| x <= 256)
+                    .filter(|&x| x <= most)
                     .max()
                     .or(t.first().copied())?;
                 Some(DeviceKnobs {
@@ -410,17 +411,18 @@ impl DeviceSpace {
                 })
             };
             match which {
-                0 => rows().or_else(|| two_d(16)),
-                1 => two_d(16).or_else(|| flat(256, 1)),
-                2 => two_d(0).or_else(|| flat(64, 1)),
-                3 => flat(256, 1),
-                4 => flat(64, 4),
+                0 => rows(256).or_else(|| two_d(16)),
+                1 => rows(32).or_else(|| two_d(16)),
+                2 => two_d(16).or_else(|| flat(256, 1)),
+                3 => two_d(0).or_else(|| flat(64, 1)),
+                4 => flat(256, 1),
+                5 => flat(64, 4),
                 _ => flat(128, 1),
             }
             .unwrap_or(d)
         };
         let mut out: Vec<DeviceChoice> = Vec::new();
-        for which in 0..6 {
+        for which in 0..7 {
             let c: DeviceChoice = self.nests.iter().map(|n| usual(n, which)).collect();
             if !out.contains(&c) {
                 out.push(c);
