@@ -136,3 +136,30 @@ fn a_copy_to_an_unregistered_device_type_says_no_backend_is_registered() {
         "{e}"
     );
 }
+
+#[test]
+fn byte_copies_round_trip_and_refuse_a_wrong_size_or_layout() {
+    let f32 = DLDataType {
+        code: DLDataTypeCode::FLOAT,
+        bits: 32,
+        lanes: 1,
+    };
+    let cpu = Device::cpu();
+    let mut t = Tensor::empty(&[2, 3], f32, cpu).unwrap();
+    let bytes: Vec<u8> = (0..24u8).collect();
+    t.copy_from_bytes(&bytes).unwrap();
+    let mut back = vec![0u8; 24];
+    t.copy_to_bytes(&mut back).unwrap();
+    assert_eq!(back, bytes);
+    let e = t.copy_from_bytes(&bytes[..20]).unwrap_err().to_string();
+    assert!(
+        e.contains("the tensor holds 24 bytes ([2, 3] of float32), the host buffer 20"),
+        "{e}"
+    );
+    let e = t.copy_to_bytes(&mut back[..4]).unwrap_err().to_string();
+    assert!(e.contains("the host buffer 4"), "{e}");
+    // A strided tensor is not copied byte for byte.
+    let mut s = Tensor::empty_strided(&[2, 3], &[1, 2], f32, cpu).unwrap();
+    let e = s.copy_from_bytes(&bytes).unwrap_err().to_string();
+    assert!(e.contains("a byte copy needs a compact tensor"), "{e}");
+}

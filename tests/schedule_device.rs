@@ -480,3 +480,39 @@ fn cache_read_shared_refuses_indices_through_lets() {
     let err = s.cache_read_shared("A", "k").unwrap_err().to_string();
     assert!(err.contains("found `x`"), "{err}");
 }
+
+#[test]
+fn the_gpu_matmul_on_a_recognized_matmul_refuses_tiles_it_cannot_use() {
+    let s = Schedule::new(kernels::matmul_sized(64, 64, 16));
+    let parts = sk::MatmulParts::default();
+    let e = sk::gpu_matmul_on(s.clone(), &parts, [64, 64, 16], 24, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "needs a tile that is a multiple of 16 and a k step of 1 or more, found 24 and 8"
+        ),
+        "{e}"
+    );
+    let e = sk::gpu_matmul_on(s.clone(), &parts, [64, 64, 16], 32, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("found 32 and 0"), "{e}");
+    let e = sk::gpu_matmul_on(s.clone(), &parts, [64, 64, 16], 128, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("needs m and n multiples of 128 and k of 8, found 64 x 64 x 16"),
+        "{e}"
+    );
+    // A size that fits gives the hand schedule, exactly as the interpreter computes the matmul.
+    let g = sk::gpu_matmul_on(s, &parts, [64, 64, 16], 32, 8)
+        .unwrap()
+        .finish()
+        .unwrap();
+    let sh = vec![vec![64, 16], vec![16, 64], vec![64, 64]];
+    assert_eq!(
+        interp_last(&g, &sh),
+        interp_last(&kernels::matmul_sized(64, 64, 16), &sh)
+    );
+}
