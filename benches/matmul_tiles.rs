@@ -2,15 +2,16 @@
 //! `kiln::schedule::kernels::MatmulTiles` (a schedule is tuned by measuring it on each kind of
 //! CPU, not by reasoning about one).
 //!
-//! Each configuration `mr,nr,mb,kc` is `kiln::schedule::kernels::matmul_tiled` with those tiles
-//! (`kc` 0: the whole `k` loop in one pass), JIT-compiled for the target (`KILN_BENCH_MCPU`,
+//! Each configuration `mr,nr,mb,kc[,pack]` is `kiln::schedule::kernels::matmul_tiled_packing`
+//! with those tiles (`kc` 0: the whole `k` loop in one pass) and `B` packed up front (`pack`
+//! `whole`, the default), by each task (`task`) or not at all (`none`), JIT-compiled for the target (`KILN_BENCH_MCPU`,
 //! default `native`; `num-cores` = the logical CPUs), and called on the same 1024^3 inputs. The
 //! configurations run in interleaved rounds (every configuration once per round, a few calls
 //! each), so that the machine's load hits them alike; the table gives each one's median GFLOP/s
 //! over the rounds with the spread, and its ratio to the first configuration, which is the
 //! target's default (`MatmulTiles::for_target_and_depth`) unless configurations are given.
 //!
-//! Run: `cargo bench --bench matmul_tiles [-- mr,nr,mb,kc ...]` (`KILN_BENCH_QUICK=1`: fewer
+//! Run: `cargo bench --bench matmul_tiles [-- mr,nr,mb,kc[,pack] ...]` (`KILN_BENCH_QUICK=1`: fewer
 //! rounds; `KILN_BENCH_SIZE=m,n,k` another shape).
 
 mod util;
@@ -19,27 +20,37 @@ use util::{cpu_model, num_cpus, rnd, Array, Stats};
 use std::time::Instant;
 
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::ir::kernels as plain;
 use kiln::ir::IRModule;
 use kiln::packed_func::{AnyView, Module};
-use kiln::schedule::kernels::{matmul_tiled, MatmulTiles};
+use kiln::schedule::kernels::{matmul_tiled_packing, MatmulParts, MatmulTiles, PackB};
+use kiln::schedule::Schedule;
 use kiln::target::Target;
 
-fn parse_config(s: &str) -> MatmulTiles {
-    let v: Vec<i64> = s
-        .split(',')
+fn parse_config(s: &str) -> (MatmulTiles, PackB) {
+    let fields: Vec<&str> = s.split(',').map(str::trim).collect();
+    let pack = match fields.get(4) {
+        None | Some(&"whole") => PackB::Whole,
+        Some(&"task") => PackB::InTask,
+        Some(&"none") => PackB::InPlace,
+        Some(other) => panic!("expected the pack mode whole, task or none, got {other:?} in {s:?}"),
+    };
+    let v: Vec<i64> = fields
+        .iter()
+        .take(4)
         .map(|x| {
-            x.trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("expected mr,nr,mb,kc (integers), got {s:?}"))
+            x.parse()
+                .unwrap_or_else(|_| panic!("expected mr,nr,mb,kc[,pack] (integers), got {s:?}"))
         })
         .collect();
-    assert!(v.len() == 4, "expected mr,nr,mb,kc, got {s:?}");
-    MatmulTiles {
+    assert!(v.len() == 4, "expected mr,nr,mb,kc[,pack], got {s:?}");
+    let tiles = MatmulTiles {
         mr: v[0],
         nr: v[1],
         mb: v[2],
         kc: v[3],
-    }
+    };
+    (tiles, pack)
 }
 
 fn main() {
@@ -52,13 +63,13 @@ fn main() {
         let v: Vec<i64> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
         (v[0], v[1], v[2])
     });
-    let mut configs: Vec<MatmulTiles> = std::env::args()
+    let mut configs: Vec<(MatmulTiles, PackB)> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .map(|a| parse_config(&a))
         .collect();
     if configs.is_empty() {
-        configs.push(MatmulTiles::for_target_and_depth(&target, k));
+        configs.push((MatmulTiles::for_target_and_depth(&target, k), PackB::Whole));
     }
     let quick = std::env::var_os("KILN_BENCH_QUICK").is_some();
     let (rounds, calls) = if quick { (5, 3) } else { (15, 5) };
@@ -77,8 +88,11 @@ fn main() {
     let dls = [a.dl(), b.dl(), c.dl()];
     let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
     let mut mods = Vec::new();
-    for t in &configs {
-        let f = matmul_tiled(m, n, k, *t).unwrap();
+    for (t, pack) in &configs {
+        let s = Schedule::new(plain::matmul_sized(m, n, k));
+        let f = matmul_tiled_packing(s, &MatmulParts::default(), [m, n, k], *t, *pack)
+            .and_then(Schedule::finish)
+            .unwrap();
         let start = Instant::now();
         let module = LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
         module.wait_optimized().unwrap();
@@ -117,16 +131,17 @@ fn main() {
     }
     let flops = 2.0 * (m * n * k) as f64;
     let base = Stats::of(&times[0]).median;
-    println!("  mr   nr   mb   kc |  GFLOP/s median [min-max] | x first | build (to O3)");
-    for ((t, (_, build)), cfg) in times.iter().zip(&mods).zip(&configs) {
+    println!("  mr   nr   mb   kc pack   |  GFLOP/s median [min-max] | x first | build (to O3)");
+    for ((t, (_, build)), (cfg, pack)) in times.iter().zip(&mods).zip(&configs) {
         let st = Stats::of(t);
         let (md, lo, hi) = (st.median, st.min, st.max);
         println!(
-            "{:4} {:4} {:4} {:4} | {:7.1} [{:.1}-{:.1}] | {:5.3} | {:.1} ms",
+            "{:4} {:4} {:4} {:4} {:6} | {:7.1} [{:.1}-{:.1}] | {:5.3} | {:.1} ms",
             cfg.mr,
             cfg.nr,
             cfg.mb,
             cfg.kc,
+            format!("{pack:?}"),
             flops / md / 1e9,
             flops / hi / 1e9,
             flops / lo / 1e9,

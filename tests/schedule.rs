@@ -920,3 +920,109 @@ fn repeated_loop_names_are_made_unique() {
     let shapes = [vec![64], vec![64]];
     assert_eq!(interp_last(&g, &shapes), interp_last(&f, &shapes));
 }
+
+/// `cache_read`: the region one iteration of a loop reads is copied into a `local` buffer
+/// first, and the body reads the copy; a region that may pass the buffer's end is copied under
+/// a guard; the step replays from JSON.
+#[test]
+fn cache_read_stages_the_region_a_loop_iteration_reads() {
+    let (m, n, k) = (8, 48, 12);
+    let shapes = [vec![m, k], vec![k, n], vec![m, n]];
+    let f = kernels::matmul_sized(m, n, k);
+    let mut s = Schedule::new(f.clone());
+    let (jo, ji) = s.split("j", 16).unwrap();
+    s.reorder(&[&jo, "i", &ji]).unwrap();
+    let cache = s.cache_read("B", &jo).unwrap();
+    let g = s.finish().unwrap();
+    let text = g.to_string();
+    // A 12 x 16 panel of B per column block, copied with the columns vectorized.
+    assert!(
+        text.contains(&format!("allocate {cache}: float32[12, 16] local")),
+        "{g}"
+    );
+    assert!(!text.contains("if "), "{g}");
+    same_results(&f, &g, &shapes);
+    // 48 columns in blocks of 20: the last block's copy would pass the end of B; guarded.
+    let mut s = Schedule::new(f.clone());
+    let (jo, ji) = s.split("j", 20).unwrap();
+    s.reorder(&[&jo, "i", &ji]).unwrap();
+    s.cache_read("B", &jo).unwrap();
+    let g = s.finish().unwrap();
+    assert!(g.to_string().contains("if "), "{g}");
+    same_results(&f, &g, &shapes);
+    // Replayed from JSON, the same function.
+    let steps: Vec<Step> = serde_json::from_str(
+        r#"[{"split": {"loop": "j", "factor": 16}},
+            {"reorder": {"loops": ["j_o", "i", "j_i"]}},
+            {"cache_read": {"buffer": "B", "at": "j_o"}}]"#,
+    )
+    .unwrap();
+    let mut r = Schedule::new(f.clone());
+    r.apply(&steps).unwrap();
+    let mut s = Schedule::new(f.clone());
+    s.split("j", 16).unwrap();
+    s.reorder(&["j_o", "i", "j_i"]).unwrap();
+    s.cache_read("B", "j_o").unwrap();
+    assert_eq!(s.trace(), r.trace());
+    assert_eq!(
+        r.finish().unwrap().to_string(),
+        s.finish().unwrap().to_string()
+    );
+}
+
+/// What `cache_read` refuses, with the function left as it was.
+#[test]
+fn cache_read_refuses_written_buffers_and_missing_accesses() {
+    let f = kernels::matmul_sized(4, 8, 3);
+    let mut s = Schedule::new(f.clone());
+    let before = s.func().to_string();
+    let err = s.cache_read("C", "i").unwrap_err().to_string();
+    assert!(
+        err.contains("cache_read") && err.contains("only read") && err.contains("`C`"),
+        "{err}"
+    );
+    let err = s.cache_read("X", "i").unwrap_err().to_string();
+    assert!(err.contains("no parameter buffer `X`"), "{err}");
+    let err = s.cache_read("B", "nope").unwrap_err().to_string();
+    assert!(err.contains("nope"), "{err}");
+    assert_eq!(s.func().to_string(), before);
+    assert!(s.trace().is_empty());
+}
+
+/// `B` packed by each parallel task, a pass of `k` (or all of it) at a time: the same results
+/// as the plain matmul for shapes with partial row blocks, narrow column tails and several
+/// passes, and no up-front packing of `B`.
+#[test]
+fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
+    for (m, n, k, kc) in [
+        (13, 40, 6, 2),
+        (72, 64, 9, 0),
+        (64, 96, 32, 8),
+        (7, 17, 4, 2),
+    ] {
+        let tiles = sk::MatmulTiles {
+            mr: 6,
+            nr: 16,
+            mb: 12,
+            kc,
+        };
+        let f = kernels::matmul_sized(m, n, k);
+        let s = Schedule::new(f.clone());
+        let g = sk::matmul_tiled_packing(
+            s,
+            &sk::MatmulParts::default(),
+            [m, n, k],
+            tiles,
+            sk::PackB::InTask,
+        )
+        .unwrap()
+        .finish()
+        .unwrap();
+        let text = g.to_string();
+        assert!(
+            text.contains("B_local") && !text.contains("Bp"),
+            "{m}x{n}x{k}\n{g}"
+        );
+        same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+    }
+}

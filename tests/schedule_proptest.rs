@@ -1,5 +1,6 @@
 //! Random schedules: sequences of primitives with random loops and factors (splits that do or
-//! do not divide, range partitions, reorders, fissions, fuses, loop kinds, `cache_write`)
+//! do not divide, range partitions, reorders, fissions, fuses, loop kinds, `cache_write`,
+//! `cache_read`)
 //! applied to small matmuls and a row sum. Each step either applies or fails with a
 //! `ScheduleError` (never a panic), and a failed step leaves the schedule as it was: whatever
 //! applied, the finished function verifies and computes what the plain function computes, in
@@ -35,6 +36,7 @@ enum Pick {
     Fuse(usize, usize),
     Kind(usize, u8),
     CacheWrite(usize),
+    CacheRead(usize),
 }
 
 fn pick() -> impl Strategy<Value = Pick> {
@@ -46,10 +48,11 @@ fn pick() -> impl Strategy<Value = Pick> {
         (0..16usize, 0..16usize).prop_map(|(a, b)| Pick::Fuse(a, b)),
         (0..16usize, 0..4u8).prop_map(|(l, k)| Pick::Kind(l, k)),
         (0..16usize).prop_map(Pick::CacheWrite),
+        (0..16usize).prop_map(Pick::CacheRead),
     ]
 }
 
-fn step(p: &Pick, loops: &[String], output: &str) -> Option<Step> {
+fn step(p: &Pick, loops: &[String], (input, output): (&str, &str)) -> Option<Step> {
     let at = |i: usize| loops.get(i % loops.len().max(1)).cloned();
     Some(match *p {
         Pick::Split(l, factor) => Step::Split {
@@ -74,6 +77,10 @@ fn step(p: &Pick, loops: &[String], output: &str) -> Option<Step> {
         },
         Pick::CacheWrite(l) => Step::CacheWrite {
             buffer: output.to_owned(),
+            at: at(l)?,
+        },
+        Pick::CacheRead(l) => Step::CacheRead {
+            buffer: input.to_owned(),
             at: at(l)?,
         },
     })
@@ -106,16 +113,16 @@ proptest! {
         k in 1..7i64,
         picks in prop::collection::vec(pick(), 1..8),
     ) {
-        let (plain, shapes, output) = if which == 0 {
-            (kernels::matmul_sized(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]], "C")
+        let (plain, shapes, buffers) = if which == 0 {
+            (kernels::matmul_sized(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]], ("B", "C"))
         } else {
-            (kernels::rowsum_sized(m, n), vec![vec![m, n], vec![m]], "B")
+            (kernels::rowsum_sized(m, n), vec![vec![m, n], vec![m]], ("A", "B"))
         };
         let mut s = Schedule::new(plain.clone());
         let mut independent_only = true;
         let mut applied = Vec::new();
         for p in &picks {
-            let Some(st) = step(p, &loop_names(s.func()), output) else { continue };
+            let Some(st) = step(p, &loop_names(s.func()), buffers) else { continue };
             let before = s.func().clone();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 s.apply(std::slice::from_ref(&st))
@@ -235,6 +242,7 @@ fn any_step_json() -> impl Strategy<Value = serde_json::Value> {
         }),
         (any_name(), any_name())
             .prop_map(|(b, at)| json!({"cache_write": {"buffer": b, "at": at}})),
+        (any_name(), any_name()).prop_map(|(b, at)| json!({"cache_read": {"buffer": b, "at": at}})),
         (any_name(), any_name()).prop_map(|(o, i)| json!({"rfactor": {"outer": o, "inner": i}})),
         (
             any_name(),

@@ -353,6 +353,17 @@ fn hand_schedules_are_traced_as_steps_that_replay() {
     let tpl = templates(&kernels::matmul_sized(96, 64, 80), &host());
     assert!(tpl.len() >= 4, "{}", tpl.len());
     assert!(templates(&kernels::rowsum_sized(8, 8), &host()).is_empty());
+    // A matmul of few rows starts with B packed by each task (no up-front copy of all of B);
+    // one of many rows with B packed once up front.
+    let packs_in_task = |t: &[Step]| {
+        t.iter().any(|s| matches!(s, Step::CacheRead { .. }))
+            && !t.iter().any(|s| matches!(s, Step::TransformLayout { .. }))
+    };
+    let few = templates(&kernels::matmul_sized(16, 64, 512), &host());
+    assert!(packs_in_task(&few[0]), "{:?}", few[0]);
+    let many = templates(&kernels::matmul_sized(2048, 64, 512), &host());
+    assert!(!packs_in_task(&many[0]), "{:?}", many[0]);
+    assert!(many.iter().any(|t| packs_in_task(t)));
 }
 
 /// The matmul is recognized by its loops, in kiln's form and TVM's, under any names and with
@@ -372,6 +383,12 @@ fn matmul_templates_follow_the_loops_not_the_name() {
         assert_eq!(mm.prefix.is_empty(), form == "kiln");
         let tpl = templates(&f, &host());
         assert!(tpl.len() >= 4, "{form}: {}", tpl.len());
+        // B packed by each task is among them (19 steps of k: in one pass).
+        assert!(
+            tpl.iter()
+                .any(|t| t.iter().any(|s| matches!(s, Step::CacheRead { .. }))),
+            "{form}: no template packs B in its tasks"
+        );
         for steps in &tpl {
             let mut s = kiln::schedule::Schedule::new(f.clone());
             s.apply(steps).unwrap();

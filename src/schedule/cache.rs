@@ -1,10 +1,32 @@
-//! `cache_write`: accumulating a buffer's tile in a `local` (register) buffer.
+//! `cache_write` and `cache_read`: a buffer's region touched by one iteration of a loop, held in
+//! a `local` buffer. `cache_write` accumulates a tile of an output there (registers) and writes
+//! it back; `cache_read` copies a tile of an input in (a panel of `B` packed where a parallel
+//! task is about to use it, as BLAS packs a block, instead of the whole buffer up front).
+//! Both find the region the same way: per dimension, the one offset the loops outside `at`
+//! give every access, and the range the loops inside add to it.
 
 use std::collections::HashMap;
 
 use super::{for_, guard, imm, parts, Schedule, ScheduleResult};
 use crate::ir::rewrite::{self, linear, rw_stmt, Lin, Rewriter};
 use crate::ir::{Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
+
+/// Which of the two caches [`Schedule::cache_untraced`] builds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cache {
+    /// Loaded (unless the body overwrites it first), used, written back.
+    Write,
+    /// Loaded, read only.
+    Read,
+}
+
+/// Loops of a copy with at most this many iterations are unrolled; longer ones stay loops (a
+/// `cache_read` of a 256-step slice of `B`).
+const UNROLL_COPY_MAX: i64 = 16;
+
+/// The longest innermost copy loop made a `vectorized` loop; a longer one is left to LLVM's
+/// loop vectorizer.
+const VECTOR_COPY_MAX: i64 = 64;
 
 impl Schedule {
     /// The body of [`Schedule::cache_write`] (which records it in the trace).
@@ -13,12 +35,22 @@ impl Schedule {
         buffer: &str,
         at: &str,
     ) -> ScheduleResult<String> {
-        let target = self.find_buffer(buffer).ok_or_else(|| {
-            self.form(
-                "cache_write",
-                format!("found no parameter buffer `{buffer}`"),
-            )
-        })?;
+        self.cache_untraced(buffer, at, Cache::Write)
+    }
+
+    /// The body of [`Schedule::cache_read`] (which records it in the trace).
+    pub(super) fn cache_read_untraced(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
+        self.cache_untraced(buffer, at, Cache::Read)
+    }
+
+    fn cache_untraced(&mut self, buffer: &str, at: &str, mode: Cache) -> ScheduleResult<String> {
+        let primitive = match mode {
+            Cache::Write => "cache_write",
+            Cache::Read => "cache_read",
+        };
+        let target = self
+            .find_buffer(buffer)
+            .ok_or_else(|| self.form(primitive, format!("found no parameter buffer `{buffer}`")))?;
         let cname = self.fresh_buffer(&format!("{buffer}_local"));
         let mut problem: Option<String> = None;
         let prefix = self.fresh(&format!("{buffer}_c"), &[]);
@@ -32,6 +64,12 @@ impl Schedule {
             let all: Vec<&Vec<Expr>> = loads.iter().chain(&stores).collect();
             if all.is_empty() {
                 problem = Some(format!("found no access to `{buffer}` in loop `{at}`"));
+                return Ok(s.clone());
+            }
+            if mode == Cache::Read && !stores.is_empty() {
+                problem = Some(format!(
+                    "needs `{buffer}` to be only read in loop `{at}`, found a store to it (use cache_write)"
+                ));
                 return Ok(s.clone());
             }
             let nd = target.ndim();
@@ -123,7 +161,13 @@ impl Schedule {
                     st = guard(c, st);
                 }
                 for (d, v) in vars.into_iter().enumerate().rev() {
-                    let k = if d + 1 == nd { ForKind::Vectorized } else { ForKind::Unrolled };
+                    let k = match mode {
+                        Cache::Write if d + 1 == nd => ForKind::Vectorized,
+                        Cache::Write => ForKind::Unrolled,
+                        Cache::Read if d + 1 == nd && ext[d] <= VECTOR_COPY_MAX => ForKind::Vectorized,
+                        Cache::Read if d + 1 < nd && ext[d] <= UNROLL_COPY_MAX => ForKind::Unrolled,
+                        Cache::Read => ForKind::Serial,
+                    };
                     st = for_(v, imm(t, 0), imm(t, ext[d]), k, st);
                 }
                 st
@@ -186,11 +230,13 @@ impl Schedule {
             };
             let mut seq = read_in;
             seq.push(nbody);
-            seq.push(copy(false, "w"));
+            if mode == Cache::Write {
+                seq.push(copy(false, "w"));
+            }
             Ok(for_(var.clone(), min.clone(), extent.clone(), kind, cache.allocate(Stmt::Seq(seq))))
         })?;
         match problem {
-            Some(m) => Err(self.form("cache_write", m)),
+            Some(m) => Err(self.form(primitive, m)),
             None => Ok(cname),
         }
     }

@@ -252,13 +252,27 @@ pub fn matmul_tiled_on(
     shape: [i64; 3],
     tiles: MatmulTiles,
 ) -> ScheduleResult<Schedule> {
-    matmul_tiled_packing(s, parts, shape, tiles, true)
+    matmul_tiled_packing(s, parts, shape, tiles, PackB::Whole)
 }
 
-/// [`matmul_tiled_on`], with `B` packed into column panels (`pack`) or read where it is: a
+/// Where a matmul's `B` is packed into contiguous panels ([`matmul_tiled_packing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PackB {
+    /// All of `B`, up front, in parallel (`transform_layout`): each panel once, then read by
+    /// every row block.
+    Whole,
+    /// The slice a parallel task is about to use, by that task (`cache_read` at the `k` pass,
+    /// or at the column panel when `k` is one pass): `kc x nr` floats, in the L1, as BLAS packs.
+    /// `B` is read in place once per row block, with no 64 MiB copy for a matmul of few rows.
+    InTask,
+    /// Not packed: every register tile reads `B` where it is.
+    InPlace,
+}
+
+/// [`matmul_tiled_on`], with `B` packed up front, in each task, or not at all ([`PackB`]): a
 /// matmul with few rows reads each panel of `B` a few times only, and packing all of `B` on
 /// every call (64 x 4096 x 4096: 64 MiB read and written for 2 GFLOP) costs more than the
-/// strided reads it saves.
+/// strided reads it saves; packing in the task saves both.
 ///
 /// # Errors
 /// As [`matmul_tiled_on`].
@@ -267,16 +281,16 @@ pub fn matmul_tiled_packing(
     parts: &MatmulParts,
     [m, n, k]: [i64; 3],
     tiles: MatmulTiles,
-    pack: bool,
+    pack: PackB,
 ) -> ScheduleResult<Schedule> {
-    if pack {
+    if pack == PackB::Whole {
         pack_panels(&mut s, &parts.b, n, tiles.nr.max(1))?;
     }
     if m < 1 || n < 1 {
         // No rows or columns: nothing to tile.
         return Ok(s);
     }
-    matmul_columns(s, parts, [m, n, k], tiles)
+    matmul_columns(s, parts, [m, n, k], tiles, pack == PackB::InTask)
 }
 
 /// Packs `b` (`[k, n]`) into column panels `Bp[n / nr, k, n % nr]`, each register block then
@@ -307,6 +321,7 @@ fn matmul_columns(
     parts: &MatmulParts,
     [m, n, k]: [i64; 3],
     tiles: MatmulTiles,
+    pack_in_task: bool,
 ) -> ScheduleResult<Schedule> {
     let nr = tiles.nr.max(1);
     let (i, j, k0) = (parts.i.clone(), parts.j.clone(), parts.k.clone());
@@ -317,16 +332,18 @@ fn matmul_columns(
         column_parts[0].0 = il[0].clone();
         column_parts.push((il[1].clone(), map[&j].clone(), map[&k0].clone(), n % nr));
     }
+    let b = pack_in_task.then_some(parts.b.as_str());
     for (i, j, k0, nr) in column_parts {
-        matmul_rows(&mut s, &parts.c, (i, j, k0), [m, k], tiles, nr)?;
+        matmul_rows(&mut s, (&parts.c, b), (i, j, k0), [m, k], tiles, nr)?;
     }
     Ok(s)
 }
 
-/// The row parts, register tiles and parallel tasks of one column part of [`matmul_tiled_on`].
+/// The row parts, register tiles and parallel tasks of one column part of [`matmul_tiled_on`];
+/// `b`: the operand to pack in each task ([`PackB::InTask`]).
 fn matmul_rows(
     s: &mut Schedule,
-    c: &str,
+    (c, b): (&str, Option<&str>),
     (i, j, k0): (String, String, String),
     [m, k]: [i64; 2],
     tiles: MatmulTiles,
@@ -366,6 +383,9 @@ fn matmul_rows(
             s.reorder(&[&ki, &ir, &ji])?;
             s.unroll(&ir)?;
             s.vectorize(&ji)?;
+            if let Some(b) = b {
+                s.cache_read(b, &ko)?;
+            }
         } else {
             s.reorder(&[&io, &jo, &it, &ir, &ji])?;
             s.cache_write(c, &it)?;
@@ -379,6 +399,9 @@ fn matmul_rows(
             }
             for l in &j_loops {
                 s.vectorize(l)?;
+            }
+            if let Some(b) = b {
+                s.cache_read(b, &jo)?;
             }
         }
         // The (row block, column panel) pairs as one parallel loop: as many tasks as pairs,

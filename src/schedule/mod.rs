@@ -20,6 +20,7 @@
 //! | [`parallel`](Schedule::parallel), [`vectorize`](Schedule::vectorize), [`unroll`](Schedule::unroll) | set the loop kind |
 //! | [`transform_layout`](Schedule::transform_layout) | pack a read-only buffer into a workspace with another layout (e.g. `B[k, n]` → `Bp[n/16, k, n%16]`) |
 //! | [`cache_write`](Schedule::cache_write) | accumulate a buffer's region touched by one iteration of a loop in a `local` buffer (registers), then write it back |
+//! | [`cache_read`](Schedule::cache_read) | copy a buffer's region read by one iteration of a loop into a `local` buffer first (packing a panel where a task uses it) |
 //! | [`rfactor`](Schedule::rfactor) | turn a reduction over `for r_o { for r_i }` into per-lane partial results `rf[r_i]` plus a final reduction |
 //! | [`bind`](Schedule::bind) | bind a loop to `blockIdx.*` / `threadIdx.*` (device kernels) |
 //! | [`cache_read_shared`](Schedule::cache_read_shared) | stage the tile one iteration of a loop reads in a `shared` buffer, loaded by the block's threads between barriers |
@@ -38,7 +39,7 @@
 //! | `loops.rs` | loop structure: `split`, `tile`, `reorder`, `fuse`, `partition`, `fission`, `decompose_reduction` |
 //! | `kinds.rs` | loop kinds: `parallel`, `vectorize`, `unroll` (and the nesting rule they keep) |
 //! | `layout.rs` | `transform_layout` and its [`AxisMap`] |
-//! | `cache.rs` | `cache_write` |
+//! | `cache.rs` | `cache_write`, `cache_read` |
 //! | `reduce.rs` | `rfactor` |
 //! | `device.rs` | device kernels: `bind`, `cache_read_shared`, `block_reduce` |
 //! | `step.rs` | [`Step`], the JSON form of a schedule, and [`Schedule::apply`] |

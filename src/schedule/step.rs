@@ -74,6 +74,13 @@ pub enum Step {
         /// The loop whose body the cache covers.
         at: String,
     },
+    /// [`Schedule::cache_read`].
+    CacheRead {
+        /// The buffer staged.
+        buffer: String,
+        /// The loop whose body the cache covers.
+        at: String,
+    },
     /// [`Schedule::rfactor`].
     Rfactor {
         /// The outer reduction loop.
@@ -148,6 +155,9 @@ impl Schedule {
                 }
                 Step::CacheWrite { buffer, at } => {
                     self.cache_write(buffer, at)?;
+                }
+                Step::CacheRead { buffer, at } => {
+                    self.cache_read(buffer, at)?;
                 }
                 Step::Rfactor { outer, inner } => {
                     self.rfactor(outer, inner)?;
@@ -373,6 +383,29 @@ impl Schedule {
                 at: at.into(),
             },
             |s| s.cache_write_untraced(buffer, at),
+        )
+    }
+
+    /// Stages `buffer` over one iteration of loop `at` (TVM's `cache_read` with `compute_at`):
+    /// the region the body of `at` reads (indices affine in the loops inside `at`, with
+    /// constant bounds) is copied into a `local` buffer `<buffer>_local` at the start of each
+    /// iteration, and the body reads the copy. The copy is guarded where the region may pass the
+    /// buffer's end. A region of at most 16 KiB lives on the stack, a larger one in the
+    /// workspace. Returns the cache's name.
+    ///
+    /// This is packing where the data is used: `B[k, j]` read by a parallel task over a
+    /// `kc x nr` slice becomes a contiguous `kc x nr` panel, filled by the task that reads it.
+    ///
+    /// # Errors
+    /// A store to `buffer` inside `at`, non-affine indices, accesses with different offsets
+    /// outside `at`, or symbolic inner bounds.
+    pub fn cache_read(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
+        self.traced(
+            || Step::CacheRead {
+                buffer: buffer.into(),
+                at: at.into(),
+            },
+            |s| s.cache_read_untraced(buffer, at),
         )
     }
 

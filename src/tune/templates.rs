@@ -6,11 +6,12 @@
 //! guarded in the first iteration of `k`, as `te.compute` with `te.sum` lowers, brought to
 //! kiln's form by [`Schedule::decompose_reduction`]), under any loop and buffer names and loop
 //! variable type. Its templates are [`crate::schedule::kernels::matmul_tiled_on`] with the register tiles
-//! [`MatmulTiles::for_target_and_depth`] picks for the target and their neighbours, and the
-//! first three of them with `B` read in place instead of packed.
+//! [`MatmulTiles::for_target_and_depth`] picks for the target and their neighbours with `B`
+//! packed up front, the target's tiles with `B` packed by each parallel task a pass of `k` at a
+//! time (`cache_read`), and the first three with `B` read in place.
 
 use crate::ir::{BinOp, Buffer, DataType, Expr, Param, PrimFunc, Stmt, Var};
-use crate::schedule::kernels::{matmul_tiled_packing, MatmulParts, MatmulTiles};
+use crate::schedule::kernels::{matmul_tiled_packing, MatmulParts, MatmulTiles, PackB};
 use crate::schedule::{Schedule, Step};
 use crate::target::Target;
 
@@ -273,21 +274,51 @@ pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
             }
         }
     }
-    // Packed B for all of them; B read in place for the first three (few rows of A).
-    let mut out: Vec<Vec<Step>> = variants
+    // Packed B up front for all of them; packed in each task for the target's tiles at a few
+    // pass depths; B read in place for the first three.
+    let whole: Vec<Vec<Step>> = variants
         .iter()
-        .filter_map(|&t| matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, true).ok())
+        .filter_map(|&t| {
+            matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, PackB::Whole).ok()
+        })
         .map(|s| s.trace().to_vec())
         .take(16)
         .collect();
-    out.extend(
-        variants
-            .iter()
-            .take(3)
-            .filter_map(|&t| {
-                matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, false).ok()
-            })
-            .map(|s| s.trace().to_vec()),
-    );
+    let mut depths: Vec<i64> = Vec::new();
+    for kc in [256, 512, base.kc, 128, 0] {
+        let kc = if kc >= k || (kc > 0 && k % kc != 0) {
+            -1
+        } else {
+            kc
+        };
+        if kc >= 0 && !depths.contains(&kc) {
+            depths.push(kc);
+        }
+    }
+    let in_task: Vec<Vec<Step>> = depths
+        .iter()
+        .take(4)
+        .filter_map(|&kc| {
+            let t = MatmulTiles { kc, ..base };
+            matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, PackB::InTask).ok()
+        })
+        .map(|s| s.trace().to_vec())
+        .collect();
+    let in_place = variants.iter().take(3).filter_map(|&t| {
+        matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, PackB::InPlace).ok()
+    });
+    // A matmul with one or two row blocks reads each panel of B once or twice: packing in the
+    // task saves the up-front copy of all of B (64 x 4096 x 4096: 1.4x), so it goes first.
+    // With many row blocks, B packed once up front is read by all of them (2048^3: 1.1x).
+    let [m, _, _] = mm.shape;
+    let few_rows = m <= 2 * base.mb;
+    let (first, second) = if few_rows {
+        (in_task, whole)
+    } else {
+        (whole, in_task)
+    };
+    let mut out = first;
+    out.extend(second);
+    out.extend(in_place.map(|s| s.trace().to_vec()));
     out
 }
