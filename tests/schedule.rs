@@ -970,6 +970,67 @@ fn cache_read_stages_the_region_a_loop_iteration_reads() {
     );
 }
 
+/// `cache_read_panels`: the region's last dimension cut into contiguous panels, `[E / w, ..,
+/// w]`, each register tile reading one; a width that does not divide the region, or an access
+/// that straddles panels, is refused.
+#[test]
+fn cache_read_panels_packs_column_panels_of_a_region() {
+    let (m, n, k) = (8, 64, 12);
+    let shapes = [vec![m, k], vec![k, n], vec![m, n]];
+    let f = kernels::matmul_sized(m, n, k);
+    // Columns in panels of 8, four panels per block of 32: for each block, B's 12 x 32 slice
+    // becomes 4 panels of 12 x 8.
+    let mut s = Schedule::new(f.clone());
+    let (jo, ji) = s.split("j", 8).unwrap();
+    let (jt, jg) = s.split(&jo, 4).unwrap();
+    s.reorder(&[&jt, "i", &jg, &ji]).unwrap();
+    let cache = s.cache_read_panels("B", &jt, 8).unwrap();
+    let g = s.finish().unwrap();
+    let text = g.to_string();
+    assert!(
+        text.contains(&format!("allocate {cache}: float32[4, 12, 8] local")),
+        "{g}"
+    );
+    assert!(text.contains(&format!("{cache}[j_o_i, k0, j_i]")), "{g}");
+    same_results(&f, &g, &shapes);
+    // Panels of 4 where the columns are read 8 at a time: the 8 columns of `j_i` fall in two
+    // panels, and `j_i`'s coefficient (1) is no multiple of 4: refused, not cut by division.
+    let mut s = Schedule::new(f.clone());
+    let (jo, ji) = s.split("j", 8).unwrap();
+    let (jt, jg) = s.split(&jo, 4).unwrap();
+    s.reorder(&[&jt, "i", &jg, &ji]).unwrap();
+    let err = s.cache_read_panels("B", &jt, 4).unwrap_err().to_string();
+    assert!(err.contains("cannot cut") && err.contains("panels of 4"), "{err}");
+    // Panels of 2 x 8 columns: the panel loop's coefficient (8) is no multiple of 16 either.
+    let err = s.cache_read_panels("B", &jt, 16).unwrap_err().to_string();
+    assert!(err.contains("cannot cut"), "{err}");
+    // Refused: 32 columns in panels of 12, or of 0.
+    let mut s = Schedule::new(f.clone());
+    let (jo, ji) = s.split("j", 8).unwrap();
+    let (jt, jg) = s.split(&jo, 4).unwrap();
+    s.reorder(&[&jt, "i", &jg, &ji]).unwrap();
+    let before = s.func().to_string();
+    let err = s.cache_read_panels("B", &jt, 12).unwrap_err().to_string();
+    assert!(
+        err.contains("divides") && err.contains("(32)") && err.contains("12"),
+        "{err}"
+    );
+    let err = s.cache_read_panels("B", &jt, 0).unwrap_err().to_string();
+    assert!(err.contains("found 0"), "{err}");
+    assert_eq!(s.func().to_string(), before);
+    // The step's JSON form names the width; replayed, the same function.
+    let steps: Vec<Step> = serde_json::from_str(
+        r#"[{"split": {"loop": "j", "factor": 8}}, {"split": {"loop": "j_o", "factor": 4}},
+            {"reorder": {"loops": ["j_o_o", "i", "j_o_i", "j_i"]}},
+            {"cache_read": {"buffer": "B", "at": "j_o_o", "panel": 8}}]"#,
+    )
+    .unwrap();
+    let mut r = Schedule::new(f.clone());
+    r.apply(&steps).unwrap();
+    assert_eq!(r.trace(), steps.as_slice());
+    assert_eq!(r.finish().unwrap().to_string(), text);
+}
+
 /// What `cache_read` refuses, with the function left as it was.
 #[test]
 fn cache_read_refuses_written_buffers_and_missing_accesses() {
@@ -994,11 +1055,14 @@ fn cache_read_refuses_written_buffers_and_missing_accesses() {
 /// passes, and no up-front packing of `B`.
 #[test]
 fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
-    for (m, n, k, kc) in [
-        (13, 40, 6, 2),
-        (72, 64, 9, 0),
-        (64, 96, 32, 8),
-        (7, 17, 4, 2),
+    for (m, n, k, kc, panels) in [
+        (13, 40, 6, 2, 1),
+        (72, 64, 9, 0, 1),
+        (64, 96, 32, 8, 1),
+        (7, 17, 4, 2, 1),
+        (64, 96, 32, 8, 4),
+        (13, 104, 6, 2, 8),
+        (20, 64, 12, 0, 2),
     ] {
         let tiles = sk::MatmulTiles {
             mr: 6,
@@ -1013,7 +1077,7 @@ fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
             &sk::MatmulParts::default(),
             [m, n, k],
             tiles,
-            sk::PackB::InTask,
+            sk::PackB::InTask { panels },
         )
         .unwrap()
         .finish()

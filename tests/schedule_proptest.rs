@@ -36,7 +36,7 @@ enum Pick {
     Fuse(usize, usize),
     Kind(usize, u8),
     CacheWrite(usize),
-    CacheRead(usize),
+    CacheRead(usize, i64),
 }
 
 fn pick() -> impl Strategy<Value = Pick> {
@@ -48,7 +48,7 @@ fn pick() -> impl Strategy<Value = Pick> {
         (0..16usize, 0..16usize).prop_map(|(a, b)| Pick::Fuse(a, b)),
         (0..16usize, 0..4u8).prop_map(|(l, k)| Pick::Kind(l, k)),
         (0..16usize).prop_map(Pick::CacheWrite),
-        (0..16usize).prop_map(Pick::CacheRead),
+        (0..16usize, -1..5i64).prop_map(|(l, w)| Pick::CacheRead(l, w)),
     ]
 }
 
@@ -79,9 +79,10 @@ fn step(p: &Pick, loops: &[String], (input, output): (&str, &str)) -> Option<Ste
             buffer: output.to_owned(),
             at: at(l)?,
         },
-        Pick::CacheRead(l) => Step::CacheRead {
+        Pick::CacheRead(l, w) => Step::CacheRead {
             buffer: input.to_owned(),
             at: at(l)?,
+            panel: (w > 0).then_some(w),
         },
     })
 }

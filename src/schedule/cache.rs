@@ -16,8 +16,9 @@ use crate::ir::{Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
 enum Cache {
     /// Loaded (unless the body overwrites it first), used, written back.
     Write,
-    /// Loaded, read only.
-    Read,
+    /// Loaded, read only; with a panel width `w`, the region's last dimension is cut into
+    /// panels of `w`, each contiguous (`[E / w, ..., w]`).
+    Read(Option<i64>),
 }
 
 /// Loops of a copy with at most this many iterations are unrolled; longer ones stay loops (a
@@ -39,14 +40,19 @@ impl Schedule {
     }
 
     /// The body of [`Schedule::cache_read`] (which records it in the trace).
-    pub(super) fn cache_read_untraced(&mut self, buffer: &str, at: &str) -> ScheduleResult<String> {
-        self.cache_untraced(buffer, at, Cache::Read)
+    pub(super) fn cache_read_untraced(
+        &mut self,
+        buffer: &str,
+        at: &str,
+        panel: Option<i64>,
+    ) -> ScheduleResult<String> {
+        self.cache_untraced(buffer, at, Cache::Read(panel))
     }
 
     fn cache_untraced(&mut self, buffer: &str, at: &str, mode: Cache) -> ScheduleResult<String> {
         let primitive = match mode {
             Cache::Write => "cache_write",
-            Cache::Read => "cache_read",
+            Cache::Read(_) => "cache_read",
         };
         let target = self
             .find_buffer(buffer)
@@ -66,7 +72,7 @@ impl Schedule {
                 problem = Some(format!("found no access to `{buffer}` in loop `{at}`"));
                 return Ok(s.clone());
             }
-            if mode == Cache::Read && !stores.is_empty() {
+            if mode != Cache::Write && !stores.is_empty() {
                 problem = Some(format!(
                     "needs `{buffer}` to be only read in loop `{at}`, found a store to it (use cache_write)"
                 ));
@@ -109,8 +115,51 @@ impl Schedule {
                 base.push(o);
                 ext.push(hi - lo + 1);
             }
+            let panel = match mode {
+                Cache::Read(p) => p,
+                Cache::Write => None,
+            };
+            if let Some(w) = panel {
+                // Every access's last index must be the region's start plus `p * w + q` with
+                // `q` in [0, w): then panel `p`, column `q`.
+                let e = ext[nd - 1];
+                if w < 1 || e % w != 0 {
+                    problem = Some(format!(
+                        "needs a panel width that divides the last extent of the region of `{buffer}` ({e}), found {w}"
+                    ));
+                    return Ok(s.clone());
+                }
+                for acc in &all {
+                    let rel = minus(&linear(&acc[nd - 1]).expect("checked affine"), &base[nd - 1]);
+                    let (_, q) = split_panel(&rel, w);
+                    let (mut lo, mut hi) = (q.c, q.c);
+                    for (v, k) in &q.terms {
+                        let Some(&(mn, ex)) = inner.get(&v.id) else {
+                            lo = i64::MIN;
+                            break;
+                        };
+                        let (x, y) = (k * mn, k * (mn + ex - 1));
+                        lo += x.min(y);
+                        hi += x.max(y);
+                    }
+                    if lo < 0 || hi >= w {
+                        problem = Some(format!(
+                            "cannot cut the index `{}` of `{buffer}` into panels of {w}: its part within a panel is not in [0, {w})",
+                            acc[nd - 1]
+                        ));
+                        return Ok(s.clone());
+                    }
+                }
+            }
             let t = DataType::i64();
-            let cache = Buffer::new(&cname, target.dtype, ext.iter().map(|&e| imm(t, e)).collect())
+            let cache_shape: Vec<i64> = match panel {
+                Some(w) => std::iter::once(ext[nd - 1] / w)
+                    .chain(ext[..nd - 1].iter().copied())
+                    .chain(std::iter::once(w))
+                    .collect(),
+                None => ext.clone(),
+            };
+            let cache = Buffer::new(&cname, target.dtype, cache_shape.iter().map(|&e| imm(t, e)).collect())
                 .with_scope(StorageScope::Local);
             // Ranges of the enclosing loops (and `at`) for the bounds check.
             let mut ranges: HashMap<crate::ir::VarId, (i64, i64)> = HashMap::new();
@@ -134,18 +183,37 @@ impl Schedule {
             let guarded: Vec<bool> = (0..nd).map(|d| !in_bounds(d)).collect();
             let base_e: Vec<Expr> = base.iter().map(|l| l.to_expr(t)).collect();
             let copy = |to_cache: bool, tag: &str| -> Stmt {
-                let vars: Vec<Var> = (0..nd).map(|d| Var::new(&format!("{prefix}{tag}{d}"), t)).collect();
+                // The copy's loops: one per dimension of the region (with panels: the last
+                // dimension as a panel loop and a column loop, inside the others, so that each
+                // row of the region is read in one sweep).
+                let nv = if panel.is_some() { nd + 1 } else { nd };
+                let vars: Vec<Var> = (0..nv).map(|d| Var::new(&format!("{prefix}{tag}{d}"), t)).collect();
                 let r: Vec<Expr> = vars.iter().map(|v| Expr::Var(v.clone())).collect();
+                let extents: Vec<i64> = match panel {
+                    Some(w) => ext[..nd - 1].iter().copied().chain([ext[nd - 1] / w, w]).collect(),
+                    None => ext.clone(),
+                };
+                let offset = |d: usize| match panel {
+                    Some(w) if d + 1 == nd => r[nd - 1].clone() * imm(t, w) + r[nd].clone(),
+                    _ => r[d].clone(),
+                };
                 let gi: Vec<Expr> = (0..nd)
                     .map(|d| {
-                        let g = rewrite::fold(base_e[d].clone() + r[d].clone());
+                        let g = rewrite::fold(base_e[d].clone() + offset(d));
                         if target.shape[d].dtype() == t { g } else { g.cast(target.shape[d].dtype()) }
                     })
                     .collect();
+                let ci: Vec<Expr> = match panel {
+                    Some(_) => std::iter::once(r[nd - 1].clone())
+                        .chain(r[..nd - 1].iter().cloned())
+                        .chain(std::iter::once(r[nd].clone()))
+                        .collect(),
+                    None => r.clone(),
+                };
                 let mut st = if to_cache {
-                    cache.store(r.clone(), target.load(gi.clone()))
+                    cache.store(ci, target.load(gi.clone()))
                 } else {
-                    target.store(gi.clone(), cache.load(r.clone()))
+                    target.store(gi.clone(), cache.load(ci))
                 };
                 let mut cond: Option<Expr> = None;
                 for d in 0..nd {
@@ -161,14 +229,15 @@ impl Schedule {
                     st = guard(c, st);
                 }
                 for (d, v) in vars.into_iter().enumerate().rev() {
+                    let last = d + 1 == nv;
                     let k = match mode {
-                        Cache::Write if d + 1 == nd => ForKind::Vectorized,
+                        Cache::Write if last => ForKind::Vectorized,
                         Cache::Write => ForKind::Unrolled,
-                        Cache::Read if d + 1 == nd && ext[d] <= VECTOR_COPY_MAX => ForKind::Vectorized,
-                        Cache::Read if d + 1 < nd && ext[d] <= UNROLL_COPY_MAX => ForKind::Unrolled,
-                        Cache::Read => ForKind::Serial,
+                        Cache::Read(_) if last && extents[d] <= VECTOR_COPY_MAX => ForKind::Vectorized,
+                        Cache::Read(_) if !last && extents[d] <= UNROLL_COPY_MAX => ForKind::Unrolled,
+                        Cache::Read(_) => ForKind::Serial,
                     };
-                    st = for_(v, imm(t, 0), imm(t, ext[d]), k, st);
+                    st = for_(v, imm(t, 0), imm(t, extents[d]), k, st);
                 }
                 st
             };
@@ -176,28 +245,27 @@ impl Schedule {
                 name: &'a str,
                 cache: &'a Buffer,
                 base: &'a [Lin],
+                panel: Option<i64>,
             }
             impl Redirect<'_> {
                 fn local(&self, ix: &[Expr]) -> Vec<Expr> {
-                    ix.iter()
+                    let t = DataType::i64();
+                    let mut rel: Vec<Lin> = ix
+                        .iter()
                         .zip(self.base)
-                        .map(|(i, b)| {
-                            let l = linear(i).expect("checked affine");
-                            let mut neg = b.clone();
-                            neg.terms.iter_mut().for_each(|(_, k)| *k = -*k);
-                            neg.c = -neg.c;
-                            let mut sum = l;
-                            for (v, k) in neg.terms {
-                                match sum.terms.iter_mut().find(|(w, _)| *w == v) {
-                                    Some((_, c)) => *c += k,
-                                    None => sum.terms.push((v, k)),
-                                }
-                            }
-                            sum.terms.retain(|(_, k)| *k != 0);
-                            sum.c += neg.c;
-                            sum.to_expr(DataType::i64())
-                        })
-                        .collect()
+                        .map(|(i, b)| minus(&linear(i).expect("checked affine"), b))
+                        .collect();
+                    match self.panel {
+                        Some(w) => {
+                            let last = rel.pop().expect("a dimension");
+                            let (p, q) = split_panel(&last, w);
+                            std::iter::once(p.to_expr(t))
+                                .chain(rel.iter().map(|l| l.to_expr(t)))
+                                .chain(std::iter::once(q.to_expr(t)))
+                                .collect()
+                        }
+                        None => rel.iter().map(|l| l.to_expr(t)).collect(),
+                    }
                 }
             }
             impl Rewriter for Redirect<'_> {
@@ -218,12 +286,14 @@ impl Schedule {
                 }
             }
             let nbody = rw_stmt(
-                &mut Redirect { name: buffer, cache: &cache, base: &base },
+                &mut Redirect { name: buffer, cache: &cache, base: &base, panel },
                 body,
             );
             // The read-in is dead when the body's first statement overwrites the whole cache
             // (the init of an accumulation, `C[i, j] = 0`) before anything reads it.
-            let read_in = if loads.is_empty() || overwrites_first(&nbody, &cache, &ext) {
+            let read_in = if loads.is_empty()
+                || (mode == Cache::Write && overwrites_first(&nbody, &cache, &ext))
+            {
                 vec![]
             } else {
                 vec![copy(true, "r")]
@@ -240,6 +310,41 @@ impl Schedule {
             None => Ok(cname),
         }
     }
+}
+
+/// `l - b`.
+fn minus(l: &Lin, b: &Lin) -> Lin {
+    let mut sum = l.clone();
+    for (v, k) in &b.terms {
+        match sum.terms.iter_mut().find(|(w, _)| w == v) {
+            Some((_, c)) => *c -= k,
+            None => sum.terms.push((v.clone(), -k)),
+        }
+    }
+    sum.terms.retain(|(_, k)| *k != 0);
+    sum.c -= b.c;
+    sum
+}
+
+/// `l` as `p * w + q`: `p` the terms whose coefficients are multiples of `w` (divided by it)
+/// and the constant's quotient, `q` the other terms and the constant's remainder.
+fn split_panel(l: &Lin, w: i64) -> (Lin, Lin) {
+    let mut p = Lin {
+        terms: Vec::new(),
+        c: l.c.div_euclid(w),
+    };
+    let mut q = Lin {
+        terms: Vec::new(),
+        c: l.c.rem_euclid(w),
+    };
+    for (v, k) in &l.terms {
+        if k % w == 0 {
+            p.terms.push((v.clone(), k / w));
+        } else {
+            q.terms.push((v.clone(), *k));
+        }
+    }
+    (p, q)
 }
 
 /// Whether the first thing `s` runs (through `Seq`s) writes every element of `cache`

@@ -74,12 +74,15 @@ pub enum Step {
         /// The loop whose body the cache covers.
         at: String,
     },
-    /// [`Schedule::cache_read`].
+    /// [`Schedule::cache_read`] (no `panel`) or [`Schedule::cache_read_panels`].
     CacheRead {
         /// The buffer staged.
         buffer: String,
         /// The loop whose body the cache covers.
         at: String,
+        /// The panel width of [`Schedule::cache_read_panels`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        panel: Option<i64>,
     },
     /// [`Schedule::rfactor`].
     Rfactor {
@@ -156,9 +159,14 @@ impl Schedule {
                 Step::CacheWrite { buffer, at } => {
                     self.cache_write(buffer, at)?;
                 }
-                Step::CacheRead { buffer, at } => {
-                    self.cache_read(buffer, at)?;
-                }
+                Step::CacheRead { buffer, at, panel } => match panel {
+                    Some(w) => {
+                        self.cache_read_panels(buffer, at, *w)?;
+                    }
+                    None => {
+                        self.cache_read(buffer, at)?;
+                    }
+                },
                 Step::Rfactor { outer, inner } => {
                     self.rfactor(outer, inner)?;
                 }
@@ -404,8 +412,37 @@ impl Schedule {
             || Step::CacheRead {
                 buffer: buffer.into(),
                 at: at.into(),
+                panel: None,
             },
-            |s| s.cache_read_untraced(buffer, at),
+            |s| s.cache_read_untraced(buffer, at, None),
+        )
+    }
+
+    /// [`Schedule::cache_read`] into panels: the region's last dimension (extent `E`) is cut
+    /// into `E / width` panels of `width`, and the cache is `[E / width, ..., width]`, each
+    /// panel contiguous. The copy reads each row of the region in one sweep and writes it into
+    /// the panels. A matmul task that covers several column panels of `B` packs all of them
+    /// at once: a row of `B` is then read several panels at a time instead of one (with `B`'s
+    /// rows pages apart, one TLB miss for each 64 bytes of a 16-float panel), and each register
+    /// tile still reads one contiguous panel.
+    ///
+    /// # Errors
+    /// As [`Schedule::cache_read`]; a `width` that does not divide `E`, or an access whose
+    /// last index is not `panel * width + column` with the column from the loops that move
+    /// within `width`.
+    pub fn cache_read_panels(
+        &mut self,
+        buffer: &str,
+        at: &str,
+        width: i64,
+    ) -> ScheduleResult<String> {
+        self.traced(
+            || Step::CacheRead {
+                buffer: buffer.into(),
+                at: at.into(),
+                panel: Some(width),
+            },
+            |s| s.cache_read_untraced(buffer, at, Some(width)),
         )
     }
 
