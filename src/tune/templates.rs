@@ -299,14 +299,27 @@ pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
     // Panels per task: a row of B read 512 bytes at a time when packing (4 panels of 32
     // floats, 8 of 16), then twice and half that.
     let panels = (128 / base.nr.max(1)).max(1);
-    let mut packings: Vec<(i64, i64)> = depths.iter().take(3).map(|&kc| (kc, panels)).collect();
+    let [m, _, _] = mm.shape;
+    let mut packings: Vec<(i64, i64, i64)> = depths
+        .iter()
+        .take(3)
+        .map(|&kc| (base.mr, kc, panels))
+        .collect();
     if let Some(&kc) = depths.first() {
-        packings.extend([(kc, panels * 2), (kc, (panels / 2).max(1))]);
+        packings.extend([(base.mr, kc, panels * 2), (base.mr, kc, (panels / 2).max(1))]);
+        // Rows that the target's tile height leaves a remainder of (64 rows in tiles of 6):
+        // a height that divides them has no narrower last tile (64 x 4096 x 4096 for AVX2:
+        // 4 x 16 tiles 1.09x 6 x 16).
+        if m % base.mr != 0 {
+            if let Some(&h) = heights.iter().find(|&&h| h != base.mr && m % h == 0) {
+                packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels)));
+            }
+        }
     }
     let in_task: Vec<Vec<Step>> = packings
         .iter()
-        .filter_map(|&(kc, panels)| {
-            let t = MatmulTiles { kc, ..base };
+        .filter_map(|&(mr, kc, panels)| {
+            let t = MatmulTiles { mr, kc, ..base };
             matmul_tiled_packing(
                 start.clone(),
                 &mm.parts,
@@ -325,7 +338,6 @@ pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
     // task saves the up-front copy of all of B (64 x 4096 x 4096: 2.0x on an AVX-512 Xeon,
     // 1.3x for AVX2), so it goes first. With many row blocks, B packed once up front is read
     // by all of them (1024^3: 1.06x the packing in tasks).
-    let [m, _, _] = mm.shape;
     let few_rows = m <= 2 * base.mb;
     let (first, second) = if few_rows {
         (in_task, whole)
