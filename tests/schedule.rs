@@ -1000,7 +1000,10 @@ fn cache_read_panels_packs_column_panels_of_a_region() {
     let (jt, jg) = s.split(&jo, 4).unwrap();
     s.reorder(&[&jt, "i", &jg, &ji]).unwrap();
     let err = s.cache_read_panels("B", &jt, 4).unwrap_err().to_string();
-    assert!(err.contains("cannot cut") && err.contains("panels of 4"), "{err}");
+    assert!(
+        err.contains("cannot cut") && err.contains("panels of 4"),
+        "{err}"
+    );
     // Panels of 2 x 8 columns: the panel loop's coefficient (8) is no multiple of 16 either.
     let err = s.cache_read_panels("B", &jt, 16).unwrap_err().to_string();
     assert!(err.contains("cannot cut"), "{err}");

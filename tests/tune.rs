@@ -154,6 +154,8 @@ fn record(f: &PrimFunc, target: &Target, steps: Vec<Step>, ms: f64, cpu: &str) -
         trials: 1,
         seed: 0,
         kiln: "test".into(),
+
+        paired: None,
     }
 }
 
@@ -263,6 +265,18 @@ fn kiln_tune_records_and_kiln_build_applies() {
     assert!(text.contains("record written to db.jsonl"), "{text}");
     let db = Database::open(&dir.path().join("db.jsonl")).unwrap();
     assert!(!db.records.is_empty() && db.warnings.is_empty());
+    // The winner, timed against the default in 5 alternating rounds, written again with the
+    // pairing.
+    assert!(
+        text.contains("paired:  ") && text.contains("over 5 alternating rounds"),
+        "{text}"
+    );
+    let last = db.records.last().unwrap();
+    assert!(
+        last.paired
+            .is_some_and(|p| p.rounds == 5 && p.speedup > 1.0),
+        "{last:?}"
+    );
     let (ok, text) = kiln(
         &["build", "mm.json", "-o", "mm.so", "--db", "db.jsonl"],
         dir.path(),
@@ -598,4 +612,136 @@ fn softmax_columns_are_leaves_with_vector_and_rfactor_knobs() {
     assert!(last.perfect);
     assert_eq!(last.leaves.len(), 1);
     assert!(last.leaves[0].reduction);
+}
+
+/// A measurer whose candidate's time alternates between rounds, as on a noisy machine: the
+/// default takes 1.0, the candidate 0.8 or 1.1.
+struct Alternating {
+    calls: usize,
+    fail_default: bool,
+}
+
+impl Measurer for Alternating {
+    fn baseline(&self) -> Timing {
+        Timing {
+            median: 1.0,
+            min: 1.0,
+            max: 1.0,
+        }
+    }
+
+    fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
+        self.calls += 1;
+        let t = if steps.is_empty() {
+            if self.fail_default {
+                return Outcome::Crashed("boom".into());
+            }
+            1.0
+        } else if self.calls % 3 == 0 {
+            1.1
+        } else {
+            0.8
+        };
+        Outcome::Ok(Timing {
+            median: t,
+            min: t,
+            max: t,
+        })
+    }
+}
+
+/// The winner is timed against the default in alternating rounds: the median of the per-round
+/// ratios and their range, both orders measured; no round, or a measurement that fails, is an
+/// error.
+#[test]
+fn pairing_times_the_winner_against_the_default_round_by_round() {
+    let steps = vec![Step::Kind {
+        loop_: "i".into(),
+        kind: "parallel".into(),
+    }];
+    let mut m = Alternating {
+        calls: 0,
+        fail_default: false,
+    };
+    let (p, t) = tune::pair_with_default(&mut m, &steps, 5).unwrap();
+    assert_eq!(m.calls, 10);
+    assert_eq!(p.rounds, 5);
+    assert!((p.speedup - 1.0 / 0.8).abs() < 1e-9, "{p:?}");
+    assert!(
+        (p.low - 1.0 / 1.1).abs() < 1e-9 && (p.high - 1.25).abs() < 1e-9,
+        "{p:?}"
+    );
+    assert!(
+        (t.median - 0.8).abs() < 1e-9 && (t.max - 1.1).abs() < 1e-9,
+        "{t:?}"
+    );
+    let err = tune::pair_with_default(&mut m, &steps, 0).unwrap_err();
+    assert!(err.contains("at least one round"), "{err}");
+    let mut failing = Alternating {
+        calls: 0,
+        fail_default: true,
+    };
+    let err = tune::pair_with_default(&mut failing, &steps, 3).unwrap_err();
+    assert!(err.contains("the default did not measure"), "{err}");
+}
+
+/// Records paired against the default outrank the others; a paired record that did not beat
+/// the default keeps the default build, and `apply` says so.
+#[test]
+fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = kernels::matmul_sized(32, 32, 32);
+    let target = host();
+    let cpu = tune::db::host_cpu();
+    let par = |l: &str| {
+        vec![Step::Kind {
+            loop_: l.into(),
+            kind: "parallel".into(),
+        }]
+    };
+    let paired = |r: Record, speedup: f64| Record {
+        paired: Some(tune::Paired {
+            rounds: 5,
+            speedup,
+            low: speedup - 0.1,
+            high: speedup + 0.1,
+        }),
+        ..r
+    };
+    let m = IRModule::from_functions(vec![f.clone()]);
+    // A record written on the way (1 ms), then the same winner paired: 0.97x the default.
+    let mut db = Database::open(&dir.path().join("lost.jsonl")).unwrap();
+    db.append(record(&f, &target, par("i"), 1.0, &cpu)).unwrap();
+    db.append(paired(record(&f, &target, par("i"), 1.2, &cpu), 0.97))
+        .unwrap();
+    let db = Database::open(&dir.path().join("lost.jsonl")).unwrap();
+    assert!(matches!(
+        db.lookup(&f, &target, false),
+        tune::Lookup::KeepDefault(_)
+    ));
+    assert!(db.best(&f, &target, false).is_none());
+    let (g, notes) = db.apply(&m, &target, false);
+    assert_eq!(g.to_json_string(), m.to_json_string());
+    assert!(
+        notes[0].contains("no tuned schedule beat the default") && notes[0].contains("0.97x"),
+        "{notes:?}"
+    );
+    // Merged with a database whose paired winner beat the default: that one, though an
+    // unpaired record is faster.
+    let mut db = Database::open(&dir.path().join("won.jsonl")).unwrap();
+    db.append(record(&f, &target, par("i"), 0.5, &cpu)).unwrap();
+    db.append(paired(record(&f, &target, par("i"), 1.2, &cpu), 0.97))
+        .unwrap();
+    db.append(paired(record(&f, &target, par("j"), 2.0, &cpu), 1.4))
+        .unwrap();
+    assert_eq!(db.best(&f, &target, false).unwrap().steps, par("j"));
+    let (_, notes) = db.apply(&m, &target, false);
+    assert!(notes[0].contains("1.40x the default, paired"), "{notes:?}");
+    // The field round-trips, and a record without it (an older kiln's) still reads.
+    let line = serde_json::to_string(&db.records[2]).unwrap();
+    assert!(line.contains("\"paired\""), "{line}");
+    let back: Record = serde_json::from_str(&line).unwrap();
+    assert_eq!(back, db.records[2]);
+    let old = serde_json::to_string(&db.records[0]).unwrap();
+    assert!(!old.contains("paired"), "{old}");
 }

@@ -236,6 +236,8 @@ fn record(f: &PrimFunc, target: &Target, device: &str, steps: Vec<Step>) -> Reco
         trials: 1,
         seed: 0,
         kiln: env!("CARGO_PKG_VERSION").into(),
+
+        paired: None,
     }
 }
 

@@ -45,6 +45,11 @@ pub struct TuneArgs {
     /// Seconds a candidate may take before its worker is restarted.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// Rounds in which the winner is timed against the default build, alternating, after the
+    /// search (0: none); a winner that is not faster in the median round is not applied. Only
+    /// where a call of the default takes 0.25 s or less.
+    #[arg(long, value_name = "ROUNDS", default_value_t = 5)]
+    pair: usize,
     /// Measure in this process instead of a worker process (faster to start; a crashing
     /// candidate then ends the search).
     #[arg(long)]
@@ -231,6 +236,7 @@ fn tune_one(
         stop: None,
     };
     let mut save_err = None;
+    let mut last: Option<Record> = None;
     let report = tune::tune(f, target, measurer.as_mut(), &opts, |steps, t, trials| {
         let r = Record {
             format: tune::db::FORMAT.to_owned(),
@@ -244,13 +250,25 @@ fn tune_one(
             trials,
             seed: a.seed,
             kiln: env!("CARGO_PKG_VERSION").to_owned(),
+            paired: None,
         };
-        if let Err(e) = db.append(r) {
+        if let Err(e) = db.append(r.clone()) {
             save_err.get_or_insert(e);
         }
+        last = Some(r);
     })?;
     if let Some(e) = save_err {
         return Err(e.into());
+    }
+    // The winner against the default, in alternating rounds: its record again, with the
+    // pairing, which outranks the records written on the way.
+    let mut confirmed = None;
+    if let (Some(mut r), true) = (last, a.pair > 0 && default.median <= tune::PAIR_MAX_CALL_S) {
+        let (p, t) = tune::pair_with_default(measurer.as_mut(), &r.steps, a.pair)?;
+        r.paired = Some(p);
+        r.time = t;
+        db.append(r)?;
+        confirmed = Some(p);
     }
     println!(
         "{}: {} candidates in {:.1} s ({:.2} s each; {} refused, {} wrong, {} crashed)",
@@ -278,11 +296,30 @@ fn tune_one(
                 default.median / t.median.max(f64::MIN_POSITIVE)
             );
             println!("steps:   {}", serde_json::to_string(steps)?);
+            match confirmed {
+                Some(p) if p.speedup > 1.0 => println!(
+                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds",
+                    p.speedup, p.low, p.high, p.rounds
+                ),
+                Some(p) => println!(
+                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds: not faster, so the record keeps the default build",
+                    p.speedup, p.low, p.high, p.rounds
+                ),
+                None if a.pair > 0 => println!(
+                    "paired:  not done (a call of the default takes more than {} s)",
+                    tune::PAIR_MAX_CALL_S
+                ),
+                None => {}
+            }
             println!("record written to {}", path.display());
         }
         None => println!("no candidate beat the default: nothing written"),
     }
-    Ok((default.median, report.best.map(|(_, t)| t.median)))
+    let best = match (confirmed, &report.best) {
+        (Some(p), Some(_)) if p.speedup <= 1.0 => None,
+        (_, b) => b.as_ref().map(|(_, t)| t.median),
+    };
+    Ok((default.median, best))
 }
 
 /// The command `kiln tune` starts its worker with (before `tune-worker`): the JSON list of

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::measure::Timing;
+use super::measure::{Paired, Timing};
 use crate::ir::{IRModule, PrimFunc};
 use crate::schedule::{Schedule, Step};
 use crate::target::Target;
@@ -62,6 +62,22 @@ pub struct Record {
     pub seed: u64,
     /// kiln's version.
     pub kiln: String,
+    /// The record's schedule timed against the default in alternating rounds after the search
+    /// (absent from the records a search writes as it goes, and from older kilns').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paired: Option<Paired>,
+}
+
+/// What the database holds for a function ([`Database::lookup`]).
+#[derive(Debug)]
+pub enum Lookup<'a> {
+    /// The record to apply.
+    Apply(&'a Record),
+    /// The records were paired against the default and none beat it: the default build stays
+    /// (the best of them).
+    KeepDefault(&'a Record),
+    /// No record for this function, target, CPU and device.
+    None,
 }
 
 fn func_json(f: &PrimFunc) -> serde_json::Value {
@@ -136,6 +152,11 @@ pub fn device_name(target: &Target) -> String {
         })
         .map(|v| format!("{kind}: {v}"));
     named.unwrap_or_else(|| kind.to_owned())
+}
+
+/// The record with the smallest median time.
+fn fastest<'a>(records: impl Iterator<Item = &'a Record>) -> Option<&'a Record> {
+    records.min_by(|a, b| a.time.median.total_cmp(&b.time.median))
 }
 
 /// A database file and its records.
@@ -225,12 +246,26 @@ impl Database {
         Ok(())
     }
 
-    /// The fastest record for `f` on `target` (and this CPU and device, unless `any_cpu`).
+    /// The record to apply to `f` on `target` (and this CPU and device, unless `any_cpu`):
+    /// [`Database::lookup`]'s [`Lookup::Apply`].
     pub fn best(&self, f: &PrimFunc, target: &Target, any_cpu: bool) -> Option<&Record> {
+        match self.lookup(f, target, any_cpu) {
+            Lookup::Apply(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// What the records say for `f` on `target` (and this CPU and device, unless `any_cpu`).
+    /// Records paired against the default (`kiln tune`'s last step) outrank the others (what
+    /// a search writes as it goes, or an older kiln wrote): among them, the fastest whose
+    /// paired speedup is above 1, and none when no paired record beat the default. Without
+    /// paired records, the fastest record.
+    pub fn lookup(&self, f: &PrimFunc, target: &Target, any_cpu: bool) -> Lookup<'_> {
         let w = workload(f);
         let t = target.to_string();
         let mut here: Option<(String, String)> = None;
-        self.records
+        let matching: Vec<&Record> = self
+            .records
             .iter()
             .filter(|r| r.workload.hash == w.hash && r.target == t)
             .filter(|r| {
@@ -239,7 +274,19 @@ impl Database {
                     r.cpu == *cpu && r.device == *dev
                 }
             })
-            .min_by(|a, b| a.time.median.total_cmp(&b.time.median))
+            .collect();
+        if matching.iter().any(|r| r.paired.is_some()) {
+            let winners = matching
+                .iter()
+                .copied()
+                .filter(|r| r.paired.is_some_and(|p| p.speedup > 1.0));
+            if let Some(r) = fastest(winners) {
+                return Lookup::Apply(r);
+            }
+            let paired = matching.iter().copied().filter(|r| r.paired.is_some());
+            return fastest(paired).map_or(Lookup::None, Lookup::KeepDefault);
+        }
+        fastest(matching.into_iter()).map_or(Lookup::None, Lookup::Apply)
     }
 
     /// `module` with every function that has a record scheduled by it; notes say what was
@@ -253,18 +300,41 @@ impl Database {
         let mut notes = Vec::new();
         let mut out = Vec::new();
         for f in &module.functions {
-            let Some(r) = self.best(f, target, any_cpu) else {
-                out.push(f.clone());
-                continue;
+            let r = match self.lookup(f, target, any_cpu) {
+                Lookup::Apply(r) => r,
+                Lookup::KeepDefault(r) => {
+                    let p = r.paired.unwrap_or(Paired {
+                        rounds: 0,
+                        speedup: 1.0,
+                        low: 1.0,
+                        high: 1.0,
+                    });
+                    notes.push(format!(
+                        "`{}`: no tuned schedule beat the default build when paired with it ({:.2}x [{:.2}, {:.2}] over {} rounds): the default build is kept",
+                        f.name, p.speedup, p.low, p.high, p.rounds
+                    ));
+                    out.push(f.clone());
+                    continue;
+                }
+                Lookup::None => {
+                    out.push(f.clone());
+                    continue;
+                }
             };
             let mut s = Schedule::new(f.clone());
             match s.apply(&r.steps).and_then(|()| s.finish()) {
                 Ok(g) => {
+                    let speedup = match r.paired {
+                        Some(p) => format!("{:.2}x the default, paired", p.speedup),
+                        None => format!(
+                            "{:.2}x the default",
+                            r.default_time.median / r.time.median.max(f64::MIN_POSITIVE)
+                        ),
+                    };
                     notes.push(format!(
-                        "`{}`: tuning record applied ({:.4} ms, {:.2}x the default, {} on {})",
+                        "`{}`: tuning record applied ({:.4} ms, {speedup}, {} on {})",
                         f.name,
                         r.time.median * 1e3,
-                        r.default_time.median / r.time.median.max(f64::MIN_POSITIVE),
                         r.kiln,
                         r.cpu
                     ));

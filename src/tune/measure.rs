@@ -51,6 +51,22 @@ impl Timing {
     }
 }
 
+/// A candidate timed against the default build in alternating rounds (`candidate, default`,
+/// then `default, candidate`, ...), each round a full measurement of both: the per-round
+/// ratios cancel the machine's slow phases, which a ratio of two separate medians does not.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Paired {
+    /// Rounds measured.
+    pub rounds: usize,
+    /// The median over the rounds of the default's time / the candidate's (above 1: faster).
+    pub speedup: f64,
+    /// The smallest of the per-round ratios.
+    pub low: f64,
+    /// The largest of the per-round ratios.
+    pub high: f64,
+}
+
 /// What measuring a candidate gave.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -41,8 +41,8 @@ pub mod space;
 pub mod templates;
 pub mod worker;
 
-pub use db::{Database, Record, Workload};
-pub use measure::{Outcome, Timing};
+pub use db::{Database, Lookup, Record, Workload};
+pub use measure::{Outcome, Paired, Timing};
 pub use worker::{InProcess, Measurer, Subprocess, WorkerInit};
 
 use crate::ir::PrimFunc;
@@ -261,6 +261,81 @@ pub fn tune(
     }
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Calls of the default build up to this long are paired with the winner after a search
+/// (`kiln tune --pair`): a few seconds at most. A slower default (a 2048³ matmul unscheduled:
+/// 40 s a call) would cost minutes, and its winners are many times faster, far beyond the
+/// noise.
+pub const PAIR_MAX_CALL_S: f64 = 0.25;
+
+/// Times `steps` against the default build (no steps) in `rounds` alternating rounds
+/// ([`Paired`]): the check a search's winner passes before it is preferred to the default. A
+/// winner found by separate measurements can be a tie within the noise (a vector add on
+/// OpenCL: 0.95x the default when measured again); the per-round ratios say.
+///
+/// # Errors
+/// `rounds` is 0, or a measurement that does not succeed (the candidate or the default
+/// refused, wrong or crashed).
+pub fn pair_with_default(
+    m: &mut dyn Measurer,
+    steps: &[Step],
+    rounds: usize,
+) -> Result<(Paired, Timing), String> {
+    if rounds == 0 {
+        return Err("pairing needs at least one round".into());
+    }
+    let mut ratios = Vec::with_capacity(rounds);
+    let mut times = Vec::with_capacity(rounds);
+    for r in 0..rounds {
+        let order: [&[Step]; 2] = if r % 2 == 0 {
+            [steps, &[]]
+        } else {
+            [&[], steps]
+        };
+        let mut got = [0.0f64; 2];
+        for (i, s) in order.iter().enumerate() {
+            match m.measure(s, None) {
+                Outcome::Ok(t) => got[i] = t.median,
+                other => {
+                    let who = if s.is_empty() {
+                        "the default"
+                    } else {
+                        "the candidate"
+                    };
+                    return Err(format!("pairing: {who} did not measure: {other:?}"));
+                }
+            }
+        }
+        let (cand, default) = if r % 2 == 0 {
+            (got[0], got[1])
+        } else {
+            (got[1], got[0])
+        };
+        ratios.push(default / cand.max(f64::MIN_POSITIVE));
+        times.push(cand);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let paired = Paired {
+        rounds,
+        speedup: median(&mut ratios),
+        low: ratios[0],
+        high: ratios[rounds - 1],
+    };
+    let time = Timing {
+        median: median(&mut times),
+        min: times[0],
+        max: times[rounds - 1],
+    };
+    Ok((paired, time))
 }
 
 /// The space a search draws from: the CPU's knobs or a device's.

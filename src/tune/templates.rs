@@ -306,7 +306,10 @@ pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
         .map(|&kc| (base.mr, kc, panels))
         .collect();
     if let Some(&kc) = depths.first() {
-        packings.extend([(base.mr, kc, panels * 2), (base.mr, kc, (panels / 2).max(1))]);
+        packings.extend([
+            (base.mr, kc, panels * 2),
+            (base.mr, kc, (panels / 2).max(1)),
+        ]);
         // Rows that the target's tile height leaves a remainder of (64 rows in tiles of 6):
         // a height that divides them has no narrower last tile (64 x 4096 x 4096 for AVX2:
         // 4 x 16 tiles 1.09x 6 x 16).
