@@ -122,6 +122,10 @@ impl Schedule {
             if let Some(w) = panel {
                 // Every access's last index must be the region's start plus `p * w + q` with
                 // `q` in [0, w): then panel `p`, column `q`.
+                if nd == 0 {
+                    problem = Some(format!("needs a buffer with dimensions to cut into panels, found `{buffer}` with none"));
+                    return Ok(s.clone());
+                }
                 let e = ext[nd - 1];
                 if w < 1 || e % w != 0 {
                     problem = Some(format!(
@@ -138,9 +142,10 @@ impl Schedule {
                             lo = i64::MIN;
                             break;
                         };
-                        let (x, y) = (k * mn, k * (mn + ex - 1));
-                        lo += x.min(y);
-                        hi += x.max(y);
+                        let x = k.saturating_mul(mn);
+                        let y = k.saturating_mul(mn.saturating_add(ex - 1));
+                        lo = lo.saturating_add(x.min(y));
+                        hi = hi.saturating_add(x.max(y));
                     }
                     if lo < 0 || hi >= w {
                         problem = Some(format!(
