@@ -314,7 +314,16 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         String::from_utf8_lossy(&run.stderr),
     );
     assert!(run.status.success(), "{so}\n{se}");
-    assert!(se.contains("tuning record applied"), "{se}");
+    // The winner was paired against the default after the search: applied when it was faster
+    // in the median round, else the default build is kept and the build says why (under the
+    // load of parallel tests, a winner of a few candidates can lose its pairing).
+    let p = r.paired.expect("the last record is the paired winner");
+    assert_eq!(p.rounds, 5);
+    if p.speedup > 1.0 {
+        assert!(se.contains("tuning record applied"), "{p:?}\n{se}");
+    } else {
+        assert!(se.contains("the default build is kept"), "{p:?}\n{se}");
+    }
     assert!(so.contains("max abs difference"), "{so}");
     // Remote measuring is for CPUs: a clear error, not a wrong record.
     let e = Command::new(kiln)
