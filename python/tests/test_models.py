@@ -202,7 +202,10 @@ def test_a_model_tuned_by_kiln_tune_model_is_built_with_its_records(tmp_path):
     ir = tmp_path / "mlp.json"
     ir.write_text(json.dumps(ex.kiln_ir))
     db = tmp_path / "mlp.jsonl"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # One thread: under the load of parallel tests, a 2-thread pool's candidates can measure
+    # slower than the serial default, and the winners' pairings would then keep the default.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               KILN_NUM_THREADS="1", TVM_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "kiln", "tune", str(ir), "--model", "--trials", "6",
                         "--target", kiln.tvm._kiln_target(tvm.target.Target(TARGET)),
                         "--db", str(db), "-q"], capture_output=True, text=True, env=env)
