@@ -54,6 +54,23 @@ fn matmul_has_one_nest_with_a_reduction_inside() {
     assert!(scheduled > 25, "{scheduled} of 50 random choices scheduled");
 }
 
+/// The schedule "loop `l` parallel".
+fn par(l: &str) -> Vec<Step> {
+    vec![Step::Kind {
+        loop_: l.into(),
+        kind: "parallel".into(),
+    }]
+}
+
+/// A timing whose batches all took `t` seconds.
+fn flat(t: f64) -> Timing {
+    Timing {
+        median: t,
+        min: t,
+        max: t,
+    }
+}
+
 /// A measurer with made-up times (a hash of the steps): searches without compiling anything.
 struct Fake {
     calls: Vec<Vec<Step>>,
@@ -61,22 +78,14 @@ struct Fake {
 
 impl Measurer for Fake {
     fn baseline(&self) -> Timing {
-        Timing {
-            median: 1.0,
-            min: 1.0,
-            max: 1.0,
-        }
+        flat(1.0)
     }
 
     fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
         self.calls.push(steps.to_vec());
         let h = blake3::hash(serde_json::to_string(steps).unwrap().as_bytes());
         let t = 0.1 + (h.as_bytes()[0] as f64) / 255.0;
-        Outcome::Ok(Timing {
-            median: t,
-            min: t,
-            max: t,
-        })
+        Outcome::Ok(flat(t))
     }
 }
 
@@ -166,12 +175,6 @@ fn the_database_applies_the_best_matching_record_only() {
     let f = kernels::matmul_sized(32, 32, 32);
     let target = host();
     let cpu = tune::db::host_cpu();
-    let par = |l: &str| {
-        vec![Step::Kind {
-            loop_: l.into(),
-            kind: "parallel".into(),
-        }]
-    };
     let mut db = Database::open(&path).unwrap();
     assert!(db.records.is_empty());
     db.append(record(&f, &target, par("i"), 2.0, &cpu)).unwrap();
@@ -628,11 +631,7 @@ struct Alternating {
 
 impl Measurer for Alternating {
     fn baseline(&self) -> Timing {
-        Timing {
-            median: 1.0,
-            min: 1.0,
-            max: 1.0,
-        }
+        flat(1.0)
     }
 
     fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
@@ -647,11 +646,7 @@ impl Measurer for Alternating {
         } else {
             0.8
         };
-        Outcome::Ok(Timing {
-            median: t,
-            min: t,
-            max: t,
-        })
+        Outcome::Ok(flat(t))
     }
 }
 
@@ -698,12 +693,6 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
     let f = kernels::matmul_sized(32, 32, 32);
     let target = host();
     let cpu = tune::db::host_cpu();
-    let par = |l: &str| {
-        vec![Step::Kind {
-            loop_: l.into(),
-            kind: "parallel".into(),
-        }]
-    };
     let paired = |r: Record, speedup: f64| Record {
         paired: Some(tune::Paired {
             rounds: 5,

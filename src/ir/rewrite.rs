@@ -215,6 +215,48 @@ impl Lin {
         self.c *= k;
         self
     }
+    /// `self - b`, term by term.
+    pub fn minus(&self, b: &Lin) -> Lin {
+        self.clone().add(b.clone(), -1)
+    }
+    /// The form as `q * d + r` (`d >= 1`): `q` the terms whose coefficients are multiples of
+    /// `d` (divided by it) and the constant's quotient, `r` the other terms and the constant's
+    /// remainder. When `r`'s range is within `[0, d)`, `q` is `floordiv(self, d)` and `r` is
+    /// `floormod(self, d)`.
+    pub fn div_mod(&self, d: i64) -> (Lin, Lin) {
+        let mut q = Lin {
+            terms: vec![],
+            c: self.c.div_euclid(d),
+        };
+        let mut r = Lin {
+            terms: vec![],
+            c: self.c.rem_euclid(d),
+        };
+        for (v, k) in &self.terms {
+            if k % d == 0 {
+                q.terms.push((v.clone(), k / d));
+            } else {
+                r.terms.push((v.clone(), *k));
+            }
+        }
+        (q, r)
+    }
+    /// The range `[lo, hi]` of the form over variables with known `(min, extent)`. `None` if a
+    /// variable's range is unknown or empty, or the arithmetic overflows.
+    pub fn range(&self, ranges: &HashMap<VarId, (i64, i64)>) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (self.c, self.c);
+        for (v, k) in &self.terms {
+            let &(mn, ex) = ranges.get(&v.id)?;
+            if ex <= 0 {
+                return None;
+            }
+            let last = mn.checked_add(ex - 1)?;
+            let (x, y) = (k.checked_mul(mn)?, k.checked_mul(last)?);
+            lo = lo.checked_add(x.min(y))?;
+            hi = hi.checked_add(x.max(y))?;
+        }
+        Some((lo, hi))
+    }
     /// The form without the terms whose variables satisfy `drop`.
     pub fn without(&self, drop: impl Fn(&Var) -> bool) -> Lin {
         Lin {
@@ -395,32 +437,10 @@ pub(crate) fn simplify_divmod(s: &Stmt, ranges: &HashMap<VarId, (i64, i64)>) -> 
                 return e;
             }
             let t = a.dtype();
-            let mut q = Lin {
-                terms: vec![],
-                c: l.c.div_euclid(d),
-            };
-            let mut r = Lin {
-                terms: vec![],
-                c: l.c.rem_euclid(d),
-            };
-            for (v, k) in &l.terms {
-                if k % d == 0 {
-                    q.terms.push((v.clone(), k / d));
-                } else {
-                    r.terms.push((v.clone(), *k));
-                }
-            }
-            let (mut lo, mut hi) = (r.c, r.c);
-            for (v, k) in &r.terms {
-                let Some(&(mn, ex)) = self.0.get(&v.id) else {
-                    return e;
-                };
-                let (x, y) = (k * mn, k * (mn + ex - 1));
-                lo += x.min(y);
-                hi += x.max(y);
-            }
-            if lo < 0 || hi >= d {
-                return e;
+            let (q, r) = l.div_mod(d);
+            match r.range(self.0) {
+                Some((lo, hi)) if lo >= 0 && hi < d => {}
+                _ => return e,
             }
             if *op == BinOp::FloorDiv {
                 q.to_expr(t)

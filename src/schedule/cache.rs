@@ -134,20 +134,9 @@ impl Schedule {
                     return Ok(s.clone());
                 }
                 for acc in &all {
-                    let rel = minus(&linear(&acc[nd - 1]).expect("checked affine"), &base[nd - 1]);
-                    let (_, q) = split_panel(&rel, w);
-                    let (mut lo, mut hi) = (q.c, q.c);
-                    for (v, k) in &q.terms {
-                        let Some(&(mn, ex)) = inner.get(&v.id) else {
-                            lo = i64::MIN;
-                            break;
-                        };
-                        let x = k.saturating_mul(mn);
-                        let y = k.saturating_mul(mn.saturating_add(ex - 1));
-                        lo = lo.saturating_add(x.min(y));
-                        hi = hi.saturating_add(x.max(y));
-                    }
-                    if lo < 0 || hi >= w {
+                    let rel = linear(&acc[nd - 1]).expect("checked affine").minus(&base[nd - 1]);
+                    let (_, q) = rel.div_mod(w);
+                    if !q.range(&inner).is_some_and(|(lo, hi)| lo >= 0 && hi < w) {
                         problem = Some(format!(
                             "cannot cut the index `{}` of `{buffer}` into panels of {w}: its part within a panel is not in [0, {w})",
                             acc[nd - 1]
@@ -258,12 +247,12 @@ impl Schedule {
                     let mut rel: Vec<Lin> = ix
                         .iter()
                         .zip(self.base)
-                        .map(|(i, b)| minus(&linear(i).expect("checked affine"), b))
+                        .map(|(i, b)| linear(i).expect("checked affine").minus(b))
                         .collect();
                     match self.panel {
                         Some(w) => {
                             let last = rel.pop().expect("a dimension");
-                            let (p, q) = split_panel(&last, w);
+                            let (p, q) = last.div_mod(w);
                             std::iter::once(p.to_expr(t))
                                 .chain(rel.iter().map(|l| l.to_expr(t)))
                                 .chain(std::iter::once(q.to_expr(t)))
@@ -315,41 +304,6 @@ impl Schedule {
             None => Ok(cname),
         }
     }
-}
-
-/// `l - b`.
-fn minus(l: &Lin, b: &Lin) -> Lin {
-    let mut sum = l.clone();
-    for (v, k) in &b.terms {
-        match sum.terms.iter_mut().find(|(w, _)| w == v) {
-            Some((_, c)) => *c -= k,
-            None => sum.terms.push((v.clone(), -k)),
-        }
-    }
-    sum.terms.retain(|(_, k)| *k != 0);
-    sum.c -= b.c;
-    sum
-}
-
-/// `l` as `p * w + q`: `p` the terms whose coefficients are multiples of `w` (divided by it)
-/// and the constant's quotient, `q` the other terms and the constant's remainder.
-fn split_panel(l: &Lin, w: i64) -> (Lin, Lin) {
-    let mut p = Lin {
-        terms: Vec::new(),
-        c: l.c.div_euclid(w),
-    };
-    let mut q = Lin {
-        terms: Vec::new(),
-        c: l.c.rem_euclid(w),
-    };
-    for (v, k) in &l.terms {
-        if k % w == 0 {
-            p.terms.push((v.clone(), k / w));
-        } else {
-            q.terms.push((v.clone(), *k));
-        }
-    }
-    (p, q)
 }
 
 /// Whether the first thing `s` runs (through `Seq`s) writes every element of `cache`

@@ -107,37 +107,6 @@ fn as_i64(e: Expr) -> Expr {
     }
 }
 
-/// `l - base` (term by term).
-fn lin_sub(l: &Lin, base: &Lin) -> Lin {
-    let mut out = l.clone();
-    for (v, k) in &base.terms {
-        match out.terms.iter_mut().find(|(w, _)| w == v) {
-            Some((_, c)) => *c -= k,
-            None => out.terms.push((v.clone(), -k)),
-        }
-    }
-    out.terms.retain(|(_, k)| *k != 0);
-    out.c -= base.c;
-    out
-}
-
-/// The range `[lo, hi]` of an affine form over variables with known `(min, extent)`. `None`
-/// if a variable's range is unknown or empty, or the arithmetic overflows.
-fn lin_range(l: &Lin, ranges: &HashMap<VarId, (i64, i64)>) -> Option<(i64, i64)> {
-    let (mut lo, mut hi) = (l.c, l.c);
-    for (v, k) in &l.terms {
-        let &(mn, ex) = ranges.get(&v.id)?;
-        if ex <= 0 {
-            return None;
-        }
-        let last = mn.checked_add(ex - 1)?;
-        let (x, y) = (k.checked_mul(mn)?, k.checked_mul(last)?);
-        lo = lo.checked_add(x.min(y))?;
-        hi = hi.checked_add(x.max(y))?;
-    }
-    Some((lo, hi))
-}
-
 /// The linear thread id `tx + ty * ex + tz * ex * ey` of the enclosing `threadIdx` loops, and the
 /// number of threads. `None` if an extent is not a positive constant or the count overflows.
 fn thread_id(path: &[Loop]) -> Option<(Expr, i64)> {
@@ -346,8 +315,8 @@ impl Schedule {
                             return Ok(s.clone());
                         }
                     }
-                    let rest = lin_sub(&l, &u);
-                    let Some((a, b)) = lin_range(&rest, &varying) else {
+                    let rest = l.minus(&u);
+                    let Some((a, b)) = rest.range(&varying) else {
                         problem = Some(format!(
                             "needs the loops inside `{at}` that index `{buffer}` to have positive \
                              constant extents and a tile whose bounds fit in 64 bits, found `{}`",
@@ -407,7 +376,7 @@ impl Schedule {
                 let g = rewrite::fold(origin[d].to_expr(t) + local_ix[d].clone());
                 let dt = target.shape[d].dtype();
                 let g = if dt == t { g } else { g.cast(dt) };
-                let range = lin_range(&origin[d], &ranges);
+                let range = origin[d].range(&ranges);
                 let lo_ok = range.is_some_and(|(lo, _)| lo >= 0);
                 let hi_ok = match (target.shape[d].as_int(), range) {
                     (Some(limit), Some((_, hi))) => hi + shape[d] - 1 < limit,
@@ -462,7 +431,9 @@ impl Schedule {
                                 .iter()
                                 .zip(self.origin)
                                 .map(|(i, o)| {
-                                    lin_sub(&linear(i).expect("checked affine"), o)
+                                    linear(i)
+                                        .expect("checked affine")
+                                        .minus(o)
                                         .to_expr(DataType::i64())
                                 })
                                 .collect();
