@@ -711,7 +711,7 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
     let db = Database::open(&dir.path().join("lost.jsonl")).unwrap();
     assert!(matches!(
         db.lookup(&f, &target, false),
-        tune::Lookup::KeepDefault(_)
+        tune::Lookup::KeepDefault(..)
     ));
     assert!(db.best(&f, &target, false).is_none());
     let (g, notes) = db.apply(&m, &target, false);

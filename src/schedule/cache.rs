@@ -147,10 +147,7 @@ impl Schedule {
             }
             let t = DataType::i64();
             let cache_shape: Vec<i64> = match panel {
-                Some(w) => std::iter::once(ext[nd - 1] / w)
-                    .chain(ext[..nd - 1].iter().copied())
-                    .chain(std::iter::once(w))
-                    .collect(),
+                Some(w) => panel_order(ext[nd - 1] / w, &ext[..nd - 1], w),
                 None => ext.clone(),
             };
             let cache = Buffer::new(&cname, target.dtype, cache_shape.iter().map(|&e| imm(t, e)).collect())
@@ -198,10 +195,7 @@ impl Schedule {
                     })
                     .collect();
                 let ci: Vec<Expr> = match panel {
-                    Some(_) => std::iter::once(r[nd - 1].clone())
-                        .chain(r[..nd - 1].iter().cloned())
-                        .chain(std::iter::once(r[nd].clone()))
-                        .collect(),
+                    Some(_) => panel_order(r[nd - 1].clone(), &r[..nd - 1], r[nd].clone()),
                     None => r.clone(),
                 };
                 let mut st = if to_cache {
@@ -249,16 +243,18 @@ impl Schedule {
                         .zip(self.base)
                         .map(|(i, b)| linear(i).expect("checked affine").minus(b))
                         .collect();
-                    match self.panel {
-                        Some(w) => {
-                            let last = rel.pop().expect("a dimension");
-                            let (p, q) = last.div_mod(w);
-                            std::iter::once(p.to_expr(t))
-                                .chain(rel.iter().map(|l| l.to_expr(t)))
-                                .chain(std::iter::once(q.to_expr(t)))
-                                .collect()
+                    // Panels were checked to have a last dimension.
+                    let last = match self.panel {
+                        Some(w) => rel.pop().map(|l| (w, l)),
+                        None => None,
+                    };
+                    let rest: Vec<Expr> = rel.iter().map(|l| l.to_expr(t)).collect();
+                    match last {
+                        Some((w, l)) => {
+                            let (p, q) = l.div_mod(w);
+                            panel_order(p.to_expr(t), &rest, q.to_expr(t))
                         }
-                        None => rel.iter().map(|l| l.to_expr(t)).collect(),
+                        None => rest,
                     }
                 }
             }
@@ -304,6 +300,15 @@ impl Schedule {
             None => Ok(cname),
         }
     }
+}
+
+/// The order of a panelled cache's dimensions: the panel, the region's other dimensions, the
+/// column within the panel (`[E / w, ..., w]`).
+fn panel_order<T: Clone>(panel: T, rest: &[T], column: T) -> Vec<T> {
+    std::iter::once(panel)
+        .chain(rest.iter().cloned())
+        .chain(std::iter::once(column))
+        .collect()
 }
 
 /// Whether the first thing `s` runs (through `Seq`s) writes every element of `cache`

@@ -74,8 +74,8 @@ pub enum Lookup<'a> {
     /// The record to apply.
     Apply(&'a Record),
     /// The records were paired against the default and none beat it: the default build stays
-    /// (the best of them).
-    KeepDefault(&'a Record),
+    /// (the best of them, and its pairing).
+    KeepDefault(&'a Record, Paired),
     /// No record for this function, target, CPU and device.
     None,
 }
@@ -284,7 +284,9 @@ impl Database {
                 return Lookup::Apply(r);
             }
             let paired = matching.iter().copied().filter(|r| r.paired.is_some());
-            return fastest(paired).map_or(Lookup::None, Lookup::KeepDefault);
+            return fastest(paired)
+                .and_then(|r| Some(Lookup::KeepDefault(r, r.paired?)))
+                .unwrap_or(Lookup::None);
         }
         fastest(matching.into_iter()).map_or(Lookup::None, Lookup::Apply)
     }
@@ -302,13 +304,7 @@ impl Database {
         for f in &module.functions {
             let r = match self.lookup(f, target, any_cpu) {
                 Lookup::Apply(r) => r,
-                Lookup::KeepDefault(r) => {
-                    let p = r.paired.unwrap_or(Paired {
-                        rounds: 0,
-                        speedup: 1.0,
-                        low: 1.0,
-                        high: 1.0,
-                    });
+                Lookup::KeepDefault(_, p) => {
                     notes.push(format!(
                         "`{}`: no tuned schedule beat the default build when paired with it ({:.2}x [{:.2}, {:.2}] over {} rounds): the default build is kept",
                         f.name, p.speedup, p.low, p.high, p.rounds

@@ -45,6 +45,17 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// The median (the upper of the middle two for an even count), fastest and slowest of
+    /// `samples`, which must not be empty.
+    pub(crate) fn of(mut samples: Vec<f64>) -> Timing {
+        samples.sort_by(f64::total_cmp);
+        Timing {
+            median: samples[samples.len() / 2],
+            min: samples[0],
+            max: samples[samples.len() - 1],
+        }
+    }
+
     /// `(max - min) / median`.
     pub fn spread(&self) -> f64 {
         (self.max - self.min) / self.median.max(f64::MIN_POSITIVE)
@@ -586,13 +597,7 @@ fn time_runs(
     for i in 0..15 {
         per.push(run(number)? / number as f64);
         if i + 1 >= batches {
-            let mut s = per.clone();
-            s.sort_by(f64::total_cmp);
-            let t = Timing {
-                median: s[s.len() / 2],
-                min: s[0],
-                max: s[s.len() - 1],
-            };
+            let t = Timing::of(per.clone());
             if t.spread() <= 0.1 || i == 14 || batches == 3 {
                 return Ok(t);
             }

@@ -285,57 +285,31 @@ pub fn pair_with_default(
     if rounds == 0 {
         return Err("pairing needs at least one round".into());
     }
+    let mut time = |s: &[Step], who: &str| match m.measure(s, None) {
+        Outcome::Ok(t) => Ok(t.median),
+        other => Err(format!("pairing: {who} did not measure: {other:?}")),
+    };
     let mut ratios = Vec::with_capacity(rounds);
     let mut times = Vec::with_capacity(rounds);
     for r in 0..rounds {
-        let order: [&[Step]; 2] = if r % 2 == 0 {
-            [steps, &[]]
-        } else {
-            [&[], steps]
-        };
-        let mut got = [0.0f64; 2];
-        for (i, s) in order.iter().enumerate() {
-            match m.measure(s, None) {
-                Outcome::Ok(t) => got[i] = t.median,
-                other => {
-                    let who = if s.is_empty() {
-                        "the default"
-                    } else {
-                        "the candidate"
-                    };
-                    return Err(format!("pairing: {who} did not measure: {other:?}"));
-                }
-            }
-        }
         let (cand, default) = if r % 2 == 0 {
-            (got[0], got[1])
+            let c = time(steps, "the candidate")?;
+            (c, time(&[], "the default")?)
         } else {
-            (got[1], got[0])
+            let d = time(&[], "the default")?;
+            (time(steps, "the candidate")?, d)
         };
         ratios.push(default / cand.max(f64::MIN_POSITIVE));
         times.push(cand);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
-    };
+    let ratio = Timing::of(ratios);
     let paired = Paired {
         rounds,
-        speedup: median(&mut ratios),
-        low: ratios[0],
-        high: ratios[rounds - 1],
+        speedup: ratio.median,
+        low: ratio.min,
+        high: ratio.max,
     };
-    let time = Timing {
-        median: median(&mut times),
-        min: times[0],
-        max: times[rounds - 1],
-    };
-    Ok((paired, time))
+    Ok((paired, Timing::of(times)))
 }
 
 /// The space a search draws from: the CPU's knobs or a device's.

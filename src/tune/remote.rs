@@ -56,15 +56,6 @@ const CPU: DLDevice = DLDevice {
     device_id: 0,
 };
 
-fn timing(mut v: Vec<f64>) -> Timing {
-    v.sort_by(f64::total_cmp);
-    Timing {
-        median: v[v.len() / 2],
-        min: v[0],
-        max: v[v.len() - 1],
-    }
-}
-
 impl Remote {
     /// Connects, builds and measures the default of `f` there.
     ///
@@ -137,9 +128,9 @@ impl Remote {
             // One timed call first: a candidate far slower than the best is not timed further.
             let first = s.time(m, &g.name, CPU, 1, 1, 0, &args)?;
             let t = if cutoff.is_some_and(|c| first.first().is_some_and(|x| *x > c)) {
-                timing(first)
+                Timing::of(first)
             } else {
-                timing(s.time(m, &g.name, CPU, 1, 7, 2, &args)?)
+                Timing::of(s.time(m, &g.name, CPU, 1, 7, 2, &args)?)
             };
             for t in &remote {
                 s.free(t)?;

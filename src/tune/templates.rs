@@ -287,12 +287,9 @@ pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
         .collect();
     let mut depths: Vec<i64> = Vec::new();
     for kc in [256, 512, base.kc, 128, 0] {
-        let kc = if kc >= k || (kc > 0 && k % kc != 0) {
-            -1
-        } else {
-            kc
-        };
-        if kc >= 0 && !depths.contains(&kc) {
+        // One pass (0), or passes that divide `k` (no bounds guard in the inner loop).
+        let divides = kc == 0 || (kc < k && k % kc == 0);
+        if divides && !depths.contains(&kc) {
             depths.push(kc);
         }
     }
