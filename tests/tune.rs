@@ -556,6 +556,90 @@ fn batches_are_measured_in_order_and_survive_a_hung_worker() {
     assert!(m.restarts >= 2, "{}", m.restarts);
 }
 
+/// A CPU candidate whose checking call runs far past the search's cutoff is abandoned: its
+/// worker is killed mid-call, the candidate's outcome says so, the rest of the batch is
+/// measured by a restarted worker, and nothing is abandoned without a cutoff.
+#[test]
+fn a_hopeless_checking_call_is_abandoned() {
+    use kiln::tune::{Subprocess, WorkerInit};
+    use std::time::{Duration, Instant};
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_kiln"));
+    // A 512³ matmul's default takes milliseconds a call (134 M multiply-adds).
+    let f = kernels::matmul_sized(512, 512, 512);
+    let init = WorkerInit {
+        module: IRModule::from_functions(vec![f]).to_json(),
+        target: host().to_string(),
+        seed: 0,
+    };
+    let mut m = Subprocess::new(exe, &init, Duration::from_secs(60)).unwrap();
+    let base = m.baseline();
+    assert!(base.median > 1e-3, "{base:?}");
+    // A cutoff of 1 us and a floor of 1 ms: the default's checking call cannot end in time.
+    m.abandon_after(4.0, Duration::from_millis(1));
+    let bad = vec![Step::Split {
+        loop_: "nope".into(),
+        factor: 2,
+    }];
+    let t = Instant::now();
+    let out = m.measure_batch(&[bad.clone(), vec![], bad.clone()], Some(1e-6));
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert!(matches!(&out[0], Outcome::Invalid(e) if e.contains("nope")), "{out:?}");
+    assert!(
+        matches!(&out[1], Outcome::Abandoned(e) if e.contains("checking call ran past")),
+        "{out:?}"
+    );
+    assert!(matches!(&out[2], Outcome::Invalid(e) if e.contains("nope")), "{out:?}");
+    assert_eq!(m.restarts, 1);
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    // The restarted worker was told the default's time.
+    assert_eq!(m.baseline(), base);
+    // Without a cutoff (the pairing, the default's own timing) nothing is abandoned.
+    assert!(matches!(m.measure(&[], None), Outcome::Ok(_)));
+    // A factor of infinity never abandons.
+    m.abandon_after(f64::INFINITY, Duration::ZERO);
+    assert!(matches!(m.measure(&[], Some(1e-6)), Outcome::Ok(_)));
+    assert_eq!(m.restarts, 1);
+}
+
+/// A worker told the default's time (a restart) answers it without timing the default again,
+/// and tells its parent where each CPU measurement is.
+#[test]
+fn a_restarted_worker_takes_the_known_baseline() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let f = kernels::matmul_sized(64, 64, 64);
+    let init = serde_json::json!({
+        "module": IRModule::from_functions(vec![f]).to_json(),
+        "target": host().to_string(),
+        "seed": 0,
+        "baseline": {"median": 123.0, "min": 122.0, "max": 124.0},
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("tune-worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{init}").unwrap();
+    writeln!(stdin, "{}", serde_json::json!({"steps": []})).unwrap();
+    drop(stdin);
+    let lines: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(Result::unwrap)
+        .collect();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&lines[0]).unwrap(),
+        serde_json::json!({"baseline": {"median": 123.0, "min": 122.0, "max": 124.0}}),
+        "{lines:?}"
+    );
+    assert_eq!(lines[1], "\"checking\"", "{lines:?}");
+    assert_eq!(lines[2], "\"timing\"", "{lines:?}");
+    assert!(lines[3].starts_with("{\"outcome\":{\"ok\""), "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
+}
+
 /// Softmax's column loops sit inside its row loop: each is a leaf of the row nest with a knob
 /// (a vector width, or the lanes of an `rfactor` for the max and the sum), and the seed with
 /// every leaf on is kiln's hand schedule of softmax (rows in parallel, reductions in 64

@@ -271,14 +271,15 @@ fn tune_one(
         confirmed = Some(p);
     }
     println!(
-        "{}: {} candidates in {:.1} s ({:.2} s each; {} refused, {} wrong, {} crashed)",
+        "{}: {} candidates in {:.1} s ({:.2} s each; {} refused, {} wrong, {} crashed, {} abandoned)",
         w.key,
         report.trials,
         report.seconds,
         report.seconds / report.trials.max(1) as f64,
         report.invalid,
         report.wrong,
-        report.crashed
+        report.crashed,
+        report.abandoned
     );
     println!(
         "default: {:.4} ms [{:.4}, {:.4}]",

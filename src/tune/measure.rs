@@ -90,6 +90,19 @@ pub enum Outcome {
     Wrong(String),
     /// The process measuring it died (or ran past its time).
     Crashed(String),
+    /// Its checking call ran so far past the best so far that it was stopped (its worker
+    /// killed) before it ended: a candidate that cannot win.
+    Abandoned(String),
+}
+
+/// What a measurement on the CPU is doing, told to a [`Bench`]'s watcher: the worker process
+/// tells its parent, which abandons a checking call that runs far past the best so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The candidate's first call, on fresh copies of the inputs, starts.
+    Checking,
+    /// It agreed with the reference; the timed calls start.
+    Timing,
 }
 
 /// The inputs of a function and what its default build computes from them.
@@ -99,6 +112,8 @@ pub struct Bench {
     /// The device candidates run on (device 0 of a device target's kind); `None` for a CPU
     /// target, whose candidates run on the host arrays themselves.
     device: Option<Device>,
+    /// Told where a CPU measurement is ([`Bench::watch`]).
+    watcher: Option<fn(Phase)>,
 }
 
 /// The device a target's kernels run on: device 0 of its kind, or `None` for a CPU target
@@ -393,9 +408,29 @@ impl Bench {
     /// # Errors
     /// Symbolic shapes, scalar parameters, a default build that fails.
     pub fn new(f: &PrimFunc, target: &Target, seed: u64) -> Result<(Bench, Timing), String> {
+        let (bench, time) = Self::prepare(f, target, seed, true)?;
+        let time = time.ok_or("the default build was not timed")?;
+        Ok((bench, time))
+    }
+
+    /// [`Bench::new`] without timing the default build (its time is known: a restarted
+    /// worker's). The default is still built and called once, for the reference results.
+    ///
+    /// # Errors
+    /// As [`Bench::new`].
+    pub fn untimed(f: &PrimFunc, target: &Target, seed: u64) -> Result<Bench, String> {
+        Ok(Self::prepare(f, target, seed, false)?.0)
+    }
+
+    fn prepare(
+        f: &PrimFunc,
+        target: &Target,
+        seed: u64,
+        timed: bool,
+    ) -> Result<(Bench, Option<Timing>), String> {
         let inputs = arrays(f, seed)?;
         if let Some(dev) = device_of(target)? {
-            return Self::on_device(f, target, dev, inputs);
+            return Self::on_device(f, target, dev, inputs, timed);
         }
         let func = build(f, target)?;
         let mut out = clone_arrays(&inputs)?;
@@ -406,9 +441,25 @@ impl Bench {
             inputs,
             reference: clone_arrays(&out)?,
             device: None,
+            watcher: None,
         };
+        if !timed {
+            return Ok((bench, None));
+        }
         let time = bench.time_default(&func, &mut out, first)?;
-        Ok((bench, time))
+        Ok((bench, Some(time)))
+    }
+
+    /// Calls `watcher` as each CPU measurement starts its checking call and its timed calls
+    /// ([`Phase`]).
+    pub fn watch(&mut self, watcher: fn(Phase)) {
+        self.watcher = Some(watcher);
+    }
+
+    fn tell(&self, p: Phase) {
+        if let Some(w) = self.watcher {
+            w(p);
+        }
     }
 
     /// For a device target: the reference results are the host's build of `f` (the CPU code
@@ -420,7 +471,8 @@ impl Bench {
         target: &Target,
         dev: Device,
         inputs: Vec<NpyArray>,
-    ) -> Result<(Bench, Timing), String> {
+        timed: bool,
+    ) -> Result<(Bench, Option<Timing>), String> {
         let host = build(f, &host_target(target)?)?;
         let mut out = clone_arrays(&inputs)?;
         call(&host, &mut out)?;
@@ -428,16 +480,20 @@ impl Bench {
             inputs,
             reference: out,
             device: Some(dev),
+            watcher: None,
         };
+        if !timed {
+            return Ok((bench, None));
+        }
         let func = build(f, target).map_err(|e| format!("the default device build: {e}"))?;
         // A default whose first timed call takes 0.5 s or more is timed by that call, as on
         // the CPU (a 1024³ matmul's default takes 1.6 s a call on PoCL).
         match bench.check_and_time(f, &func, Some(0.5)) {
-            Outcome::Ok(t) => Ok((bench, t)),
+            Outcome::Ok(t) => Ok((bench, Some(t))),
             Outcome::Wrong(e) => Err(format!(
                 "the default device build computes something else than the host's: {e}"
             )),
-            Outcome::Invalid(e) | Outcome::Crashed(e) => {
+            Outcome::Invalid(e) | Outcome::Crashed(e) | Outcome::Abandoned(e) => {
                 Err(format!("the default device build: {e}"))
             }
         }
@@ -506,6 +562,7 @@ impl Bench {
             Ok(x) => x,
             Err(e) => return Outcome::Invalid(e),
         };
+        self.tell(Phase::Checking);
         let t = Instant::now();
         if let Err(e) = call(func, &mut out) {
             return Outcome::Invalid(e);
@@ -526,6 +583,7 @@ impl Bench {
                 });
             }
         }
+        self.tell(Phase::Timing);
         match self.time_within(func, &mut out, cutoff) {
             Ok(t) => Outcome::Ok(t),
             Err(e) => Outcome::Invalid(e),

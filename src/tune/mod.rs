@@ -92,6 +92,9 @@ pub struct TuneReport {
     pub wrong: usize,
     /// Candidates whose worker crashed or hung.
     pub crashed: usize,
+    /// Candidates stopped in their checking call, far slower than the best so far
+    /// ([`Outcome::Abandoned`]).
+    pub abandoned: usize,
     /// Seconds the search took.
     pub seconds: f64,
 }
@@ -143,6 +146,7 @@ pub fn tune(
         invalid: 0,
         wrong: 0,
         crashed: 0,
+        abandoned: 0,
         seconds: 0.0,
     };
     let mut best = default.median;
@@ -246,6 +250,10 @@ pub fn tune(
                 Outcome::Crashed(e) => {
                     report.crashed += 1;
                     format!("crashed{what}: {e}")
+                }
+                Outcome::Abandoned(e) => {
+                    report.abandoned += 1;
+                    format!("abandoned{what}: {e}")
                 }
             };
             if opts.progress {

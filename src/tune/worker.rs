@@ -7,6 +7,14 @@
 //! answers each `{"steps": [...]}` line with `{"outcome": ...}` ([`Outcome`]), and each
 //! `{"batch": [[...], ...]}` line with one `{"outcome": ...}` line per candidate, in order.
 //!
+//! A CPU worker also answers `"checking"` as a candidate's checking call starts and `"timing"`
+//! as its timed calls start. A checking call that runs past [`ABANDON_FACTOR`] times the
+//! search's cutoff (12 times the best so far; at least [`ABANDON_FLOOR_S`]) is abandoned: the
+//! worker is killed, the candidate's outcome is [`Outcome::Abandoned`], and the next request
+//! starts a new worker, told the default's time so that it does not time it again. On a 64 x
+//! 4096 x 4096 matmul, candidates of the knob space that take 6-12 s a call (the default: 0.24
+//! s) had each cost its whole call.
+//!
 //! Batches: building a candidate (LLVM at its full level, 20-2000 ms for a tiled matmul) takes
 //! longer than checking and timing it, so [`Measurer::measure_batch`] builds a batch of
 //! candidates at once, one thread each (as many as the machine has cores, at most four), then
@@ -22,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::measure::build;
-use super::measure::{Bench, Outcome, Timing};
+use super::measure::{Bench, Outcome, Phase, Timing};
 use crate::ir::{IRModule, PrimFunc};
 use crate::packed_func::PackedFunc;
 use crate::schedule::{Schedule, Step};
@@ -39,12 +47,25 @@ pub struct WorkerInit {
     pub seed: u64,
 }
 
+/// What the parent adds to a [`WorkerInit`] when it restarts a worker: the default's time,
+/// measured by the first worker, so that a restart does not time it again (a large default
+/// takes seconds).
+#[derive(Deserialize)]
+struct Known {
+    #[serde(default)]
+    baseline: Option<Timing>,
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Reply {
     Baseline(Timing),
     Outcome(Outcome),
     Error(String),
+    /// A CPU candidate's checking call starts ([`Phase::Checking`]).
+    Checking,
+    /// Its timed calls start ([`Phase::Timing`]).
+    Timing,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -110,6 +131,24 @@ impl InProcess {
             baseline,
         })
     }
+
+    /// Like [`InProcess::new`], with the default's time known (not timed again).
+    ///
+    /// # Errors
+    /// As [`Bench::new`].
+    pub fn with_baseline(
+        f: &PrimFunc,
+        target: &Target,
+        seed: u64,
+        baseline: Timing,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            f: f.clone(),
+            target: target.clone(),
+            bench: Bench::untimed(f, target, seed)?,
+            baseline,
+        })
+    }
 }
 
 impl Measurer for InProcess {
@@ -131,8 +170,21 @@ impl Measurer for InProcess {
     /// Builds the candidates at once, one thread each, then checks and times them one after
     /// another.
     fn measure_batch(&mut self, batch: &[Vec<Step>], cutoff: Option<f64>) -> Vec<Outcome> {
+        self.build_batch(batch)
+            .into_iter()
+            .map(|b| self.check_built(b, cutoff))
+            .collect()
+    }
+}
+
+/// A candidate built (scheduled and compiled), or why not.
+type Built = Result<(PrimFunc, PackedFunc), Outcome>;
+
+impl InProcess {
+    /// Builds the candidates of `batch` at once, one thread each.
+    fn build_batch(&self, batch: &[Vec<Step>]) -> Vec<Built> {
         let (f, target) = (&self.f, &self.target);
-        let built: Vec<Result<(PrimFunc, PackedFunc), Outcome>> = std::thread::scope(|sc| {
+        std::thread::scope(|sc| {
             let handles: Vec<_> = batch
                 .iter()
                 .map(|steps| {
@@ -155,14 +207,15 @@ impl Measurer for InProcess {
                     Err(e) => Err(Outcome::Crashed(format!("starting a build thread: {e}"))),
                 })
                 .collect()
-        });
-        built
-            .into_iter()
-            .map(|r| match r {
-                Ok((g, func)) => self.bench.check_and_time(&g, &func, cutoff),
-                Err(o) => o,
-            })
-            .collect()
+        })
+    }
+
+    /// Checks and times a candidate [`InProcess::build_batch`] built.
+    fn check_built(&self, b: Built, cutoff: Option<f64>) -> Outcome {
+        match b {
+            Ok((g, func)) => self.bench.check_and_time(&g, &func, cutoff),
+            Err(o) => o,
+        }
     }
 }
 
@@ -186,11 +239,16 @@ pub fn worker_main() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let init: WorkerInit =
         serde_json::from_str(&first).map_err(|e| format!("the init line: {e}"))?;
+    let known: Known = serde_json::from_str(&first).map_err(|e| format!("the init line: {e}"))?;
     let setup = (|| {
         let m = IRModule::from_json_str(&init.module.to_string()).map_err(|e| e.to_string())?;
         let f = m.functions.first().cloned().ok_or("an empty module")?;
         let target = Target::parse(&init.target).map_err(|e| e.to_string())?;
-        let me = InProcess::new(&f, &target, init.seed)?;
+        let mut me = match known.baseline {
+            Some(t) => InProcess::with_baseline(&f, &target, init.seed, t)?,
+            None => InProcess::new(&f, &target, init.seed)?,
+        };
+        me.bench.watch(announce);
         Ok::<_, String>(me)
     })();
     let mut me = match setup {
@@ -214,8 +272,10 @@ pub fn worker_main() -> Result<(), String> {
                 batch: Some(batch),
                 cutoff,
             }) => {
-                for o in me.measure_batch(&batch, cutoff) {
-                    say(&Reply::Outcome(o))?;
+                // Each outcome as it is known: the parent reads a candidate's "checking" line
+                // and then its outcome, before the next candidate's.
+                for b in me.build_batch(&batch) {
+                    say(&Reply::Outcome(me.check_built(b, cutoff)))?;
                 }
             }
             Ok(_) => say(&Reply::Error(
@@ -227,6 +287,19 @@ pub fn worker_main() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Tells the parent where a CPU measurement is, on stdout (the worker's main thread holds
+/// stdout's lock, which the same thread may take again).
+fn announce(p: Phase) {
+    let r = match p {
+        Phase::Checking => Reply::Checking,
+        Phase::Timing => Reply::Timing,
+    };
+    if let Ok(text) = serde_json::to_string(&r) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{text}").and_then(|()| out.flush());
+    }
 }
 
 struct Child2 {
@@ -249,9 +322,28 @@ pub struct Subprocess {
     child: Option<Child2>,
     timeout: Duration,
     baseline: Timing,
+    /// Whether `baseline` was measured (by the first worker; restarts are told it).
+    timed: bool,
+    abandon: Abandon,
     /// How many times the worker was restarted.
     pub restarts: usize,
 }
+
+/// When a CPU candidate's checking call is abandoned: past `factor` times the cutoff the
+/// search gives (three times the best so far), and never before `floor`.
+#[derive(Clone, Copy, Debug)]
+struct Abandon {
+    factor: f64,
+    floor: Duration,
+}
+
+/// A checking call is abandoned past this many times the cutoff (12 times the best so far:
+/// past 9 times, its one call is its time anyway, see [`Bench::check_and_time`]).
+pub const ABANDON_FACTOR: f64 = 4.0;
+
+/// ... and never before this many seconds: a cold first call of a small kernel (page faults,
+/// the thread pool waking) must not count as slow.
+pub const ABANDON_FLOOR_S: f64 = 0.25;
 
 impl Subprocess {
     /// Starts the worker `exe tune-worker` for `init`; a candidate may take `timeout`.
@@ -285,10 +377,33 @@ impl Subprocess {
                 min: 0.0,
                 max: 0.0,
             },
+            timed: false,
+            abandon: Abandon {
+                factor: ABANDON_FACTOR,
+                floor: Duration::from_secs_f64(ABANDON_FLOOR_S),
+            },
             restarts: 0,
         };
         s.baseline = s.start()?;
+        s.timed = true;
         Ok(s)
+    }
+
+    /// Abandons a CPU candidate whose checking call runs past `factor` times the cutoff
+    /// given to [`Measurer::measure`] (and past `floor`): the worker is killed and restarted,
+    /// and the candidate's outcome is [`Outcome::Abandoned`]. The defaults are
+    /// [`ABANDON_FACTOR`] and [`ABANDON_FLOOR_S`]; a factor of infinity never abandons.
+    pub fn abandon_after(&mut self, factor: f64, floor: Duration) {
+        self.abandon = Abandon { factor, floor };
+    }
+
+    /// How long a checking call may take for `cutoff`, if it may be abandoned at all.
+    fn checking_limit(&self, cutoff: Option<f64>) -> Option<Duration> {
+        let limit = cutoff? * self.abandon.factor;
+        if !limit.is_finite() || limit < 0.0 {
+            return None;
+        }
+        Some(Duration::from_secs_f64(limit).max(self.abandon.floor))
     }
 
     fn start(&mut self) -> Result<Timing, String> {
@@ -313,7 +428,21 @@ impl Subprocess {
                 }
             }
         });
-        writeln!(stdin, "{}", self.init).map_err(|e| e.to_string())?;
+        let init = if self.timed {
+            // A restart: the default's time is known.
+            let mut v: serde_json::Value =
+                serde_json::from_str(&self.init).map_err(|e| e.to_string())?;
+            if let Some(o) = v.as_object_mut() {
+                o.insert(
+                    "baseline".into(),
+                    serde_json::to_value(self.baseline).map_err(|e| e.to_string())?,
+                );
+            }
+            v.to_string()
+        } else {
+            self.init.clone()
+        };
+        writeln!(stdin, "{init}").map_err(|e| e.to_string())?;
         stdin.flush().map_err(|e| e.to_string())?;
         let c = Child2 {
             child,
@@ -371,7 +500,12 @@ impl Measurer for Subprocess {
         };
         match self.send(&req, batch.len()) {
             Ok(v) => v,
-            Err((mut done, _)) => {
+            Err((mut done, o)) => {
+                // An abandoned candidate is settled; a crashed one is measured again alone,
+                // so that only the candidate at fault counts as crashed.
+                if matches!(o, Outcome::Abandoned(_)) {
+                    done.push(o);
+                }
                 for steps in &batch[done.len()..] {
                     done.push(self.measure(steps, cutoff));
                 }
@@ -382,8 +516,9 @@ impl Measurer for Subprocess {
 }
 
 impl Subprocess {
-    /// Sends `req` and reads `n` outcomes. On a crash or a hang: the outcomes read before it,
-    /// and the crash as an outcome.
+    /// Sends `req` and reads `n` outcomes. On a crash, a hang or an abandoned checking call
+    /// (the worker killed): the outcomes read before it, and the crash ([`Outcome::Crashed`])
+    /// or the abandoned candidate's outcome ([`Outcome::Abandoned`]).
     fn send(&mut self, req: &Request, n: usize) -> Result<Vec<Outcome>, (Vec<Outcome>, Outcome)> {
         if self.child.is_none() {
             self.restarts += 1;
@@ -394,6 +529,8 @@ impl Subprocess {
                 ));
             }
         }
+        let req_cutoff = req.cutoff;
+        let checking_limit = self.checking_limit(req_cutoff);
         let Some(c) = self.child.as_mut() else {
             return Err((Vec::new(), Outcome::Crashed("no worker".into())));
         };
@@ -409,26 +546,52 @@ impl Subprocess {
             return Err((Vec::new(), Outcome::Crashed("the worker is gone".into())));
         }
         let mut out = Vec::new();
+        // Set while a candidate's checking call runs: when it started, and how long it may take.
+        let mut checking: Option<(std::time::Instant, Duration)> = None;
         while out.len() < n {
-            // The first answer waits for every build of the batch.
-            let wait = if out.is_empty() {
-                self.timeout.saturating_mul(n as u32)
-            } else {
-                self.timeout
+            let wait = match checking {
+                Some((since, limit)) => limit.min(self.timeout).saturating_sub(since.elapsed()),
+                // The first answer waits for every build of the batch.
+                None if out.is_empty() => self.timeout.saturating_mul(n as u32),
+                None => self.timeout,
             };
             match c.lines.recv_timeout(wait) {
-                Ok(line) => out.push(match serde_json::from_str::<Reply>(&line) {
-                    Ok(Reply::Outcome(o)) => o,
-                    Ok(Reply::Error(e)) => Outcome::Invalid(e),
-                    _ => Outcome::Invalid(format!("the worker answered `{line}`")),
-                }),
+                Ok(line) => match serde_json::from_str::<Reply>(&line) {
+                    Ok(Reply::Checking) => {
+                        checking = checking_limit.map(|l| (std::time::Instant::now(), l));
+                    }
+                    Ok(Reply::Timing) => checking = None,
+                    Ok(Reply::Outcome(o)) => {
+                        checking = None;
+                        out.push(o);
+                    }
+                    Ok(Reply::Error(e)) => {
+                        checking = None;
+                        out.push(Outcome::Invalid(e));
+                    }
+                    _ => {
+                        checking = None;
+                        out.push(Outcome::Invalid(format!("the worker answered `{line}`")));
+                    }
+                },
                 Err(_) => {
                     let status = c.child.try_wait().ok().flatten();
                     self.child = None;
-                    let o = Outcome::Crashed(match status {
-                        Some(s) => format!("the worker died ({s})"),
-                        None => format!("the candidate ran past {:?}", self.timeout),
-                    });
+                    let o = match (status, checking) {
+                        (None, Some((since, limit))) if limit < self.timeout => {
+                            Outcome::Abandoned(format!(
+                                "its checking call ran past {:.3} s ({:.0}x the cutoff of \
+                                 {:.3} ms), and was stopped",
+                                since.elapsed().as_secs_f64(),
+                                self.abandon.factor,
+                                req_cutoff.unwrap_or(0.0) * 1e3
+                            ))
+                        }
+                        (Some(s), _) => Outcome::Crashed(format!("the worker died ({s})")),
+                        (None, _) => {
+                            Outcome::Crashed(format!("the candidate ran past {:?}", self.timeout))
+                        }
+                    };
                     return Err((out, o));
                 }
             }
