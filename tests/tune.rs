@@ -556,49 +556,105 @@ fn batches_are_measured_in_order_and_survive_a_hung_worker() {
     assert!(m.restarts >= 2, "{}", m.restarts);
 }
 
-/// A CPU candidate whose checking call runs far past the search's cutoff is abandoned: its
-/// worker is killed mid-call, the candidate's outcome says so, the rest of the batch is
-/// measured by a restarted worker, and nothing is abandoned without a cutoff.
-#[test]
-fn a_hopeless_checking_call_is_abandoned() {
-    use kiln::tune::{Subprocess, WorkerInit};
-    use std::time::{Duration, Instant};
-    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_kiln"));
-    // A 512³ matmul's default takes milliseconds a call (134 M multiply-adds).
-    let f = kernels::matmul_sized(512, 512, 512);
-    let init = WorkerInit {
-        module: IRModule::from_functions(vec![f]).to_json(),
+/// A worker (a stand-in for `kiln tune-worker`, a shell script speaking its protocol) whose
+/// baseline is `baseline` seconds and whose every candidate says "checking", then `body`, then
+/// its outcome: `baseline` seconds, or 9 s when it was started told the default's time (a
+/// restart).
+fn fake_worker(baseline: f64, body: &str) -> Vec<std::ffi::OsString> {
+    let t = format!(r#"{{"median":{baseline},"min":{baseline},"max":{baseline}}}"#);
+    let nine = r#"{"median":9,"min":9,"max":9}"#;
+    let script = format!(
+        r#"read init
+echo '{{"baseline":{t}}}'
+case "$init" in *'"baseline"'*) t='{nine}';; *) t='{t}';; esac
+while read req; do echo '"checking"'; {body}; echo "{{\"outcome\":{{\"ok\":$t}}}}"; done"#
+    );
+    ["bash", "-c", &script, "fake"]
+        .iter()
+        .map(Into::into)
+        .collect()
+}
+
+fn fake_init() -> kiln::tune::WorkerInit {
+    kiln::tune::WorkerInit {
+        module: serde_json::json!({}),
         target: host().to_string(),
         seed: 0,
-    };
-    let mut m = Subprocess::new(exe, &init, Duration::from_secs(60)).unwrap();
-    let base = m.baseline();
-    assert!(base.median > 1e-3, "{base:?}");
-    // A cutoff of 1 us and a floor of 1 ms: the default's checking call cannot end in time.
-    m.abandon_after(4.0, Duration::from_millis(1));
-    let bad = vec![Step::Split {
-        loop_: "nope".into(),
-        factor: 2,
-    }];
+    }
+}
+
+/// A CPU candidate whose checking call runs far past the search's cutoff is abandoned: its
+/// worker is killed mid-call, the candidate's outcome says so, the rest of a batch is measured
+/// by a restarted worker, which is told the default's time; and nothing is abandoned without a
+/// cutoff.
+#[test]
+fn a_hopeless_checking_call_is_abandoned() {
+    use kiln::tune::Subprocess;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let sleep = dir.path().join("sleep");
+    std::fs::write(&sleep, "20").unwrap();
+    let cmd = fake_worker(1e-4, &format!("sleep $(cat {})", sleep.display()));
+    let mut m = Subprocess::with_command(cmd, &fake_init(), Duration::from_secs(60)).unwrap();
+    assert_eq!(m.baseline().median, 1e-4);
+    m.abandon_after(4.0, Duration::from_millis(100));
     let t = Instant::now();
-    let out = m.measure_batch(&[bad.clone(), vec![], bad.clone()], Some(1e-6));
-    assert_eq!(out.len(), 3, "{out:?}");
-    assert!(matches!(&out[0], Outcome::Invalid(e) if e.contains("nope")), "{out:?}");
-    assert!(
-        matches!(&out[1], Outcome::Abandoned(e) if e.contains("checking call ran past")),
-        "{out:?}"
-    );
-    assert!(matches!(&out[2], Outcome::Invalid(e) if e.contains("nope")), "{out:?}");
+    let out = m.measure_batch(&[vec![], vec![]], Some(1e-6));
+    assert_eq!(out.len(), 2, "{out:?}");
+    for o in &out {
+        assert!(
+            matches!(o, Outcome::Abandoned(e) if e.contains("checking call ran past")),
+            "{out:?}"
+        );
+    }
+    // Each was stopped at 0.1 s, not at its end (20 s) or at the timeout; the second in a
+    // restarted worker.
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     assert_eq!(m.restarts, 1);
-    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
-    // The restarted worker was told the default's time.
-    assert_eq!(m.baseline(), base);
-    // Without a cutoff (the pairing, the default's own timing) nothing is abandoned.
-    assert!(matches!(m.measure(&[], None), Outcome::Ok(_)));
-    // A factor of infinity never abandons.
+    // The next worker is told the default's time (its candidates answer 9 s), and the
+    // measurer keeps its own.
+    std::fs::write(&sleep, "0").unwrap();
+    match m.measure(&[], Some(1e-6)) {
+        Outcome::Ok(t) => assert_eq!(t.median, 9.0),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(m.restarts, 2);
+    assert_eq!(m.baseline().median, 1e-4);
+    // A factor of infinity never abandons: the candidate runs past the timeout instead.
+    std::fs::write(&sleep, "20").unwrap();
+    let cmd = fake_worker(1e-4, &format!("sleep $(cat {})", sleep.display()));
+    let mut m = Subprocess::with_command(cmd, &fake_init(), Duration::from_millis(300)).unwrap();
     m.abandon_after(f64::INFINITY, Duration::ZERO);
+    let o = m.measure(&[], Some(1e-6));
+    assert!(
+        matches!(&o, Outcome::Crashed(e) if e.contains("ran past")),
+        "{o:?}"
+    );
+}
+
+/// A checking call is not abandoned once its timed calls start, nor without a cutoff, nor
+/// before the default's own time (what a restart spends calling it).
+#[test]
+fn a_checking_call_is_given_its_time() {
+    use kiln::tune::Subprocess;
+    use std::time::Duration;
+    let timeout = Duration::from_secs(60);
+    // "timing" right away, then 0.3 s of timed calls: past the 50 ms limit, not abandoned.
+    let cmd = fake_worker(1e-4, r#"echo '"timing"'; sleep 0.3"#);
+    let mut m = Subprocess::with_command(cmd, &fake_init(), timeout).unwrap();
+    m.abandon_after(4.0, Duration::from_millis(50));
     assert!(matches!(m.measure(&[], Some(1e-6)), Outcome::Ok(_)));
-    assert_eq!(m.restarts, 1);
+    // No cutoff (the pairing): a 0.3 s checking call is waited for.
+    let cmd = fake_worker(1e-4, "sleep 0.3");
+    let mut m = Subprocess::with_command(cmd, &fake_init(), timeout).unwrap();
+    m.abandon_after(4.0, Duration::from_millis(50));
+    assert!(matches!(m.measure(&[], None), Outcome::Ok(_)));
+    // A default of 1 s: a 0.3 s checking call is not stopped at 50 ms.
+    let cmd = fake_worker(1.0, "sleep 0.3");
+    let mut m = Subprocess::with_command(cmd, &fake_init(), timeout).unwrap();
+    m.abandon_after(4.0, Duration::from_millis(50));
+    assert!(matches!(m.measure(&[], Some(1e-6)), Outcome::Ok(_)));
+    assert_eq!(m.restarts, 0);
 }
 
 /// A worker told the default's time (a restart) answers it without timing the default again,

@@ -9,6 +9,9 @@
 //!
 //! A candidate whose checking call takes more than nine times the best so far is timed by that
 //! call alone; one whose first timed call takes more than three times the best, by that call.
+//! A [`Bench`] can be watched ([`Bench::watch`]): it says when a checking call starts and when
+//! the timed calls start ([`Phase`]), which is how the worker's parent abandons a checking call
+//! that runs far past the best ([`super::worker`]).
 //!
 //! On a device target, the reference is the function built for the host CPU, and the default
 //! (the function as written, made kernels by the default device schedule) is checked against

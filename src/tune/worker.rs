@@ -9,7 +9,8 @@
 //!
 //! A CPU worker also answers `"checking"` as a candidate's checking call starts and `"timing"`
 //! as its timed calls start. A checking call that runs past [`ABANDON_FACTOR`] times the
-//! search's cutoff (12 times the best so far; at least [`ABANDON_FLOOR_S`]) is abandoned: the
+//! search's cutoff (12 times the best so far; at least [`ABANDON_FLOOR_S`], and at least the
+//! default's time, which a restart spends calling the default once) is abandoned: the
 //! worker is killed, the candidate's outcome is [`Outcome::Abandoned`], and the next request
 //! starts a new worker, told the default's time so that it does not time it again. On a 64 x
 //! 4096 x 4096 matmul, candidates of the knob space that take 6-12 s a call (the default: 0.24
@@ -390,20 +391,31 @@ impl Subprocess {
     }
 
     /// Abandons a CPU candidate whose checking call runs past `factor` times the cutoff
-    /// given to [`Measurer::measure`] (and past `floor`): the worker is killed and restarted,
+    /// given to [`Measurer::measure`] (and past `floor`, and past the default's time): the
+    /// worker is killed and restarted,
     /// and the candidate's outcome is [`Outcome::Abandoned`]. The defaults are
     /// [`ABANDON_FACTOR`] and [`ABANDON_FLOOR_S`]; a factor of infinity never abandons.
     pub fn abandon_after(&mut self, factor: f64, floor: Duration) {
         self.abandon = Abandon { factor, floor };
     }
 
-    /// How long a checking call may take for `cutoff`, if it may be abandoned at all.
+    /// How long a checking call may take for `cutoff`, if it may be abandoned at all: the
+    /// factor times the cutoff, and at least the floor and the default's own time. A restart
+    /// calls the default once (for the reference results), so abandoning sooner could cost more
+    /// than it saves; waiting that long first, an abandoned candidate costs at most twice what
+    /// it would have cost (a 2048³ matmul's default takes 40 s a call: its candidates that take
+    /// seconds run to the end).
     fn checking_limit(&self, cutoff: Option<f64>) -> Option<Duration> {
         let limit = cutoff? * self.abandon.factor;
         if !limit.is_finite() || limit < 0.0 {
             return None;
         }
-        Some(Duration::from_secs_f64(limit).max(self.abandon.floor))
+        let restart = Duration::try_from_secs_f64(self.baseline.max).unwrap_or(Duration::ZERO);
+        Some(
+            Duration::from_secs_f64(limit)
+                .max(self.abandon.floor)
+                .max(restart),
+        )
     }
 
     fn start(&mut self) -> Result<Timing, String> {
