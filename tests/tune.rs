@@ -388,6 +388,72 @@ fn hand_schedules_are_traced_as_steps_that_replay() {
     assert!(many.iter().any(|t| packs_in_task(t)));
 }
 
+/// The hand schedules are points of a template space: the search mutates the best of them one
+/// parameter at a time (tile height, row block, pass depth, packing of `B`), and every
+/// neighbour that the hand schedule accepts computes the product.
+#[test]
+fn template_neighbours_change_one_parameter_and_compute_the_product() {
+    use kiln::schedule::kernels::PackB;
+    use kiln::tune::templates::TemplateSpace;
+    let (m, n, k) = (48, 64, 96);
+    let f = kernels::matmul_tvm_form(m, n, k);
+    let shapes = [vec![m, k], vec![k, n], vec![m, n]];
+    let want = common::interp_last(&kernels::matmul_sized(m, n, k), &shapes);
+    let ts = TemplateSpace::new(&f, &host()).unwrap();
+    assert!(TemplateSpace::new(&kernels::rowsum_sized(8, 8), &host()).is_none());
+    let seeds = ts.seeds();
+    // The seeds are the templates, in order.
+    let tpl = templates(&f, &host());
+    let seeded: Vec<Vec<Step>> = seeds.iter().filter_map(|t| ts.steps(t).ok()).collect();
+    assert_eq!(seeded, tpl);
+    let t0 = seeds[0];
+    let nb = ts.neighbours(&t0);
+    assert!(nb.len() >= 6, "{nb:?}");
+    let mut ran = 0;
+    for t in &nb {
+        assert_ne!(*t, t0);
+        assert_eq!(t.tiles.nr, t0.tiles.nr, "{t:?}");
+        // One parameter changed (a new tile height rounds the row block to it).
+        let changed = [
+            t.tiles.mr != t0.tiles.mr,
+            t.tiles.mr == t0.tiles.mr && t.tiles.mb != t0.tiles.mb,
+            t.tiles.kc != t0.tiles.kc,
+            t.pack != t0.pack,
+        ];
+        assert_eq!(
+            changed.iter().filter(|&&c| c).count(),
+            1,
+            "{t:?} from {t0:?}"
+        );
+        let Ok(steps) = ts.steps(t) else { continue };
+        let mut s = kiln::schedule::Schedule::new(f.clone());
+        s.apply(&steps).unwrap();
+        let got = common::interp_last(&s.finish().unwrap(), &shapes);
+        for (x, y) in got.iter().zip(&want) {
+            assert!(
+                (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                "{t:?}: {x} vs {y}"
+            );
+        }
+        ran += 1;
+    }
+    assert!(ran >= 4, "{ran}");
+    // Every packing of B is a neighbour of some template.
+    for pack in [PackB::Whole, PackB::InPlace] {
+        assert!(
+            seeds
+                .iter()
+                .flat_map(|t| ts.neighbours(t))
+                .any(|t| t.pack == pack),
+            "{pack:?}"
+        );
+    }
+    assert!(
+        nb.iter().any(|t| matches!(t.pack, PackB::InTask { .. }))
+            || matches!(t0.pack, PackB::InTask { .. })
+    );
+}
+
 /// The matmul is recognized by its loops, in kiln's form and TVM's, under any names and with
 /// any `n`; every template computes the product; near misses get no template.
 #[test]

@@ -22,7 +22,8 @@
 //! hand schedule of the kernel when it has one, recognized by its loops ([`templates`]), as traced
 //! steps; then the
 //! default and "outer loop parallel, inner loop vectorized"), then random choices, then
-//! mutations of the best ones found (one knob changed; an evolutionary search with a population
+//! mutations of the best ones found (one knob changed, or one parameter of a hand schedule:
+//! [`templates::TemplateSpace`]; an evolutionary search with a population
 //! of four, and one random candidate in five, so it does not stall in a corner). Every candidate
 //! is checked against the default build's results before it is timed, so a schedule that
 //! computes something else can never win. It stops after a number of measured candidates or of
@@ -160,12 +161,40 @@ pub fn tune(
     for _ in 0..12 {
         queue.push_back(sp.random(&mut rng));
     }
-    // kiln's hand schedules of this kernel, if it has any, go first.
-    let hand = match sp {
-        Space::Cpu(..) => templates::templates(f, target),
-        Space::Device(_) => device::device_templates(f, target),
+    // kiln's hand schedules of this kernel, if it has any, go first. On the CPU they are
+    // points of a template space, which the search mutates like the knobs.
+    let tspace = match sp {
+        Space::Cpu(..) => templates::TemplateSpace::new(f, target),
+        Space::Device(_) => None,
     };
-    let mut hand: std::collections::VecDeque<Vec<Step>> = hand.into();
+    let hand: Vec<(Vec<Step>, Option<Choice>)> = match (&sp, &tspace) {
+        (Space::Cpu(..), Some(ts)) => ts
+            .seeds()
+            .into_iter()
+            .filter_map(|t| Some((ts.steps(&t).ok()?, Some(Choice::Template(t)))))
+            .collect(),
+        (Space::Cpu(..), None) => Vec::new(),
+        (Space::Device(_), _) => device::device_templates(f, target)
+            .into_iter()
+            .map(|s| (s, None))
+            .collect(),
+    };
+    let seeds: Vec<templates::MatmulTemplate> = hand
+        .iter()
+        .filter_map(|(_, c)| match c {
+            Some(Choice::Template(t)) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    let mut hand: std::collections::VecDeque<(Vec<Step>, Option<Choice>)> = hand.into();
+    // A choice as steps: a template's are complete; the knobs' follow the normal form's.
+    let steps_of = |c: &Choice| -> Result<Vec<Step>, String> {
+        match (c, &tspace) {
+            (Choice::Template(t), Some(ts)) => ts.steps(t),
+            (Choice::Template(_), None) => Err("a template without a template space".into()),
+            _ => Ok(prefix.iter().cloned().chain(sp.steps(c)?).collect()),
+        }
+    };
     let mut attempts = 0usize;
     let out_of_time = |start: &Instant| {
         opts.seconds
@@ -184,8 +213,8 @@ pub fn tune(
             && attempts < opts.trials * 50 + 100
         {
             attempts += 1;
-            let (steps, choice) = if let Some(steps) = hand.pop_front() {
-                (steps, None)
+            let (steps, choice) = if let Some(h) = hand.pop_front() {
+                h
             } else {
                 let choice = match queue.pop_front() {
                     Some(c) => c,
@@ -194,11 +223,20 @@ pub fn tune(
                         pop.sort_by(|a, b| a.0.total_cmp(&b.0));
                         pop.truncate(4);
                         let parent = pop[rng.below(pop.len())].1.clone();
-                        sp.mutate(&parent, &mut rng)
+                        match (&parent, &tspace) {
+                            (Choice::Template(t), Some(ts)) => {
+                                let nb = ts.neighbours(t);
+                                if nb.is_empty() {
+                                    continue;
+                                }
+                                Choice::Template(nb[rng.below(nb.len())])
+                            }
+                            _ => sp.mutate(&parent, &mut rng),
+                        }
                     }
                 };
-                match sp.steps(&choice) {
-                    Ok(s) => (prefix.iter().cloned().chain(s).collect(), Some(choice)),
+                match steps_of(&choice) {
+                    Ok(s) => (s, Some(choice)),
                     Err(_) => continue,
                 }
             };
@@ -214,10 +252,11 @@ pub fn tune(
         let outcomes = m.measure_batch(&all, Some(best * 3.0));
         for ((steps, choice), outcome) in batch.into_iter().zip(outcomes) {
             report.trials += 1;
-            let what = if choice.is_none() {
-                ", a hand schedule"
-            } else {
-                ""
+            let what = match &choice {
+                None => ", a hand schedule",
+                Some(Choice::Template(t)) if seeds.contains(t) => ", a hand schedule",
+                Some(Choice::Template(_)) => ", a hand schedule's neighbour",
+                Some(_) => "",
             };
             let line = match &outcome {
                 Outcome::Ok(t) => {
@@ -326,11 +365,12 @@ enum Space<'a> {
     Device(Box<device::DeviceSpace>),
 }
 
-/// One candidate's knobs, in the space's terms.
+/// One candidate's knobs, in the space's terms, or a hand schedule's parameters.
 #[derive(Clone, Debug, PartialEq)]
 enum Choice {
     Cpu(space::Choice),
     Device(device::DeviceChoice),
+    Template(templates::MatmulTemplate),
 }
 
 impl Space<'_> {

@@ -9,7 +9,8 @@
 //! [`MatmulTiles::for_target_and_depth`] picks for the target and their neighbours with `B`
 //! packed up front, the target's tiles with `B` packed by each parallel task a pass of `k` at a
 //! time (`cache_read_panels`, a few column panels per task), and the first three with `B` read
-//! in place.
+//! in place. They are points of a [`TemplateSpace`], whose neighbours (one parameter changed)
+//! the search tries after them.
 
 use crate::ir::{BinOp, Buffer, DataType, Expr, Param, PrimFunc, Stmt, Var};
 use crate::schedule::kernels::{matmul_tiled_packing, MatmulParts, MatmulTiles, PackB};
@@ -236,116 +237,220 @@ pub fn match_matmul(f: &PrimFunc) -> Option<MatmulMatch> {
     })
 }
 
+/// One hand schedule of a recognized matmul: its register tiles and blocks and where `B` is
+/// packed. A point of the [`TemplateSpace`], which the search mutates one parameter at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulTemplate {
+    /// The register tiles, row block and pass depth.
+    pub tiles: MatmulTiles,
+    /// Where `B` is packed.
+    pub pack: PackB,
+}
+
+/// The hand schedules of a matmul kiln recognized in a function ([`match_matmul`]): the
+/// starting points of a search ([`TemplateSpace::seeds`]) and their neighbours
+/// ([`TemplateSpace::neighbours`]), each a [`MatmulTemplate`] that becomes steps by running
+/// kiln's hand schedule ([`matmul_tiled_packing`]).
+#[derive(Clone, Debug)]
+pub struct TemplateSpace {
+    mm: MatmulMatch,
+    start: Schedule,
+    base: MatmulTiles,
+    heights: &'static [i64],
+}
+
+impl TemplateSpace {
+    /// The space of `f` for `target`, when `f` is a matmul kiln has a hand schedule for.
+    pub fn new(f: &PrimFunc, target: &Target) -> Option<Self> {
+        let mm = match_matmul(f)?;
+        let mut start = Schedule::new(f.clone());
+        start.apply(&mm.prefix).ok()?;
+        let base = MatmulTiles::for_target_and_depth(target, mm.shape[2]);
+        let heights: &'static [i64] = if base.nr >= 32 {
+            &[8, 12, 6, 4]
+        } else {
+            &[6, 4, 8]
+        };
+        Some(Self {
+            mm,
+            start,
+            base,
+            heights,
+        })
+    }
+
+    /// The template as steps (replayable by [`Schedule::apply`] on the function).
+    ///
+    /// # Errors
+    /// When the hand schedule refuses the template (a tile that does not fit the shape).
+    pub fn steps(&self, t: &MatmulTemplate) -> Result<Vec<Step>, String> {
+        matmul_tiled_packing(
+            self.start.clone(),
+            &self.mm.parts,
+            self.mm.shape,
+            t.tiles,
+            t.pack,
+        )
+        .map(|s| s.trace().to_vec())
+        .map_err(|e| e.to_string())
+    }
+
+    /// Pass depths worth trying: one pass (0), and depths that divide `k` (no bounds guard
+    /// in the inner loop).
+    fn depths(&self) -> Vec<i64> {
+        let k = self.mm.shape[2];
+        let mut depths: Vec<i64> = Vec::new();
+        for kc in [256, 512, self.base.kc, 128, 0, 192, 384, 320, 640, 768] {
+            let divides = kc == 0 || (kc < k && k % kc == 0);
+            if divides && !depths.contains(&kc) {
+                depths.push(kc);
+            }
+        }
+        depths
+    }
+
+    /// The starting points, best guesses first (see [`templates`]).
+    pub fn seeds(&self) -> Vec<MatmulTemplate> {
+        let (base, heights) = (self.base, self.heights);
+        let [m, _, k] = self.mm.shape;
+        let mut variants = vec![base];
+        for &mr in heights {
+            for mb in [base.mb, base.mb / 2, base.mb * 2] {
+                let mb = (mb / mr * mr).max(mr);
+                for kc in [base.kc, 0, 256] {
+                    let kc = if kc >= k { 0 } else { kc };
+                    let t = MatmulTiles {
+                        mr,
+                        nr: base.nr,
+                        mb,
+                        kc,
+                    };
+                    if !variants.contains(&t) {
+                        variants.push(t);
+                    }
+                }
+            }
+        }
+        let whole: Vec<MatmulTemplate> = variants
+            .iter()
+            .map(|&tiles| MatmulTemplate {
+                tiles,
+                pack: PackB::Whole,
+            })
+            .take(16)
+            .collect();
+        let depths = self.depths();
+        // Panels per task: a row of B read 512 bytes at a time when packing (4 panels of 32
+        // floats, 8 of 16), then twice and half that.
+        let panels = (128 / base.nr.max(1)).max(1);
+        let mut packings: Vec<(i64, i64, i64)> = depths
+            .iter()
+            .take(3)
+            .map(|&kc| (base.mr, kc, panels))
+            .collect();
+        if let Some(&kc) = depths.first() {
+            packings.extend([
+                (base.mr, kc, panels * 2),
+                (base.mr, kc, (panels / 2).max(1)),
+            ]);
+            // Rows that the target's tile height leaves a remainder of (64 rows in tiles of
+            // 6): a height that divides them has no narrower last tile (64 x 4096 x 4096 for
+            // AVX2: 4 x 16 tiles 1.09x 6 x 16).
+            if m % base.mr != 0 {
+                if let Some(&h) = heights.iter().find(|&&h| h != base.mr && m % h == 0) {
+                    packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels)));
+                }
+            }
+        }
+        let in_task: Vec<MatmulTemplate> = packings
+            .iter()
+            .map(|&(mr, kc, panels)| MatmulTemplate {
+                tiles: MatmulTiles { mr, kc, ..base },
+                pack: PackB::InTask { panels },
+            })
+            .collect();
+        let in_place = variants.iter().take(3).map(|&tiles| MatmulTemplate {
+            tiles,
+            pack: PackB::InPlace,
+        });
+        // A matmul with one or two row blocks reads each panel of B once or twice: packing in
+        // the task saves the up-front copy of all of B (64 x 4096 x 4096: 2.0x on an AVX-512
+        // Xeon, 1.3x for AVX2), so it goes first. With many row blocks, B packed once up front
+        // is read by all of them (1024^3: 1.06x the packing in tasks).
+        let few_rows = m <= 2 * base.mb;
+        let (first, second) = if few_rows {
+            (in_task, whole)
+        } else {
+            (whole, in_task)
+        };
+        let mut out = first;
+        out.extend(second);
+        out.extend(in_place);
+        out
+    }
+
+    /// The templates one parameter away from `t`: another tile height, a row block a tile
+    /// height more or less or half or double, another pass depth, and another packing of `B`
+    /// (up front, in the task with twice or half the panels, in place). Tile widths stay the
+    /// target's (its vector registers).
+    pub fn neighbours(&self, t: &MatmulTemplate) -> Vec<MatmulTemplate> {
+        let mut out: Vec<MatmulTemplate> = Vec::new();
+        let mut add = |tiles: MatmulTiles, pack: PackB| {
+            let c = MatmulTemplate { tiles, pack };
+            if c != *t && !out.contains(&c) {
+                out.push(c);
+            }
+        };
+        let tl = t.tiles;
+        for &mr in self.heights {
+            add(
+                MatmulTiles {
+                    mr,
+                    mb: (tl.mb / mr * mr).max(mr),
+                    ..tl
+                },
+                t.pack,
+            );
+        }
+        for mb in [tl.mb - tl.mr, tl.mb + tl.mr, tl.mb / 2, tl.mb * 2] {
+            let mb = (mb / tl.mr * tl.mr).max(tl.mr);
+            add(MatmulTiles { mb, ..tl }, t.pack);
+        }
+        for kc in self.depths() {
+            add(MatmulTiles { kc, ..tl }, t.pack);
+        }
+        let panels = (128 / tl.nr.max(1)).max(1);
+        let packs = match t.pack {
+            PackB::InTask { panels: p } => vec![
+                PackB::InTask { panels: p * 2 },
+                PackB::InTask {
+                    panels: (p / 2).max(1),
+                },
+                PackB::Whole,
+                PackB::InPlace,
+            ],
+            _ => vec![PackB::Whole, PackB::InTask { panels }, PackB::InPlace],
+        };
+        for pack in packs {
+            add(tl, pack);
+        }
+        out
+    }
+}
+
 /// kiln's hand schedules for `f`, as steps, when `f` is a kernel kiln has one for (see the
 /// module docs): the register tiles and blocks [`MatmulTiles::for_target_and_depth`] picks for
 /// `target` first, then their neighbours (other tile heights, half and double the row block,
 /// `k` in one pass or in passes). They are the first candidates of a search, so a tuned kernel
 /// is never slower than the hand-scheduled one, and a machine where another tile is faster
-/// finds it.
+/// finds it; the search then mutates the best of them ([`TemplateSpace::neighbours`]).
 pub fn templates(f: &PrimFunc, target: &Target) -> Vec<Vec<Step>> {
-    let Some(mm) = match_matmul(f) else {
+    let Some(space) = TemplateSpace::new(f, target) else {
         return Vec::new();
     };
-    let [_, _, k] = mm.shape;
-    let mut start = Schedule::new(f.clone());
-    if start.apply(&mm.prefix).is_err() {
-        return Vec::new();
-    }
-    let base = MatmulTiles::for_target_and_depth(target, k);
-    let heights: &[i64] = if base.nr >= 32 {
-        &[8, 12, 6, 4]
-    } else {
-        &[6, 4, 8]
-    };
-    let mut variants = vec![base];
-    for &mr in heights {
-        for mb in [base.mb, base.mb / 2, base.mb * 2] {
-            let mb = (mb / mr * mr).max(mr);
-            for kc in [base.kc, 0, 256] {
-                let kc = if kc >= k { 0 } else { kc };
-                let t = MatmulTiles {
-                    mr,
-                    nr: base.nr,
-                    mb,
-                    kc,
-                };
-                if !variants.contains(&t) {
-                    variants.push(t);
-                }
-            }
-        }
-    }
-    // Packed B up front for all of them; packed in each task for the target's tiles at a few
-    // pass depths; B read in place for the first three.
-    let whole: Vec<Vec<Step>> = variants
+    space
+        .seeds()
         .iter()
-        .filter_map(|&t| {
-            matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, PackB::Whole).ok()
-        })
-        .map(|s| s.trace().to_vec())
-        .take(16)
-        .collect();
-    let mut depths: Vec<i64> = Vec::new();
-    for kc in [256, 512, base.kc, 128, 0] {
-        // One pass (0), or passes that divide `k` (no bounds guard in the inner loop).
-        let divides = kc == 0 || (kc < k && k % kc == 0);
-        if divides && !depths.contains(&kc) {
-            depths.push(kc);
-        }
-    }
-    // Panels per task: a row of B read 512 bytes at a time when packing (4 panels of 32
-    // floats, 8 of 16), then twice and half that.
-    let panels = (128 / base.nr.max(1)).max(1);
-    let [m, _, _] = mm.shape;
-    let mut packings: Vec<(i64, i64, i64)> = depths
-        .iter()
-        .take(3)
-        .map(|&kc| (base.mr, kc, panels))
-        .collect();
-    if let Some(&kc) = depths.first() {
-        packings.extend([
-            (base.mr, kc, panels * 2),
-            (base.mr, kc, (panels / 2).max(1)),
-        ]);
-        // Rows that the target's tile height leaves a remainder of (64 rows in tiles of 6):
-        // a height that divides them has no narrower last tile (64 x 4096 x 4096 for AVX2:
-        // 4 x 16 tiles 1.09x 6 x 16).
-        if m % base.mr != 0 {
-            if let Some(&h) = heights.iter().find(|&&h| h != base.mr && m % h == 0) {
-                packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels)));
-            }
-        }
-    }
-    let in_task: Vec<Vec<Step>> = packings
-        .iter()
-        .filter_map(|&(mr, kc, panels)| {
-            let t = MatmulTiles { mr, kc, ..base };
-            matmul_tiled_packing(
-                start.clone(),
-                &mm.parts,
-                mm.shape,
-                t,
-                PackB::InTask { panels },
-            )
-            .ok()
-        })
-        .map(|s| s.trace().to_vec())
-        .collect();
-    let in_place = variants.iter().take(3).filter_map(|&t| {
-        matmul_tiled_packing(start.clone(), &mm.parts, mm.shape, t, PackB::InPlace).ok()
-    });
-    // A matmul with one or two row blocks reads each panel of B once or twice: packing in the
-    // task saves the up-front copy of all of B (64 x 4096 x 4096: 2.0x on an AVX-512 Xeon,
-    // 1.3x for AVX2), so it goes first. With many row blocks, B packed once up front is read
-    // by all of them (1024^3: 1.06x the packing in tasks).
-    let few_rows = m <= 2 * base.mb;
-    let (first, second) = if few_rows {
-        (in_task, whole)
-    } else {
-        (whole, in_task)
-    };
-    let mut out = first;
-    out.extend(second);
-    out.extend(in_place.map(|s| s.trace().to_vec()));
-    out
+        .filter_map(|t| space.steps(t).ok())
+        .collect()
 }
