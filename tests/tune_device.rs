@@ -279,22 +279,37 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         env!("CARGO_MANIFEST_DIR"),
         "/examples/kernels/plain/softmax_256x1024.json"
     );
-    let out = Command::new(kiln)
-        .args([
-            "tune", ex, "softmax", "--target", "opencl", "--trials", "6", "--db",
-        ])
-        .arg(&db)
-        .output()
-        .unwrap();
-    let (so, se) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{so}\n{se}");
-    assert!(se.contains("on opencl: "), "{se}");
+    // Six candidates usually hold a winner; under the load of parallel tests (PoCL's threads
+    // share the two cores with them) all six can lose (a CI run: 0.53-0.99x the default), so
+    // another seed gets two more tries before the test gives up.
+    let mut tries = Vec::new();
+    for seed in ["0", "1", "2"] {
+        let out = Command::new(kiln)
+            .args([
+                "tune", ex, "softmax", "--target", "opencl", "--trials", "6", "--seed", seed,
+                "--db",
+            ])
+            .arg(&db)
+            .output()
+            .unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{so}\n{se}");
+        assert!(se.contains("on opencl: "), "{se}");
+        if so.contains("best:") && so.contains("record written") {
+            tries.clear();
+            break;
+        }
+        assert!(so.contains("no candidate beat the default"), "{so}\n{se}");
+        assert!(!db.exists());
+        tries.push(format!("{so}\n{se}"));
+    }
     assert!(
-        so.contains("best:") && so.contains("record written"),
-        "{so}\n{se}"
+        tries.is_empty(),
+        "no winner in three searches:\n{}",
+        tries.join("\n")
     );
     let text = std::fs::read_to_string(&db).unwrap();
     let r: Record = serde_json::from_str(text.lines().last().unwrap()).unwrap();
