@@ -121,7 +121,13 @@ pub fn tune(
         return Err(format!("`{}` has no loop nest to schedule", f.name));
     }
     let sp = if target.kind_name() == "llvm" {
-        Space::Cpu(&g, &nests)
+        // kiln's hand schedules of this kernel, if it has any, are points of a template space
+        // that the search mutates like the knobs.
+        Space::Cpu(
+            &g,
+            &nests,
+            templates::TemplateSpace::new(f, target).map(Box::new),
+        )
     } else {
         let limits = crate::codegen::device::codegen_for(target.kind_name())
             .map(|cg| crate::codegen::device::DeviceLimits::of(target, cg.default_limits()))
@@ -161,24 +167,8 @@ pub fn tune(
     for _ in 0..12 {
         queue.push_back(sp.random(&mut rng));
     }
-    // kiln's hand schedules of this kernel, if it has any, go first. On the CPU they are
-    // points of a template space, which the search mutates like the knobs.
-    let tspace = match sp {
-        Space::Cpu(..) => templates::TemplateSpace::new(f, target),
-        Space::Device(_) => None,
-    };
-    let hand: Vec<(Vec<Step>, Option<Choice>)> = match (&sp, &tspace) {
-        (Space::Cpu(..), Some(ts)) => ts
-            .seeds()
-            .into_iter()
-            .filter_map(|t| Some((ts.steps(&t).ok()?, Some(Choice::Template(t)))))
-            .collect(),
-        (Space::Cpu(..), None) => Vec::new(),
-        (Space::Device(_), _) => device::device_templates(f, target)
-            .into_iter()
-            .map(|s| (s, None))
-            .collect(),
-    };
+    // kiln's hand schedules of this kernel, if it has any, go first.
+    let hand = sp.hand(f, target);
     let seeds: Vec<templates::MatmulTemplate> = hand
         .iter()
         .filter_map(|(_, c)| match c {
@@ -187,14 +177,6 @@ pub fn tune(
         })
         .collect();
     let mut hand: std::collections::VecDeque<(Vec<Step>, Option<Choice>)> = hand.into();
-    // A choice as steps: a template's are complete; the knobs' follow the normal form's.
-    let steps_of = |c: &Choice| -> Result<Vec<Step>, String> {
-        match (c, &tspace) {
-            (Choice::Template(t), Some(ts)) => ts.steps(t),
-            (Choice::Template(_), None) => Err("a template without a template space".into()),
-            _ => Ok(prefix.iter().cloned().chain(sp.steps(c)?).collect()),
-        }
-    };
     let mut attempts = 0usize;
     let out_of_time = |start: &Instant| {
         opts.seconds
@@ -223,19 +205,10 @@ pub fn tune(
                         pop.sort_by(|a, b| a.0.total_cmp(&b.0));
                         pop.truncate(4);
                         let parent = pop[rng.below(pop.len())].1.clone();
-                        match (&parent, &tspace) {
-                            (Choice::Template(t), Some(ts)) => {
-                                let nb = ts.neighbours(t);
-                                if nb.is_empty() {
-                                    continue;
-                                }
-                                Choice::Template(nb[rng.below(nb.len())])
-                            }
-                            _ => sp.mutate(&parent, &mut rng),
-                        }
+                        sp.mutate(&parent, &mut rng)
                     }
                 };
-                match steps_of(&choice) {
+                match sp.steps(&choice, &prefix) {
                     Ok(s) => (s, Some(choice)),
                     Err(_) => continue,
                 }
@@ -359,9 +332,14 @@ pub fn pair_with_default(
     Ok((paired, Timing::of(times)))
 }
 
-/// The space a search draws from: the CPU's knobs or a device's.
+/// The space a search draws from: the CPU's knobs (the function in normal form, its nests)
+/// and its hand schedules' parameters, or a device's knobs.
 enum Space<'a> {
-    Cpu(&'a PrimFunc, &'a [space::Nest]),
+    Cpu(
+        &'a PrimFunc,
+        &'a [space::Nest],
+        Option<Box<templates::TemplateSpace>>,
+    ),
     Device(Box<device::DeviceSpace>),
 }
 
@@ -374,12 +352,33 @@ enum Choice {
 }
 
 impl Space<'_> {
+    /// kiln's hand schedules of `f` as complete steps, with their choice where the space can
+    /// mutate them (a CPU template).
+    fn hand(
+        &self,
+        f: &PrimFunc,
+        target: &crate::target::Target,
+    ) -> Vec<(Vec<Step>, Option<Choice>)> {
+        match self {
+            Space::Cpu(_, _, Some(ts)) => ts
+                .seeds()
+                .into_iter()
+                .filter_map(|t| Some((ts.steps(&t).ok()?, Some(Choice::Template(t)))))
+                .collect(),
+            Space::Cpu(_, _, None) => Vec::new(),
+            Space::Device(_) => device::device_templates(f, target)
+                .into_iter()
+                .map(|s| (s, None))
+                .collect(),
+        }
+    }
+
     /// The hand-written starting points, but the one with no knob set (the default, timed
     /// already; for a large kernel the slowest candidate there is: 48 s a call for a 2048³
     /// matmul).
     fn seeds(&self) -> Vec<Choice> {
         match self {
-            Space::Cpu(_, n) => space::seeds(n)
+            Space::Cpu(_, n, _) => space::seeds(n)
                 .into_iter()
                 .skip(1)
                 .map(Choice::Cpu)
@@ -397,24 +396,36 @@ impl Space<'_> {
 
     fn random(&self, rng: &mut space::Rng) -> Choice {
         match self {
-            Space::Cpu(_, n) => Choice::Cpu(space::random_choice(n, rng)),
+            Space::Cpu(_, n, _) => Choice::Cpu(space::random_choice(n, rng)),
             Space::Device(d) => Choice::Device(d.random(rng)),
         }
     }
 
     fn mutate(&self, c: &Choice, rng: &mut space::Rng) -> Choice {
         match (self, c) {
-            (Space::Cpu(_, n), Choice::Cpu(c)) => Choice::Cpu(space::mutate(n, c, rng)),
+            (Space::Cpu(_, n, _), Choice::Cpu(c)) => Choice::Cpu(space::mutate(n, c, rng)),
+            // A hand schedule with one of its parameters changed.
+            (Space::Cpu(_, _, Some(ts)), Choice::Template(t)) => {
+                let nb = ts.neighbours(t);
+                if nb.is_empty() {
+                    return self.random(rng);
+                }
+                Choice::Template(nb[rng.below(nb.len())])
+            }
             (Space::Device(d), Choice::Device(c)) => Choice::Device(d.mutate(c, rng)),
             _ => self.random(rng),
         }
     }
 
-    fn steps(&self, c: &Choice) -> Result<Vec<Step>, String> {
-        match (self, c) {
-            (Space::Cpu(g, n), Choice::Cpu(c)) => space::steps_for(g, n, c),
-            (Space::Device(d), Choice::Device(c)) => d.steps_for(c),
-            _ => Err("a choice of another space".into()),
-        }
+    /// The complete steps of `c`: a template's are complete; the knobs' follow `prefix`, the
+    /// steps that bring the function to the normal form the knobs are for.
+    fn steps(&self, c: &Choice, prefix: &[Step]) -> Result<Vec<Step>, String> {
+        let knobs = match (self, c) {
+            (Space::Cpu(_, _, Some(ts)), Choice::Template(t)) => return ts.steps(t),
+            (Space::Cpu(g, n, _), Choice::Cpu(c)) => space::steps_for(g, n, c)?,
+            (Space::Device(d), Choice::Device(c)) => d.steps_for(c)?,
+            _ => return Err("a choice of another space".into()),
+        };
+        Ok(prefix.iter().cloned().chain(knobs).collect())
     }
 }

@@ -323,8 +323,6 @@ pub struct Subprocess {
     child: Option<Child2>,
     timeout: Duration,
     baseline: Timing,
-    /// Whether `baseline` was measured (by the first worker; restarts are told it).
-    timed: bool,
     abandon: Abandon,
     /// How many times the worker was restarted.
     pub restarts: usize,
@@ -378,7 +376,6 @@ impl Subprocess {
                 min: 0.0,
                 max: 0.0,
             },
-            timed: false,
             abandon: Abandon {
                 factor: ABANDON_FACTOR,
                 floor: Duration::from_secs_f64(ABANDON_FLOOR_S),
@@ -386,7 +383,6 @@ impl Subprocess {
             restarts: 0,
         };
         s.baseline = s.start()?;
-        s.timed = true;
         Ok(s)
     }
 
@@ -440,8 +436,8 @@ impl Subprocess {
                 }
             }
         });
-        let init = if self.timed {
-            // A restart: the default's time is known.
+        let init = if self.restarts > 0 {
+            // A restart: the first worker timed the default.
             let mut v: serde_json::Value =
                 serde_json::from_str(&self.init).map_err(|e| e.to_string())?;
             if let Some(o) = v.as_object_mut() {
@@ -592,11 +588,15 @@ impl Subprocess {
                     let o = match (status, checking) {
                         (None, Some((since, limit))) if limit < self.timeout => {
                             Outcome::Abandoned(format!(
-                                "its checking call ran past {:.3} s ({:.0}x the cutoff of \
-                                 {:.3} ms), and was stopped",
+                                "its checking call ran past {:.3} s, the limit of {:.3} s \
+                                 ({:.0}x the cutoff of {:.3} ms, at least {:.3} s and the \
+                                 default's {:.3} s), and was stopped",
                                 since.elapsed().as_secs_f64(),
+                                limit.as_secs_f64(),
                                 self.abandon.factor,
-                                req_cutoff.unwrap_or(0.0) * 1e3
+                                req_cutoff.unwrap_or(0.0) * 1e3,
+                                self.abandon.floor.as_secs_f64(),
+                                self.baseline.max
                             ))
                         }
                         (Some(s), _) => Outcome::Crashed(format!("the worker died ({s})")),
