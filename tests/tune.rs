@@ -760,6 +760,28 @@ fn a_restarted_worker_takes_the_known_baseline() {
     assert_eq!(lines[2], "\"timing\"", "{lines:?}");
     assert!(lines[3].starts_with("{\"outcome\":{\"ok\""), "{lines:?}");
     assert_eq!(lines.len(), 4, "{lines:?}");
+    // A baseline that is not a timing: the worker refuses its init line and says where.
+    let bad = serde_json::json!({
+        "module": IRModule::from_functions(vec![kernels::matmul_sized(4, 4, 4)]).to_json(),
+        "target": host().to_string(),
+        "seed": 0,
+        "baseline": "fast",
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("tune-worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{bad}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the init line") && err.contains("baseline"),
+        "{err}"
+    );
 }
 
 /// Softmax's column loops sit inside its row loop: each is a leaf of the row nest with a knob

@@ -240,7 +240,9 @@ pub fn worker_main() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let init: WorkerInit =
         serde_json::from_str(&first).map_err(|e| format!("the init line: {e}"))?;
-    let known: Known = serde_json::from_str(&first).map_err(|e| format!("the init line: {e}"))?;
+    let known: Known = serde_json::from_str(&first).map_err(|e| {
+        format!("the init line: \"baseline\" must be a timing {{\"median\", \"min\", \"max\"}} in seconds: {e}")
+    })?;
     let setup = (|| {
         let m = IRModule::from_json_str(&init.module.to_string()).map_err(|e| e.to_string())?;
         let f = m.functions.first().cloned().ok_or("an empty module")?;
