@@ -2,9 +2,9 @@
 //! `kiln::schedule::kernels::MatmulTiles` (a schedule is tuned by measuring it on each kind of
 //! CPU, not by reasoning about one).
 //!
-//! Each configuration `mr,nr,mb,kc[,pack]` is `kiln::schedule::kernels::matmul_tiled_packing`
+//! Each configuration `mr,nr,mb,kc[,pack[,a]]` is `kiln::schedule::kernels::matmul_tiled_packing`
 //! with those tiles (`kc` 0: the whole `k` loop in one pass) and `B` packed up front (`pack`
-//! `whole`, the default), by each task (`task`, or `taskG` for `G` column panels per task) or not at all (`none`), JIT-compiled for the target (`KILN_BENCH_MCPU`,
+//! `whole`, the default), by each task (`task`, or `taskG` for `G` column panels per task) or not at all (`none`), and `A` packed up front too when `a` follows, JIT-compiled for the target (`KILN_BENCH_MCPU`,
 //! default `native`; `num-cores` = the logical CPUs), and called on the same 1024^3 inputs. The
 //! configurations run in interleaved rounds (every configuration once per round, a few calls
 //! each), so that the machine's load hits them alike; the table gives each one's median GFLOP/s
@@ -23,12 +23,19 @@ use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
 use kiln::ir::kernels as plain;
 use kiln::ir::IRModule;
 use kiln::packed_func::{AnyView, Module};
-use kiln::schedule::kernels::{matmul_tiled_packing, MatmulParts, MatmulTiles, PackB};
+use kiln::schedule::kernels::{matmul_tiled_packing, MatmulParts, MatmulTiles, PackA, PackB};
 use kiln::schedule::Schedule;
 use kiln::target::Target;
 
-fn parse_config(s: &str) -> (MatmulTiles, PackB) {
+fn parse_config(s: &str) -> (MatmulTiles, PackB, PackA) {
     let fields: Vec<&str> = s.split(',').map(str::trim).collect();
+    let pack_a = match fields.get(5) {
+        None => PackA::InPlace,
+        Some(&"a") => PackA::Whole,
+        Some(other) => {
+            panic!("expected `a` (A packed) after the pack mode, got {other:?} in {s:?}")
+        }
+    };
     let pack = match fields.get(4) {
         None | Some(&"whole") => PackB::Whole,
         Some(t) if t.starts_with("task") => PackB::InTask {
@@ -52,7 +59,7 @@ fn parse_config(s: &str) -> (MatmulTiles, PackB) {
         mb: v[2],
         kc: v[3],
     };
-    (tiles, pack)
+    (tiles, pack, pack_a)
 }
 
 fn main() {
@@ -65,13 +72,17 @@ fn main() {
         let v: Vec<i64> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
         (v[0], v[1], v[2])
     });
-    let mut configs: Vec<(MatmulTiles, PackB)> = std::env::args()
+    let mut configs: Vec<(MatmulTiles, PackB, PackA)> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .map(|a| parse_config(&a))
         .collect();
     if configs.is_empty() {
-        configs.push((MatmulTiles::for_target_and_depth(&target, k), PackB::Whole));
+        configs.push((
+            MatmulTiles::for_target_and_depth(&target, k),
+            PackB::Whole,
+            PackA::InPlace,
+        ));
     }
     let quick = std::env::var_os("KILN_BENCH_QUICK").is_some();
     let (rounds, calls) = if quick { (5, 3) } else { (15, 5) };
@@ -90,9 +101,9 @@ fn main() {
     let dls = [a.dl(), b.dl(), c.dl()];
     let views: Vec<AnyView> = dls.iter().map(AnyView::from).collect();
     let mut mods = Vec::new();
-    for (t, pack) in &configs {
+    for (t, pack, pack_a) in &configs {
         let s = Schedule::new(plain::matmul_sized(m, n, k));
-        let f = matmul_tiled_packing(s, &MatmulParts::default(), [m, n, k], *t, *pack)
+        let f = matmul_tiled_packing(s, &MatmulParts::default(), [m, n, k], *t, *pack, *pack_a)
             .and_then(Schedule::finish)
             .unwrap();
         let start = Instant::now();
@@ -134,7 +145,11 @@ fn main() {
     let flops = 2.0 * (m * n * k) as f64;
     let base = Stats::of(&times[0]).median;
     println!("  mr   nr   mb   kc pack   |  GFLOP/s median [min-max] | x first | build (to O3)");
-    for ((t, (_, build)), (cfg, pack)) in times.iter().zip(&mods).zip(&configs) {
+    for ((t, (_, build)), (cfg, pack, pack_a)) in times.iter().zip(&mods).zip(&configs) {
+        let pack = match pack_a {
+            PackA::InPlace => format!("{pack:?}"),
+            PackA::Whole => format!("{pack:?}+A"),
+        };
         let st = Stats::of(t);
         let (md, lo, hi) = (st.median, st.min, st.max);
         println!(
@@ -143,7 +158,7 @@ fn main() {
             cfg.nr,
             cfg.mb,
             cfg.kc,
-            format!("{pack:?}"),
+            pack,
             flops / md / 1e9,
             flops / hi / 1e9,
             flops / lo / 1e9,

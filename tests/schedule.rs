@@ -1081,6 +1081,7 @@ fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
             [m, n, k],
             tiles,
             sk::PackB::InTask { panels },
+            sk::PackA::InPlace,
         )
         .unwrap()
         .finish()
@@ -1091,5 +1092,56 @@ fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
             "{m}x{n}x{k}\n{g}"
         );
         same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+    }
+}
+
+/// `A` packed into row panels up front, with every packing of `B`: the same results as the
+/// plain matmul where the rows leave a last, partly filled panel (its fill a part of its own),
+/// where they fill whole panels only, and with fewer rows than one panel; the whole panels'
+/// fill has no bounds guard.
+#[test]
+fn matmul_with_a_packed_computes_the_matmul() {
+    for (m, n, k, kc) in [(13, 40, 6, 2), (72, 64, 9, 0), (5, 17, 4, 0), (50, 96, 32, 8)] {
+        for pack in [
+            sk::PackB::Whole,
+            sk::PackB::InTask { panels: 2 },
+            sk::PackB::InPlace,
+        ] {
+            let tiles = sk::MatmulTiles {
+                mr: 6,
+                nr: 16,
+                mb: 12,
+                kc,
+            };
+            let f = kernels::matmul_sized(m, n, k);
+            let g = sk::matmul_tiled_packing(
+                Schedule::new(f.clone()),
+                &sk::MatmulParts::default(),
+                [m, n, k],
+                tiles,
+                pack,
+                sk::PackA::Whole,
+            )
+            .unwrap()
+            .finish()
+            .unwrap();
+            let text = g.to_string();
+            assert!(text.contains("allocate Ap"), "{m}x{n}x{k} {pack:?}\n{g}");
+            if m >= 6 {
+                // The whole panels' fill: a parallel loop over panels, no `if` before the
+                // copy.
+                let at = text
+                    .find("for Ap_l0_o: int64 in parallel")
+                    .unwrap_or_else(|| panic!("{m}x{n}x{k}\n{g}"));
+                let fill = &text[at..];
+                let end = ["for Ap_l0_p", "allocate"]
+                    .iter()
+                    .filter_map(|x| fill.find(x))
+                    .min()
+                    .unwrap_or(fill.len());
+                assert!(!fill[..end].contains("if "), "{m}x{n}x{k}\n{g}");
+            }
+            same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+        }
     }
 }

@@ -389,13 +389,13 @@ fn hand_schedules_are_traced_as_steps_that_replay() {
 }
 
 /// The hand schedules are points of a template space: the search mutates the best of them one
-/// parameter at a time (tile height, row block, pass depth, packing of `B`), and every
+/// parameter at a time (tile height, row block, pass depth, packing of `B` and of `A`), and every
 /// neighbour that the hand schedule accepts computes the product.
 #[test]
 fn template_neighbours_change_one_parameter_and_compute_the_product() {
-    use kiln::schedule::kernels::PackB;
-    use kiln::tune::templates::TemplateSpace;
-    let (m, n, k) = (48, 64, 96);
+    use kiln::schedule::kernels::{PackA, PackB};
+    use kiln::tune::templates::{MatmulTemplate, TemplateSpace};
+    let (m, n, k) = (50, 64, 96);
     let f = kernels::matmul_tvm_form(m, n, k);
     let shapes = [vec![m, k], vec![k, n], vec![m, n]];
     let want = common::interp_last(&kernels::matmul_sized(m, n, k), &shapes);
@@ -419,6 +419,7 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
             t.tiles.mr == t0.tiles.mr && t.tiles.mb != t0.tiles.mb,
             t.tiles.kc != t0.tiles.kc,
             t.pack != t0.pack,
+            t.pack_a != t0.pack_a,
         ];
         assert_eq!(
             changed.iter().filter(|&&c| c).count(),
@@ -452,6 +453,20 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
         nb.iter().any(|t| matches!(t.pack, PackB::InTask { .. }))
             || matches!(t0.pack, PackB::InTask { .. })
     );
+    // `A` packed is a seed (the first two, again) and a neighbour of the first; packed, it
+    // still computes the product, with a last tile of fewer rows (m % mr != 0).
+    assert_eq!(seeds[2].pack_a, PackA::Whole, "{seeds:?}");
+    assert_eq!(
+        MatmulTemplate {
+            pack_a: PackA::InPlace,
+            ..seeds[2]
+        },
+        seeds[0]
+    );
+    assert!(nb.iter().any(|t| t.pack_a == PackA::Whole
+        && t.tiles == t0.tiles
+        && t.pack == t0.pack
+        && ts.steps(t).is_ok()));
 }
 
 /// The matmul is recognized by its loops, in kiln's form and TVM's, under any names and with
