@@ -1101,7 +1101,12 @@ fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
 /// fill has no bounds guard.
 #[test]
 fn matmul_with_a_packed_computes_the_matmul() {
-    for (m, n, k, kc) in [(13, 40, 6, 2), (72, 64, 9, 0), (5, 17, 4, 0), (50, 96, 32, 8)] {
+    for (m, n, k, kc) in [
+        (13, 40, 6, 2),
+        (72, 64, 9, 0),
+        (5, 17, 4, 0),
+        (50, 96, 32, 8),
+    ] {
         for pack in [
             sk::PackB::Whole,
             sk::PackB::InTask { panels: 2 },

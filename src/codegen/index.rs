@@ -15,19 +15,27 @@
 //!   as long as both are of the same kind;
 //! - `div(z, a * c)` followed by `mod(div(z, a), c)` become `div(z, a)`, since
 //!   `div(div(z, a), c) == div(z, a * c)` for positive `a` and `c` (both kinds), so that the
-//!   usual form of a reshape over three or more dimensions merges step by step.
+//!   usual form of a reshape over three or more dimensions merges step by step;
+//! - `div(x, c)` over extent `e` followed by `mod(x, c) * k + y` over extents multiplying to the
+//!   constant `c * k` (`k > 0`; `y` anything, or absent) become `x * k + y` over extents
+//!   `e, c * k`: `div(x, c) * c * k + mod(x, c) * k + y == x * k + y` for every `x` and `y`.
+//!   A reshape that moves a split between dimensions (`[2, 8, ...]` read as `[4, 4, ...]`:
+//!   `X[floordiv(a, 2), floormod(a, 2) * 4 + b]`) indexes its source this way, and merged, the
+//!   offset `a * 4 + b` is affine in the loops (a contiguous copy, `llvm/emit/copy.rs`).
 //!
 //! The merged offset is the same integer as the original one (each index is widened to 64 bits
 //! before it is scaled, as before), so the generated code reads the same element. Indices that
 //! call external functions are never merged: two calls may return different values.
+
+use std::borrow::Cow;
 
 use crate::ir::{BinOp, Expr};
 
 /// One dimension of a contiguous access after merging: its index and the extents the offset of
 /// the dimensions before it is multiplied by (ignored for the first dimension).
 pub(crate) struct Dim<'a> {
-    /// The index.
-    pub index: &'a Expr,
+    /// The index (a new expression where a merge built one).
+    pub index: Cow<'a, Expr>,
     /// The extents of the (merged) dimension, outermost first.
     pub extents: Vec<&'a Expr>,
 }
@@ -39,19 +47,25 @@ pub(crate) fn contiguous_dims<'a>(indices: &'a [Expr], shape: &'a [Expr]) -> Vec
         .iter()
         .zip(shape)
         .map(|(index, e)| Dim {
-            index,
+            index: Cow::Borrowed(index),
             extents: vec![e],
         })
         .collect();
+    // Whether an in-bounds offset fits in 31 bits with room to spare, so that an index of a
+    // 32-bit type scaled by a merge cannot overflow where the original pieces did not.
+    let small = shape
+        .iter()
+        .try_fold(1i64, |p, e| e.as_int().and_then(|c| p.checked_mul(c)))
+        .is_some_and(|n| n <= 1 << 30);
     let mut k = 1;
     while k < dims.len() {
         let merged = const_product(&dims[k].extents)
-            .and_then(|c| merge(dims[k - 1].index, dims[k].index, c));
+            .and_then(|c| merge(&dims[k - 1].index, &dims[k].index, c, small));
         match merged {
             Some(index) => {
                 let lo = dims.remove(k);
                 let hi = &mut dims[k - 1];
-                hi.index = index;
+                hi.index = Cow::Owned(index);
                 hi.extents.extend(lo.extents);
                 // The merged dimension may split a value with the one before it.
                 k = k.saturating_sub(1).max(1);
@@ -70,8 +84,17 @@ fn const_product(extents: &[&Expr]) -> Option<i64> {
 }
 
 /// `y` when `hi` is `div(y, c)` and `lo` is `mod(y, c)`, or `div(z, a)` when `hi` is
-/// `div(z, a * c)` and `lo` is `mod(div(z, a), c)` (divisions of one kind, positive constants).
-fn merge<'a>(hi: &'a Expr, lo: &'a Expr, c: i64) -> Option<&'a Expr> {
+/// `div(z, a * c)` and `lo` is `mod(div(z, a), c)` (divisions of one kind, positive constants),
+/// or `x * k + y` when `hi` is `div(x, c / k)` and `lo` is `mod(x, c / k) * k + y`.
+/// The last needs `small` (the buffer's offsets fit in 31 bits) unless `x` is 64-bit.
+fn merge(hi: &Expr, lo: &Expr, c: i64, small: bool) -> Option<Expr> {
+    merge_split(hi, lo, c)
+        .cloned()
+        .or_else(|| merge_scaled(hi, lo, c, small))
+}
+
+/// The first two rules of [`merge`].
+fn merge_split<'a>(hi: &'a Expr, lo: &'a Expr, c: i64) -> Option<&'a Expr> {
     let (mod_op, y, lc) = split(lo)?;
     let div_op = match mod_op {
         BinOp::FloorMod => BinOp::FloorDiv,
@@ -88,6 +111,81 @@ fn merge<'a>(hi: &'a Expr, lo: &'a Expr, c: i64) -> Option<&'a Expr> {
     // `y` is itself `div(z, a)`: `div(z, a * c)` is `div(y, c)`.
     let (yop, z, a) = split(y)?;
     (yop == div_op && a > 0 && y1 == z && a.checked_mul(c) == Some(c1)).then_some(y)
+}
+
+/// The division matching a modulo: `FloorDiv` for `FloorMod`, `Div` for `Mod`.
+fn div_of(mod_op: BinOp) -> Option<BinOp> {
+    match mod_op {
+        BinOp::FloorMod => Some(BinOp::FloorDiv),
+        BinOp::Mod => Some(BinOp::Div),
+        _ => None,
+    }
+}
+
+/// `x * k + y` when `hi` is `div(x, d)` and `lo` is `mod(x, d) * k + y` (or `k * mod(x, d)`,
+/// either order of the sum, or no `y`) with `d * k == c` and `d`, `k` positive; the product is
+/// in `x`'s type, as the original offset's pieces are.
+fn merge_scaled(hi: &Expr, lo: &Expr, c: i64, small: bool) -> Option<Expr> {
+    // `lo` as `(scaled, y)`.
+    let (scaled, y) = match lo {
+        Expr::Binary {
+            op: BinOp::Add,
+            a,
+            b,
+        } if a.dtype().is_int() => {
+            if scaled_mod(a).is_some() {
+                (&**a, Some(&**b))
+            } else {
+                (&**b, Some(&**a))
+            }
+        }
+        _ => (lo, None),
+    };
+    let (mod_op, x, d, k) = scaled_mod(scaled)?;
+    let (hop, x1, d1) = split(hi)?;
+    if Some(hop) != div_of(mod_op)
+        || x1 != x
+        || d1 != d
+        || d <= 0
+        || k <= 0
+        || d.checked_mul(k) != Some(c)
+        || !pure(x)
+        || y.is_some_and(|y| !pure(y))
+        || (x.dtype().bits < 64 && !small)
+    {
+        return None;
+    }
+    let t = x.dtype();
+    let xk = if k == 1 {
+        x.clone()
+    } else {
+        Expr::binary(BinOp::Mul, x.clone(), crate::ir::builder::int(t, k))
+    };
+    Some(match y {
+        Some(y) if y.dtype() == t => Expr::binary(BinOp::Add, xk, y.clone()),
+        Some(_) => return None,
+        None => xk,
+    })
+}
+
+/// `(op, x, d, k)` when `e` is `op(x, d) * k` or `k * op(x, d)` (or `op(x, d)`, `k` = 1) with
+/// `op` a modulo and `d`, `k` constants.
+fn scaled_mod(e: &Expr) -> Option<(BinOp, &Expr, i64, i64)> {
+    let (m, k) = match e {
+        Expr::Binary {
+            op: BinOp::Mul,
+            a,
+            b,
+        } => match (a.as_int(), b.as_int()) {
+            (None, Some(k)) => (&**a, k),
+            (Some(k), None) => (&**b, k),
+            _ => return None,
+        },
+        _ => (e, 1),
+    };
+    let (op, x, d) = split(m)?;
+    div_of(op)?;
+    Some((op, x, d, k))
 }
 
 /// `(op, a, c)` when `e` is the integer operation `op(a, c)` with a constant `c`.
@@ -124,7 +222,7 @@ mod tests {
     }
 
     fn indices_of(dims: &[Dim<'_>]) -> Vec<Expr> {
-        dims.iter().map(|d| d.index.clone()).collect()
+        dims.iter().map(|d| d.index.clone().into_owned()).collect()
     }
 
     #[test]
@@ -149,6 +247,80 @@ mod tests {
         let dims = contiguous_dims(&idx, &shape);
         assert_eq!(indices_of(&dims), vec![x]);
         assert_eq!(dims[0].extents.len(), 3);
+    }
+
+    #[test]
+    fn a_split_moved_between_dimensions_merges_into_an_affine_index() {
+        let a: Expr = Var::new("a", DataType::i32()).into();
+        let b: Expr = Var::new("b", DataType::i32()).into();
+        let x: Expr = Var::new("x", DataType::i32()).into();
+        // X[2, 8, 16, 16] read as [4, 4, 256]: X[a / 2, a % 2 * 4 + b, x / 16, x % 16].
+        let idx = [
+            a.clone().floordiv(i32c(2)),
+            a.clone().floormod(i32c(2)) * i32c(4) + b.clone(),
+            x.clone().floordiv(i32c(16)),
+            x.clone().floormod(i32c(16)),
+        ];
+        let shape = [i32c(2), i32c(8), i32c(16), i32c(16)];
+        let dims = contiguous_dims(&idx, &shape);
+        assert_eq!(
+            indices_of(&dims),
+            vec![a.clone() * i32c(4) + b.clone(), x.clone()]
+        );
+        // Every (a, b, x): the merged offset is the original one.
+        let off = |a: i64, b: i64, x: i64| -> [i64; 2] {
+            let orig = (((a / 2) * 8 + (a % 2) * 4 + b) * 16 + x / 16) * 16 + x % 16;
+            let merged = (a * 4 + b) * 256 + x;
+            [orig, merged]
+        };
+        for a in 0..4 {
+            for b in 0..4 {
+                for x in 0..256 {
+                    let [o, m] = off(a, b, x);
+                    assert_eq!(o, m);
+                }
+            }
+        }
+        // The product alone (no `y`), the scale first, the sum the other way round.
+        for lo in [
+            i32c(4) * a.clone().floormod(i32c(2)),
+            b.clone() + a.clone().floormod(i32c(2)) * i32c(4),
+        ] {
+            let idx = [a.clone().floordiv(i32c(2)), lo];
+            assert_eq!(contiguous_dims(&idx, &[i32c(2), i32c(8)]).len(), 1);
+        }
+        // Mismatches: another divisor, a product that is not the extent, truncating division
+        // with floor modulo, a buffer too large for a 32-bit product.
+        let cases = [
+            [
+                a.clone().floordiv(i32c(4)),
+                a.clone().floormod(i32c(2)) * i32c(4) + b.clone(),
+            ],
+            [
+                a.clone().floordiv(i32c(2)),
+                a.clone().floormod(i32c(2)) * i32c(2) + b.clone(),
+            ],
+            [
+                Expr::binary(BinOp::Div, a.clone(), i32c(2)),
+                a.clone().floormod(i32c(2)) * i32c(4) + b.clone(),
+            ],
+        ];
+        for idx in &cases {
+            assert_eq!(
+                contiguous_dims(idx, &[i32c(2), i32c(8)]).len(),
+                2,
+                "{idx:?}"
+            );
+        }
+        let big = [
+            a.clone().floordiv(i32c(2)),
+            a.clone().floormod(i32c(2)) * i32c(4) + b.clone(),
+            x.clone(),
+        ];
+        assert_eq!(
+            contiguous_dims(&big, &[i32c(2), i32c(8), i32c(1 << 28)]).len(),
+            3
+        );
     }
 
     #[test]

@@ -628,7 +628,7 @@ impl Kernel<'_> {
             None => {
                 // Dimensions whose indices split one value are merged (`codegen::index`).
                 for dim in crate::codegen::index::contiguous_dims(indices, &buffer.shape) {
-                    let iv = as_it(self, dim.index, pre)?;
+                    let iv = as_it(self, &dim.index, pre)?;
                     off = Some(match off {
                         None => iv,
                         Some(mut o) => {

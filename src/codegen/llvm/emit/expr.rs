@@ -275,7 +275,7 @@ impl Emitter<'_> {
                 let dims = crate::codegen::index::contiguous_dims(indices, &buffer.shape);
                 let n = dims.len();
                 for (d, dim) in dims.iter().enumerate() {
-                    let iv = self.index_as(w, dim.index)?;
+                    let iv = self.index_as(w, &dim.index)?;
                     let Some(mut o) = off.take() else {
                         off = Some(iv);
                         continue;

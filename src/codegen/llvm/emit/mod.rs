@@ -37,6 +37,7 @@
 //!   estimate that chooses between them, and `collect_vars`;
 //! - `vector.rs`: the emitter's own unrolling and vectorization of `unrolled` and `vectorized`
 //!   loops;
+//! - `copy.rs`: loop nests that copy a contiguous region, as one `memcpy`;
 //! - `streaming.rs`: loops that write a streamed output, with non-temporal stores (the backend's
 //!   `stream.rs` has the rule);
 //! - `launch.rs`: the host code of a device target: the host-access check and the launch of a
@@ -45,6 +46,7 @@
 //!   ([`kernel_module`]): thread ids, shared memory in address space 3, barriers, libdevice math.
 
 mod arith;
+mod copy;
 mod expr;
 mod intrinsic;
 mod kernel;

@@ -76,6 +76,8 @@ impl Emitter<'_> {
                 ))
             }
             Stmt::Allocate { buffer, body } => self.allocate(buffer, body)?,
+            // A nest that only copies a contiguous region: one `memcpy` (`copy.rs`).
+            Stmt::For { .. } if self.copy_loop(s)? => {}
             Stmt::For {
                 var,
                 min,

@@ -1,0 +1,173 @@
+//! Copy nests as one `memcpy` (`codegen/llvm/emit/copy.rs`): a nest that copies a contiguous
+//! region into another becomes one call, with the right addresses and size for any element
+//! type, and every nest outside the rule stays loops. Each function's result is compared byte
+//! for byte with the reference interpreter's.
+
+mod common;
+
+use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
+use kiln::ir::builder::{for_range, int};
+use kiln::ir::interp::{self, HostBuffer, InterpArg};
+use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt};
+use kiln::packed_func::Module;
+
+/// The number of `memcpy` calls in `f`'s optimized LLVM IR.
+fn memcpys(f: &PrimFunc) -> usize {
+    let m = LlvmModule::jit(
+        &IRModule::from_functions(vec![f.clone()]),
+        &CodegenOptions::host(),
+    )
+    .unwrap();
+    m.get_source("ll")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("call void @llvm.memcpy"))
+        .count()
+}
+
+/// `f` compiled and interpreted on the same inputs (every byte of every buffer a pattern,
+/// outputs too): the same bytes in every buffer after the call.
+fn same_as_interpreter(f: &PrimFunc) {
+    let bufs: Vec<HostBuffer> = f
+        .params
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let Param::Buffer(b) = p else {
+                panic!("buffers only")
+            };
+            let shape: Vec<i64> = b.shape.iter().map(|e| e.as_int().unwrap()).collect();
+            let mut h = HostBuffer::zeros(b.dtype, &shape);
+            for (i, x) in h.data.iter_mut().enumerate() {
+                // Small bytes: every float and integer pattern is an ordinary value.
+                *x = ((i * 7 + k * 13) % 61) as u8;
+            }
+            h
+        })
+        .collect();
+    let got = common::run_jit(f, &bufs);
+    let mut args: Vec<InterpArg> = bufs.into_iter().map(InterpArg::Buffer).collect();
+    interp::run(f, &mut args).unwrap();
+    for (k, (g, a)) in got.iter().zip(&args).enumerate() {
+        assert_eq!(
+            g,
+            &a.buffer().unwrap().data,
+            "{}: buffer {k} differs",
+            f.name
+        );
+    }
+}
+
+fn c32(v: i64) -> Expr {
+    int(DataType::i32(), v)
+}
+
+/// TVM's reshape of `X[2, 8, 16, 16]` into `T[4, 4, 256]` (its index form, int32 loops).
+fn reshape(t: DataType, noalias: bool) -> PrimFunc {
+    let x = Buffer::new("X", t, vec![c32(2), c32(8), c32(16), c32(16)]);
+    let y = Buffer::new("T", t, vec![c32(4), c32(4), c32(256)]);
+    let body = for_range("a", c32(4), ForKind::Serial, |a| {
+        for_range("b", c32(4), ForKind::Serial, |b| {
+            for_range("c", c32(256), ForKind::Serial, |c| {
+                y.store(
+                    vec![a.clone(), b.clone(), c.clone()],
+                    x.load(vec![
+                        a.clone().floordiv(c32(2)),
+                        a.clone().floormod(c32(2)) * c32(4) + b.clone(),
+                        c.clone().floordiv(c32(16)),
+                        c.clone().floormod(c32(16)),
+                    ]),
+                )
+            })
+        })
+    });
+    PrimFunc::new("reshape", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(noalias)
+}
+
+/// `T[i, j] = X[i, j + skip]` over `rows x cols` of `X[rows, cols + skip]`.
+fn rows(rows: i64, cols: i64, skip: i64, t: DataType) -> PrimFunc {
+    let x = Buffer::new("X", t, vec![Expr::from(rows), Expr::from(cols + skip)]);
+    let y = Buffer::new("T", t, vec![Expr::from(rows), Expr::from(cols)]);
+    let body = for_range("i", Expr::from(rows), ForKind::Serial, |i| {
+        for_range("j", Expr::from(cols), ForKind::Serial, |j| {
+            y.store(
+                vec![i.clone(), j.clone()],
+                x.load(vec![i.clone(), j + Expr::from(skip)]),
+            )
+        })
+    });
+    PrimFunc::new("rows", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true)
+}
+
+/// `T[j, i] = X[i, j]`.
+fn transpose(n: i64) -> PrimFunc {
+    let t = DataType::f32();
+    let x = Buffer::new("X", t, vec![Expr::from(n), Expr::from(n)]);
+    let y = Buffer::new("T", t, vec![Expr::from(n), Expr::from(n)]);
+    let body = for_range("i", Expr::from(n), ForKind::Serial, |i| {
+        for_range("j", Expr::from(n), ForKind::Serial, |j| {
+            y.store(vec![j.clone(), i.clone()], x.load(vec![i, j]))
+        })
+    });
+    PrimFunc::new("transpose", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true)
+}
+
+#[test]
+fn a_reshape_is_one_memcpy_for_every_element_type() {
+    for t in [
+        DataType::f32(),
+        DataType::f64(),
+        DataType::i8(),
+        DataType::i64(),
+        DataType::f16(),
+    ] {
+        let f = reshape(t, true);
+        assert_eq!(memcpys(&f), 1, "{t:?}");
+        same_as_interpreter(&f);
+    }
+}
+
+#[test]
+fn rows_of_a_wider_buffer_are_one_memcpy_each() {
+    // 512 floats a row (2 KiB), 8 apart: the row loop stays, each row one call at its own
+    // offset (the outer variable in the address).
+    let f = rows(3, 512, 8, DataType::f32());
+    let n = memcpys(&f);
+    assert!((1..=3).contains(&n), "{n}");
+    same_as_interpreter(&f);
+    // No gap: the whole nest is one region.
+    let f = rows(3, 512, 0, DataType::f32());
+    assert_eq!(memcpys(&f), 1);
+    same_as_interpreter(&f);
+}
+
+#[test]
+fn nests_outside_the_rule_stay_loops() {
+    // Strided (a transpose), small (255 floats: under 1 KiB), and without `noalias` (the
+    // buffers may overlap, where a forward loop and `memcpy` differ).
+    for f in [
+        transpose(64),
+        rows(1, 255, 0, DataType::f32()),
+        reshape(DataType::f32(), false),
+    ] {
+        assert_eq!(memcpys(&f), 0, "{}", f.name);
+        same_as_interpreter(&f);
+    }
+    // A copy with a conversion is not a copy.
+    let t = DataType::f32();
+    let x = Buffer::new("X", DataType::i32(), vec![Expr::from(1024i64)]);
+    let y = Buffer::new("T", t, vec![Expr::from(1024i64)]);
+    let body: Stmt = for_range("i", Expr::from(1024i64), ForKind::Serial, |i| {
+        y.store(
+            vec![i.clone()],
+            Expr::Cast {
+                dtype: t,
+                value: Box::new(x.load(vec![i])),
+            },
+        )
+    });
+    let f =
+        PrimFunc::new("cast", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true);
+    assert_eq!(memcpys(&f), 0);
+    same_as_interpreter(&f);
+}
