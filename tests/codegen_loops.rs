@@ -143,3 +143,61 @@ fn a_parallel_loop_keeps_the_functions_noalias_buffers() {
         "a scalar loop left (overlap checks):\n{ll}"
     );
 }
+
+/// `C[i, j] = A[i, j] + B[j]` over `C[64, cols]`, rows and columns serial.
+fn row_add(cols: i64) -> PrimFunc {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param};
+    let t = DataType::f32();
+    let a = Buffer::new("A", t, vec![Expr::from(64i64), Expr::from(cols)]);
+    let b = Buffer::new("B", t, vec![Expr::from(cols)]);
+    let c = Buffer::new("C", t, vec![Expr::from(64i64), Expr::from(cols)]);
+    let body = for_range("i", Expr::from(64i64), ForKind::Serial, |i| {
+        for_range("j", Expr::from(cols), ForKind::Serial, |j| {
+            c.store(
+                vec![i.clone(), j.clone()],
+                a.load(vec![i, j.clone()]) + b.load(vec![j]),
+            )
+        })
+    });
+    PrimFunc::new(
+        "row_add",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+    .with_noalias(true)
+}
+
+/// A short row of a few vector steps (48 floats: three of 16 lanes) is unrolled into straight
+/// code once vectorized (`llvm.loop.vectorize.followup_vectorized`), as TVM's LLVM leaves it;
+/// a longer row (256 floats, 16 steps) stays a loop. Results are unchanged.
+#[test]
+fn a_short_row_of_few_vector_steps_is_straight_code() {
+    let unrolled = |f: &PrimFunc| {
+        let ir = ir(f);
+        ir.contains("\"llvm.loop.vectorize.followup_vectorized\"")
+            && ir.contains("\"llvm.loop.unroll.full\"")
+    };
+    let short = row_add(48);
+    assert_eq!(short_loops(&short, 16), 1);
+    assert!(unrolled(&short));
+    // Optimized: the row's three vector additions in one block, not one in a loop.
+    use kiln::packed_func::Module;
+    let m = kiln::codegen::llvm::LlvmModule::jit(
+        &IRModule::from_functions(vec![short.clone()]),
+        &CodegenOptions::host(),
+    )
+    .unwrap();
+    let opt = m.get_source("ll").unwrap();
+    assert!(opt.matches("fadd <16 x float>").count() >= 3, "{opt}");
+    let long = row_add(256);
+    assert_eq!(short_loops(&long, 16), 1);
+    assert!(!unrolled(&long));
+    for (f, cols) in [(short, 48), (long, 256)] {
+        let shapes = [vec![64, cols], vec![cols], vec![64, cols]];
+        assert_eq!(
+            jit_last(&f, &shapes, &CodegenOptions::host()),
+            interp_last(&f, &shapes)
+        );
+    }
+}
