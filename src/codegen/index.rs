@@ -347,4 +347,98 @@ mod tests {
         let idx = [x.clone().floordiv(n.clone()), x.clone().floormod(n.clone())];
         assert_eq!(contiguous_dims(&idx, &[i32c(4), n]).len(), 2);
     }
+
+    /// `e` with the variables `vars` bound to `vals` (integer arithmetic of the forms the merges
+    /// see: floor and truncating division and modulo, sums and products).
+    fn eval(e: &Expr, vars: &[Var], vals: &[i64]) -> i64 {
+        match e {
+            Expr::IntImm { value, .. } => *value,
+            Expr::Var(v) => vals[vars.iter().position(|w| w.id == v.id).unwrap()],
+            Expr::Binary { op, a, b } => {
+                let (x, y) = (eval(a, vars, vals), eval(b, vars, vals));
+                match op {
+                    BinOp::Add => x + y,
+                    BinOp::Sub => x - y,
+                    BinOp::Mul => x * y,
+                    BinOp::Div => x / y,
+                    BinOp::Mod => x % y,
+                    BinOp::FloorDiv => x.div_euclid(y) - i64::from(y < 0 && x.rem_euclid(y) != 0),
+                    BinOp::FloorMod => {
+                        x - y * (x.div_euclid(y) - i64::from(y < 0 && x.rem_euclid(y) != 0))
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The flat offset of `dims` (each merged dimension's index scaled by the extents after it).
+    fn offset(dims: &[Dim<'_>], vars: &[Var], vals: &[i64]) -> i64 {
+        let mut off = 0i64;
+        for (d, dim) in dims.iter().enumerate() {
+            if d > 0 {
+                for e in &dim.extents {
+                    off *= e.as_int().unwrap();
+                }
+            }
+            off += eval(&dim.index, vars, vals);
+        }
+        off
+    }
+
+    proptest::proptest! {
+        /// Whatever the indices (the forms a reshape writes, near misses, floor or truncating
+        /// division, any constants) and whatever the variables' values (negative ones too),
+        /// the merged dimensions give the original offset.
+        #[test]
+        fn merging_never_changes_an_offset(
+            forms in proptest::collection::vec(
+                (0usize..6, 0usize..2, 0usize..3, 1i64..5, 1i64..5, proptest::bool::ANY),
+                2..5,
+            ),
+            // Per dimension: an extent, or (`None`) the one its index's own split fills
+            // exactly (`d * k`, `d`), which is when the merges apply.
+            extents in proptest::collection::vec(proptest::option::of(1i64..9), 5),
+            vals in proptest::collection::vec(-40i64..40, 3),
+        ) {
+            let vars: Vec<Var> = ["a", "b", "c"].iter().map(|n| Var::new(n, DataType::i32())).collect();
+            let v = |i: usize| -> Expr { vars[i].clone().into() };
+            let indices: Vec<Expr> = forms
+                .iter()
+                .map(|&(form, x, y, d, k, floor)| {
+                    let (dop, mop) = if floor { (BinOp::FloorDiv, BinOp::FloorMod) } else { (BinOp::Div, BinOp::Mod) };
+                    let dv = Expr::binary(dop, v(x), i32c(d));
+                    let mv = Expr::binary(mop, v(x), i32c(d));
+                    match form {
+                        0 => v(x),
+                        1 => dv,
+                        2 => mv,
+                        3 => mv * i32c(k) + v(y),
+                        4 => v(y) + i32c(k) * mv,
+                        _ => Expr::binary(mop, dv, i32c(k)),
+                    }
+                })
+                .collect();
+            let shape: Vec<Expr> = forms
+                .iter()
+                .zip(&extents)
+                .map(|(&(form, _, _, d, k, _), e)| {
+                    i32c(e.unwrap_or(match form {
+                        3 | 4 => d * k,
+                        2 => d,
+                        5 => k,
+                        _ => 4,
+                    }))
+                })
+                .collect();
+            let plain: Vec<Dim<'_>> = indices
+                .iter()
+                .zip(&shape)
+                .map(|(i, e)| Dim { index: Cow::Borrowed(i), extents: vec![e] })
+                .collect();
+            let merged = contiguous_dims(&indices, &shape);
+            proptest::prop_assert_eq!(offset(&merged, &vars, &vals), offset(&plain, &vars, &vals));
+        }
+    }
 }
