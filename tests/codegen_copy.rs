@@ -171,3 +171,22 @@ fn nests_outside_the_rule_stay_loops() {
     assert_eq!(memcpys(&f), 0);
     same_as_interpreter(&f);
 }
+
+/// A copy whose destination index reads the destination (`T[I[0] + j] = X[j]` with `I` the
+/// destination itself): a loop reads the index again after each store, a `memcpy` would read it
+/// once, so it stays a loop.
+#[test]
+fn an_index_that_loads_stays_a_loop() {
+    let t = DataType::i32();
+    let x = Buffer::new("X", t, vec![Expr::from(512i64)]);
+    let y = Buffer::new("T", t, vec![Expr::from(1024i64)]);
+    let body = for_range("j", Expr::from(512i64), ForKind::Serial, |j| {
+        y.store(
+            vec![y.load(vec![Expr::from(0i64)]).cast(DataType::i64()) + j.clone()],
+            x.load(vec![j]),
+        )
+    });
+    let f = PrimFunc::new("self_index", vec![Param::Buffer(x), Param::Buffer(y)], body)
+        .with_noalias(true);
+    assert_eq!(memcpys(&f), 0);
+}

@@ -18,6 +18,7 @@
 //! - the same element type on both sides (whole bytes, one lane), two different buffers of a
 //!   `noalias` function (so the regions cannot overlap), both compact (no strides), the
 //!   destination not a streamed output (`streaming.rs` has those);
+//! - indices of variables and constants only (no load, no call);
 //! - on each side the flat offset is affine in the loops, with the coefficients of a row-major
 //!   walk of the nest: 1 for the innermost loop, its extent for the next, and so on.
 //!
@@ -74,6 +75,17 @@ fn flat_offset(buffer: &Buffer, indices: &[Expr]) -> Expr {
         });
     }
     off.unwrap_or_else(|| Expr::from(0i64))
+}
+
+/// Whether `e` is arithmetic of variables and constants only: no load (which the copy could
+/// change, or a `memcpy` read once where the loop read it per element) and no call.
+fn arithmetic(e: &Expr) -> bool {
+    match e {
+        Expr::IntImm { .. } | Expr::Var(_) => true,
+        Expr::Binary { a, b, .. } => arithmetic(a) && arithmetic(b),
+        Expr::Cast { value, .. } => arithmetic(value),
+        _ => false,
+    }
 }
 
 /// Whether `dtype` is copied byte for byte by a `memcpy` of `bytes()` per element.
@@ -147,6 +159,7 @@ impl Emitter<'_> {
             || dst.strides.is_some()
             || src.strides.is_some()
             || self.may_stream(dst)
+            || !di.iter().chain(si.iter()).all(arithmetic)
         {
             return None;
         }
