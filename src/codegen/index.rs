@@ -53,13 +53,10 @@ pub(crate) fn contiguous_dims<'a>(indices: &'a [Expr], shape: &'a [Expr]) -> Vec
         .collect();
     // Whether an in-bounds offset fits in 31 bits with room to spare, so that an index of a
     // 32-bit type scaled by a merge cannot overflow where the original pieces did not.
-    let small = shape
-        .iter()
-        .try_fold(1i64, |p, e| e.as_int().and_then(|c| p.checked_mul(c)))
-        .is_some_and(|n| n <= 1 << 30);
+    let small = const_product(shape).is_some_and(|n| n <= 1 << 30);
     let mut k = 1;
     while k < dims.len() {
-        let merged = const_product(&dims[k].extents)
+        let merged = const_product(dims[k].extents.iter().copied())
             .and_then(|c| merge(&dims[k - 1].index, &dims[k].index, c, small));
         match merged {
             Some(index) => {
@@ -77,9 +74,9 @@ pub(crate) fn contiguous_dims<'a>(indices: &'a [Expr], shape: &'a [Expr]) -> Vec
 }
 
 /// The product of constant extents, if they all are.
-fn const_product(extents: &[&Expr]) -> Option<i64> {
+fn const_product<'e>(extents: impl IntoIterator<Item = &'e Expr>) -> Option<i64> {
     extents
-        .iter()
+        .into_iter()
         .try_fold(1i64, |p, e| e.as_int().and_then(|c| p.checked_mul(c)))
 }
 
@@ -96,11 +93,7 @@ fn merge(hi: &Expr, lo: &Expr, c: i64, small: bool) -> Option<Expr> {
 /// The first two rules of [`merge`].
 fn merge_split<'a>(hi: &'a Expr, lo: &'a Expr, c: i64) -> Option<&'a Expr> {
     let (mod_op, y, lc) = split(lo)?;
-    let div_op = match mod_op {
-        BinOp::FloorMod => BinOp::FloorDiv,
-        BinOp::Mod => BinOp::Div,
-        _ => return None,
-    };
+    let div_op = div_of(mod_op)?;
     let (hop, y1, c1) = split(hi)?;
     if hop != div_op || lc != c || c <= 0 || !pure(y) {
         return None;

@@ -410,9 +410,9 @@ impl TemplateSpace {
     }
 
     /// The templates one parameter away from `t`: another tile height, a row block a tile
-    /// height more or less or half or double, another pass depth, another packing of `B`
-    /// (up front, in the task with twice or half the panels, in place), and `A` packed or not. Tile widths stay the
-    /// target's (its vector registers).
+    /// height more or less or half or double, another pass depth, another packing of `B` (up
+    /// front, in the task with twice or half the panels, in place), and `A` packed or not.
+    /// Tile widths stay the target's (its vector registers).
     pub fn neighbours(&self, t: &MatmulTemplate) -> Vec<MatmulTemplate> {
         let mut out: Vec<MatmulTemplate> = Vec::new();
         let mut add = |tiles: MatmulTiles, pack: PackB, pack_a: PackA| {

@@ -29,6 +29,7 @@ use std::borrow::Cow;
 
 use crate::ir::{BinOp, Buffer, DataType, Expr, ForKind, Stmt, TypeCode, Var};
 
+use super::streaming::below_threshold;
 use super::vector::lane_coef;
 use super::{mem_ty, reg_ty, Emitter, Val, R};
 
@@ -106,13 +107,9 @@ impl Emitter<'_> {
         if !self.m.stream_bufs.contains(&dst.data.id) {
             return false;
         }
-        let Some(threshold) = self.opts.stream_store_bytes else {
-            return false;
-        };
-        let bytes = dst.shape.iter().try_fold(dst.dtype.bytes() as i64, |b, d| {
-            d.as_int().and_then(|x| b.checked_mul(x))
-        });
-        bytes.is_none_or(|b| b.max(0) as u64 >= threshold)
+        self.opts
+            .stream_store_bytes
+            .is_some_and(|threshold| !below_threshold(dst, threshold))
     }
 
     /// `s` as a copy nest, if it is one (the module docs have the rule).

@@ -68,6 +68,14 @@ fn stream_stores<'s>(s: &'s Stmt, id: VarId, bufs: &HashSet<VarId>, out: &mut Ve
     }
 }
 
+/// Whether `buffer` has a constant size below `threshold` bytes: an output that never streams.
+pub(super) fn below_threshold(buffer: &Buffer, threshold: u64) -> bool {
+    buffer
+        .const_numel()
+        .and_then(|n| n.checked_mul(buffer.dtype.bytes() as i64))
+        .is_some_and(|b| (b.max(0) as u64) < threshold)
+}
+
 impl Emitter<'_> {
     /// The streamed store of a loop over `var` with `body`, if the loop gets the streaming form.
     pub(super) fn stream_store(
@@ -117,11 +125,7 @@ impl Emitter<'_> {
             return None;
         }
         // A constant size below the threshold never streams.
-        let mut bytes = Some(buffer.dtype.bytes() as i64);
-        for d in &buffer.shape {
-            bytes = bytes.and_then(|b| d.as_int().and_then(|x| b.checked_mul(x)));
-        }
-        if bytes.is_some_and(|b| (b.max(0) as u64) < threshold) {
+        if below_threshold(buffer, threshold) {
             return None;
         }
         Some(((*buffer).clone(), indices.clone()))
