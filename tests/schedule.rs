@@ -124,6 +124,15 @@ fn the_example_kernels_are_the_scheduled_kernels() {
         "examples/kernels/matmul_avx2.json",
         &(m.to_json_string() + "\n"),
     );
+    // The AVX2 softmax (the max in 32 lanes, `exp` in 32), likewise.
+    let m = IRModule::from_functions(vec![
+        sk::softmax_with(4096, 4096, sk::SoftmaxLanes::AVX2).unwrap()
+    ]);
+    m.verify().unwrap();
+    ir_common::check_snapshot(
+        "examples/kernels/softmax_avx2.json",
+        &(m.to_json_string() + "\n"),
+    );
 }
 
 fn asm_of(f: PrimFunc) -> String {

@@ -89,6 +89,7 @@ fn find_kernels<'a>(s: &'a Stmt, path: &mut String, out: &mut Vec<(String, &'a S
         | Stmt::Evaluate(_)
         | Stmt::Assert { .. }
         | Stmt::Return(_)
+        | Stmt::Prefetch { .. }
         | Stmt::Barrier => {}
     }
 }

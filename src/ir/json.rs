@@ -495,13 +495,19 @@ impl Reader {
                 self.object(v, path, &["stmt"])?;
                 Ok(Stmt::Barrier)
             }
+            "prefetch" => {
+                let m = self.object(v, path, &["stmt", "buffer", "indices"])?;
+                let buffer = self.buffer_ref(self.field(m, "buffer", path)?, &p("buffer"))?;
+                let indices = self.exprs(self.field(m, "indices", path)?, &p("indices"))?;
+                Ok(Stmt::Prefetch { buffer, indices })
+            }
             "return" => {
                 let m = self.object(v, path, &["stmt", "value"])?;
                 Ok(Stmt::Return(self.expr(self.field(m, "value", path)?, &p("value"))?))
             }
             other => Err(jerr(
                 &p("stmt"),
-                format!("unknown statement `{other}`, expected one of: for, store, allocate, let, if, seq, evaluate, assert, return, barrier"),
+                format!("unknown statement `{other}`, expected one of: for, store, allocate, let, if, seq, evaluate, assert, return, barrier, prefetch"),
             )),
         }
     }
@@ -909,6 +915,10 @@ impl Writer {
             }
             Stmt::Return(e) => json!({"stmt": "return", "value": self.expr(e)}),
             Stmt::Barrier => json!({"stmt": "barrier"}),
+            Stmt::Prefetch { buffer, indices } => {
+                let indices: Vec<Value> = indices.iter().map(|e| self.expr(e)).collect();
+                json!({"stmt": "prefetch", "buffer": buffer.name, "indices": indices})
+            }
         }
     }
 

@@ -462,6 +462,12 @@ impl<'a> Printer<'a> {
                 self.expr(e)?;
                 writeln!(self.out)
             }
+            Stmt::Prefetch { buffer, indices } => {
+                self.line_start()?;
+                write!(self.out, "prefetch {}", buffer.name)?;
+                self.indices(indices)?;
+                writeln!(self.out)
+            }
             Stmt::Barrier => {
                 self.line_start()?;
                 writeln!(self.out, "barrier")

@@ -125,6 +125,10 @@ pub(crate) fn rw_stmt(r: &mut dyn Rewriter, s: &Stmt) -> Stmt {
             message: message.clone(),
         },
         Stmt::Return(e) => Stmt::Return(rw_expr(r, e)),
+        Stmt::Prefetch { buffer, indices } => Stmt::Prefetch {
+            buffer: buffer.clone(),
+            indices: indices.iter().map(|i| rw_expr(r, i)).collect(),
+        },
         Stmt::Barrier => Stmt::Barrier,
     }
 }

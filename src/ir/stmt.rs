@@ -159,6 +159,18 @@ pub enum Stmt {
     Seq(Vec<Stmt>),
     /// Evaluates an expression for its effects (errors) and discards the value.
     Evaluate(Expr),
+    /// A hint: fetch the cache line of `buffer[indices]` ahead of a later load (TVM's
+    /// `prefetch`; LLVM's `llvm.prefetch`, for reading, kept in all cache levels). It never
+    /// changes a result and never faults: the element need not exist (a prefetch of the row
+    /// after the last is allowed), the interpreter does nothing, and a back end without
+    /// prefetches (OpenCL, CUDA) emits nothing. `{"stmt": "prefetch", "buffer": ..., "indices":
+    /// [...]}` in JSON; [`Schedule::prefetch`](crate::schedule::Schedule::prefetch) inserts it.
+    Prefetch {
+        /// The buffer (a parameter or an enclosing allocation).
+        buffer: Buffer,
+        /// One index per dimension (integers).
+        indices: Vec<Expr>,
+    },
     /// Stops with an error (`RuntimeError` in generated code) carrying `message` if `cond` is false.
     Assert {
         /// A bool.

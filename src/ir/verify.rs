@@ -535,6 +535,8 @@ impl<'a> Verifier<'a> {
             Stmt::Evaluate(e) => {
                 self.at(".value", |s| s.expr(e));
             }
+            // In scope and well typed like a load; the element need not exist.
+            Stmt::Prefetch { buffer, indices } => self.use_buffer(buffer, indices),
             Stmt::Assert { cond, .. } => self.cond(cond, "assert"),
             Stmt::Barrier => {
                 if self.kernel.is_none() {

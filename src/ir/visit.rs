@@ -124,6 +124,11 @@ pub fn walk_stmt<V: Visitor + ?Sized>(v: &mut V, s: &Stmt) {
         }
         Stmt::Seq(ss) => ss.iter().for_each(|s| v.stmt(s)),
         Stmt::Evaluate(e) | Stmt::Return(e) | Stmt::Assert { cond: e, .. } => v.expr(e),
+        Stmt::Prefetch { buffer, indices } => {
+            // As a load: the buffer is used (captured), never written.
+            v.load(buffer);
+            indices.iter().for_each(|i| v.expr(i));
+        }
         Stmt::Barrier => {}
     }
 }

@@ -25,6 +25,7 @@
 //! | [`bind`](Schedule::bind) | bind a loop to `blockIdx.*` / `threadIdx.*` (device kernels) |
 //! | [`cache_read_shared`](Schedule::cache_read_shared) | stage the tile one iteration of a loop reads in a `shared` buffer, loaded by the block's threads between barriers |
 //! | [`block_reduce`](Schedule::block_reduce) | a reduction over `for o { for t }` done by `t` threads: per-thread partials, then a tree in `shared` memory |
+//! | [`prefetch`](Schedule::prefetch) | before each load of a buffer in a loop, prefetch what the same load reads some iterations of an enclosing loop later |
 //!
 //! The primitives check the *shape* of what they transform (perfect nests, constant extents,
 //! affine indices). Like TVM's, they trust the caller about dependences: `parallel`, `vectorize`,
@@ -42,6 +43,7 @@
 //! | `cache.rs` | `cache_write`, `cache_read` |
 //! | `reduce.rs` | `rfactor` |
 //! | `device.rs` | device kernels: `bind`, `cache_read_shared`, `block_reduce` |
+//! | `prefetch.rs` | `prefetch` |
 //! | `step.rs` | [`Step`], the JSON form of a schedule, and [`Schedule::apply`] |
 //! | `kernels.rs` | scheduled versions of the kernels of [`crate::ir::kernels`] |
 //! # Example
@@ -67,6 +69,7 @@ mod device;
 mod kinds;
 mod layout;
 mod loops;
+mod prefetch;
 mod reduce;
 mod step;
 

@@ -113,6 +113,18 @@ pub enum Step {
         /// The inner reduction loop (becomes `threadIdx.x`).
         inner: String,
     },
+    /// [`Schedule::prefetch`].
+    Prefetch {
+        /// The loop whose loads get prefetches.
+        at: String,
+        /// The buffer prefetched.
+        buffer: String,
+        /// The loop advanced: `at` or a loop around it.
+        #[serde(rename = "loop")]
+        loop_: String,
+        /// By how many iterations of `loop`.
+        offset: i64,
+    },
 }
 
 impl Schedule {
@@ -185,6 +197,14 @@ impl Schedule {
                 Step::BlockReduce { outer, inner } => {
                     self.block_reduce(outer, inner)?;
                 }
+                Step::Prefetch {
+                    at,
+                    buffer,
+                    loop_,
+                    offset,
+                } => {
+                    self.prefetch(at, buffer, loop_, *offset)?;
+                }
             }
         }
         Ok(())
@@ -192,7 +212,8 @@ impl Schedule {
 }
 
 /// The primitives, recorded in the schedule's trace (their bodies are in the files of their
-/// kind: `loops.rs`, `kinds.rs`, `layout.rs`, `cache.rs`, `reduce.rs`, `device.rs`).
+/// kind: `loops.rs`, `kinds.rs`, `layout.rs`, `cache.rs`, `reduce.rs`, `device.rs`,
+/// `prefetch.rs`).
 impl Schedule {
     /// Splits loop `name` into `name_o` (outer) and `name_i` (inner, extent `factor`), returning
     /// their names. When `factor` does not divide a constant extent (or the extent is symbolic),
@@ -564,6 +585,52 @@ impl Schedule {
                 inner: inner.into(),
             },
             |s| s.block_reduce_untraced(outer, inner),
+        )
+    }
+
+    /// Prefetches for loop `at`: before each store in `at`'s body that loads `buffer`, a
+    /// [`Stmt::Prefetch`](crate::ir::Stmt::Prefetch) of each such load with the variable of loop
+    /// `loop_` (`at` itself or a loop around it) advanced by `offset` iterations: the element
+    /// the same load reads `offset` iterations later. A prefetch never changes a result and
+    /// may name an element past the buffer's end (the last iterations'). Returns the number of
+    /// prefetches inserted.
+    ///
+    /// Unlike TVM's `prefetch`, which issues an iteration's prefetches in a burst at the top of
+    /// `loop_`, these sit beside the loads of `at` and are spread over its iterations: one per
+    /// cache line of a vectorized loop's lanes. Apply it after the primitives that move those
+    /// loads (`cache_read`, `transform_layout`), since it copies them as they are.
+    ///
+    /// ```
+    /// use kiln::schedule::{kernels, Schedule};
+    /// use kiln::ir::Intrinsic;
+    ///
+    /// // softmax: while the `exp` pass of row `i` computes, fetch row `i + 1` for the max pass.
+    /// let mut s = Schedule::new(kernels::softmax_algorithm(8, 256, Intrinsic::FastExp));
+    /// let (je_o, je_i) = s.split("je", 16)?;
+    /// s.vectorize(&je_i)?;
+    /// assert_eq!(s.prefetch(&je_o, "A", "i", 1)?, 1);
+    /// assert!(s.finish()?.to_string().contains("prefetch A[i + 1i64, "));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// No loop `at`, `loop_` not `at` nor around it, `offset` 0, an unknown buffer, or no store
+    /// in `at` that loads `buffer`.
+    pub fn prefetch(
+        &mut self,
+        at: &str,
+        buffer: &str,
+        loop_: &str,
+        offset: i64,
+    ) -> ScheduleResult<usize> {
+        self.traced(
+            || Step::Prefetch {
+                at: at.into(),
+                buffer: buffer.into(),
+                loop_: loop_.into(),
+                offset,
+            },
+            |s| s.prefetch_untraced(at, buffer, loop_, offset),
         )
     }
 }

@@ -551,6 +551,9 @@ impl Kernel<'_> {
             }
             Stmt::Return(_) => return Err(unsupported(self.name, "`return` inside a kernel")),
             Stmt::Barrier => self.line("barrier(CLK_LOCAL_MEM_FENCE);"),
+            // A hint: OpenCL C has `prefetch` for global memory only, and drivers (PoCL among
+            // them) ignore it, so nothing is emitted.
+            Stmt::Prefetch { .. } => {}
         }
         Ok(())
     }

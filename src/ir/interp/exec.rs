@@ -139,7 +139,8 @@ impl Interp<'_> {
                 }
             }
             Stmt::Return(e) => Ok(Flow::Return(self.expr(e)?)),
-            Stmt::Barrier => Ok(Flow::Normal),
+            // A hint with no effect: its indices are not even evaluated (it never faults).
+            Stmt::Barrier | Stmt::Prefetch { .. } => Ok(Flow::Normal),
         }
     }
 }

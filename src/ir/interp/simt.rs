@@ -296,6 +296,7 @@ impl Interp<'_> {
                 Ok(())
             }
             Stmt::Return(_) => Err(self.error("`return` inside a device kernel".into())),
+            Stmt::Prefetch { .. } => Ok(()),
             Stmt::Barrier => {
                 let block = self.block();
                 let n = block.threads.len();

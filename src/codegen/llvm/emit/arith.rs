@@ -286,47 +286,65 @@ impl Emitter<'_> {
 
     /// IEEE minimum/maximum: NaN if either is NaN, -0 below +0.
     fn fminmax(&mut self, min: bool, ty: &str, x: Val, y: Val) -> Val {
-        let fm = self.fm();
-        let p = if min { "olt" } else { "ogt" };
-        let c = self.assign("i1", format!("fcmp {fm}{p} {}, {}", x.typed(), y.v));
-        if self.opts.fast_math == "fast"
-            || (self.opts.fast_math.contains("nnan") && self.opts.fast_math.contains("nsz"))
-        {
-            // No NaNs and no signed zeros: a compare and select (a min/max reduction for LLVM).
-            return self.assign(
-                ty,
-                format!("select {fm}i1 {}, {}, {}", c.v, x.typed(), y.typed()),
-            );
-        }
-        let eq = self.assign("i1", format!("fcmp oeq {}, {}", x.typed(), y.v));
         let ibits = match ty {
             "half" => "i16",
             "float" => "i32",
             _ => "i64",
         };
-        let xb = self.assign(ibits, format!("bitcast {} to {ibits}", x.typed()));
-        let sgn = self.assign("i1", format!("icmp slt {ibits} {}, 0", xb.v));
-        let want = if min {
-            sgn.v.clone()
-        } else {
-            self.assign("i1", format!("xor i1 {}, true", sgn.v)).v
-        };
-        let tie = self.assign("i1", format!("and i1 {}, {}", eq.v, want));
-        let pick = self.assign("i1", format!("or i1 {}, {}", c.v, tie.v));
-        let r = self.assign(
-            ty,
-            format!("select i1 {}, {}, {}", pick.v, x.typed(), y.typed()),
-        );
-        let nan = self.assign("i1", format!("fcmp uno {}, {}", x.typed(), y.v));
         let qnan = if ty == "half" {
             "0xH7E00"
         } else {
             "0x7FF8000000000000"
         };
-        self.assign(
-            ty,
-            format!("select i1 {}, {ty} {qnan}, {}", nan.v, r.typed()),
-        )
+        self.minmax_by_lanes(min, "i1", ibits, &format!("{ty} {qnan}"), x, y)
+    }
+
+    /// IEEE minimum/maximum of two values of one float type, scalar or vector (`bt` the
+    /// type of a comparison's result, `ity` the integer type of the same width, `qnan` the
+    /// typed quiet NaN); with `nnan nsz` fast math, a plain compare and select.
+    ///
+    /// Written without logic on the comparisons' `i1`s: `a = x > y ? x : y` and
+    /// `b = y > x ? y : x` are equal unless `x == y` or one is NaN; between equal operands
+    /// the AND (max) or the OR (min) of their bits picks the right zero, and a final select
+    /// puts NaN where either operand is NaN. Each step is one instruction per vector on
+    /// x86 (`maxps`, `andps`, `cmpunordps`, `blendvps`), where `and`/`or` of wide `<N x i1>`
+    /// vectors, without AVX-512's mask registers, are packed to bytes and back (kiln's
+    /// softmax spent most of its time there on AVX2).
+    pub(super) fn minmax_by_lanes(
+        &mut self,
+        min: bool,
+        bt: &str,
+        ity: &str,
+        qnan: &str,
+        x: Val,
+        y: Val,
+    ) -> Val {
+        let fm = self.fm();
+        let ty = x.ty.clone();
+        let p = if min { "olt" } else { "ogt" };
+        let c = self.assign(bt, format!("fcmp {fm}{p} {}, {}", x.typed(), y.v));
+        let a = self.assign(
+            &ty,
+            format!("select {fm}{bt} {}, {}, {}", c.v, x.typed(), y.typed()),
+        );
+        if self.opts.fast_math == "fast"
+            || (self.opts.fast_math.contains("nnan") && self.opts.fast_math.contains("nsz"))
+        {
+            // No NaNs and no signed zeros: a compare and select (a min/max reduction for LLVM).
+            return a;
+        }
+        let c2 = self.assign(bt, format!("fcmp {fm}{p} {}, {}", y.typed(), x.v));
+        let b = self.assign(
+            &ty,
+            format!("select {fm}{bt} {}, {}, {}", c2.v, y.typed(), x.typed()),
+        );
+        let ab = self.assign(ity, format!("bitcast {} to {ity}", a.typed()));
+        let bb = self.assign(ity, format!("bitcast {} to {ity}", b.typed()));
+        let op = if min { "or" } else { "and" };
+        let rb = self.assign(ity, format!("{op} {}, {}", ab.typed(), bb.v));
+        let r = self.assign(&ty, format!("bitcast {} to {ty}", rb.typed()));
+        let nan = self.assign(bt, format!("fcmp uno {}, {}", x.typed(), y.v));
+        self.assign(&ty, format!("select {bt} {}, {qnan}, {}", nan.v, r.typed()))
     }
 
     /// A saturating float→int conversion (NaN → 0, out of range → the limit) as a plain

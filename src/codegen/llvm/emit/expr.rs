@@ -233,6 +233,22 @@ impl Emitter<'_> {
 
     /// The element address `buffer[indices]` as a typed pointer.
     pub(super) fn address(&mut self, buffer: &Buffer, indices: &[Expr]) -> R<String> {
+        self.address_with(buffer, indices, true)
+    }
+
+    /// [`Self::address`]; with `exact` false, computed without `nsw` and `inbounds`, so that an
+    /// address outside the buffer is an address, not poison (a prefetch's, `prefetch.rs`).
+    pub(super) fn address_with(
+        &mut self,
+        buffer: &Buffer,
+        indices: &[Expr],
+        exact: bool,
+    ) -> R<String> {
+        let (nsw, inb) = if exact {
+            ("nsw ", "inbounds ")
+        } else {
+            ("", "")
+        };
         let base =
             self.bufs.get(&buffer.data.id).cloned().ok_or_else(|| {
                 unsupported(format!("buffer `{}` is not bound here", buffer.name))
@@ -252,10 +268,10 @@ impl Emitter<'_> {
                 for (i, s) in indices.iter().zip(strides) {
                     let iv = self.index64(i)?;
                     let sv = self.index64(s)?;
-                    let p = self.assign("i64", format!("mul nsw i64 {}, {}", iv.v, sv.v));
+                    let p = self.assign("i64", format!("mul {nsw}i64 {}, {}", iv.v, sv.v));
                     off = Some(match off {
                         None => p,
-                        Some(o) => self.assign("i64", format!("add nsw i64 {}, {}", o.v, p.v)),
+                        Some(o) => self.assign("i64", format!("add {nsw}i64 {}, {}", o.v, p.v)),
                     });
                 }
             }
@@ -282,7 +298,7 @@ impl Emitter<'_> {
                     };
                     for e in &dim.extents {
                         let ext = self.index_as(w, e)?;
-                        o = self.assign(w, format!("mul nsw {w} {}, {}", o.v, ext.v));
+                        o = self.assign(w, format!("mul {nsw}{w} {}, {}", o.v, ext.v));
                     }
                     if d + 1 == n {
                         // The row's pointer, then the element in it: a second `getelementptr`
@@ -294,7 +310,7 @@ impl Emitter<'_> {
                         off = Some(o);
                         last = Some(iv);
                     } else {
-                        off = Some(self.assign(w, format!("add nsw {w} {}, {}", o.v, iv.v)));
+                        off = Some(self.assign(w, format!("add {nsw}{w} {}, {}", o.v, iv.v)));
                     }
                 }
                 if w == "i32" {
@@ -312,7 +328,7 @@ impl Emitter<'_> {
         for o in std::iter::once(off).chain(last) {
             p = self.assign(
                 &Self::ptr(&mt),
-                format!("getelementptr inbounds {mt}, {}, i64 {}", p.typed(), o.v),
+                format!("getelementptr {inb}{mt}, {}, i64 {}", p.typed(), o.v),
             );
         }
         Ok(p.v)

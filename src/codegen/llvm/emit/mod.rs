@@ -38,6 +38,7 @@
 //! - `vector.rs`: the emitter's own unrolling and vectorization of `unrolled` and `vectorized`
 //!   loops;
 //! - `copy.rs`: loop nests that copy a contiguous region, as one `memcpy`;
+//! - `prefetch.rs`: prefetches, one per cache line of a vector's lanes;
 //! - `streaming.rs`: loops that write a streamed output, with non-temporal stores (the backend's
 //!   `stream.rs` has the rule);
 //! - `launch.rs`: the host code of a device target: the host-access check and the launch of a
@@ -52,6 +53,7 @@ mod intrinsic;
 mod kernel;
 mod launch;
 mod parallel;
+mod prefetch;
 mod stmt;
 mod streaming;
 mod vector;

@@ -384,6 +384,10 @@ pub(crate) fn collect_vars(s: &Stmt, out: &mut BTreeSet<VarId>) {
         }
         Stmt::Seq(v) => v.iter().for_each(|s| collect_vars(s, out)),
         Stmt::Evaluate(e) | Stmt::Return(e) => expr(e, out),
+        Stmt::Prefetch { buffer, indices } => {
+            buf(buffer, out);
+            indices.iter().for_each(|i| expr(i, out));
+        }
         Stmt::Barrier => {}
         Stmt::Assert { cond, .. } => expr(cond, out),
     }

@@ -22,6 +22,7 @@ impl Emitter<'_> {
             Stmt::Evaluate(e) => {
                 self.expr(e)?;
             }
+            Stmt::Prefetch { buffer, indices } => self.prefetch(buffer, indices)?,
             Stmt::Store {
                 buffer,
                 indices,

@@ -104,6 +104,7 @@ pub(super) fn vec_body_ok(s: &Stmt, id: VarId) -> bool {
                 && indices.iter().all(loads_ok)
         }
         Stmt::Let { value, body, .. } => !expr_uses(value, id) && vec_body_ok(body, id),
+        Stmt::Prefetch { indices, .. } => indices.iter().all(loads_ok),
         Stmt::IfThenElse {
             cond,
             then_case,
@@ -196,7 +197,7 @@ impl Emitter<'_> {
     }
 
     /// The loop variable's value in lane `l`.
-    fn lane_value(&mut self, var: &Var, lo: &Val, l: i64) -> Val {
+    pub(super) fn lane_value(&mut self, var: &Var, lo: &Val, l: i64) -> Val {
         let ty = reg_ty(var.dtype);
         self.assign(&ty, format!("add {}, {l}", lo.typed()))
     }
@@ -338,43 +339,13 @@ impl Emitter<'_> {
     }
 
     /// Lane-wise IEEE minimum/maximum (NaN if either is NaN, -0 below +0); with `nnan nsz` fast
-    /// math, a plain compare and select.
+    /// math, a plain compare and select ([`Self::minmax_by_lanes`]).
     fn vminmax(&mut self, min: bool, n: i64, sty: &str, x: Val, y: Val) -> Val {
-        let vt = x.ty.clone();
         let bt = format!("<{n} x i1>");
-        let p = if min { "olt" } else { "ogt" };
-        let fm = self.fm();
-        let c = self.assign(&bt, format!("fcmp {fm}{p} {}, {}", x.typed(), y.v));
-        let relaxed = self.opts.fast_math == "fast"
-            || (self.opts.fast_math.contains("nnan") && self.opts.fast_math.contains("nsz"));
-        if relaxed {
-            return self.assign(
-                &vt,
-                format!("select {fm}{bt} {}, {}, {}", c.v, x.typed(), y.typed()),
-            );
-        }
         let ity = Self::vty(n, if sty == "float" { "i32" } else { "i64" });
-        let eq = self.assign(&bt, format!("fcmp oeq {}, {}", x.typed(), y.v));
-        let xb = self.assign(&ity, format!("bitcast {} to {ity}", x.typed()));
-        let sgn = self.assign(&bt, format!("icmp slt {ity} {}, zeroinitializer", xb.v));
-        let want = if min {
-            sgn.v.clone()
-        } else {
-            let ones = Self::splat_const(n, "i1", "true");
-            self.assign(&bt, format!("xor {bt} {}, {ones}", sgn.v)).v
-        };
-        let tie = self.assign(&bt, format!("and {bt} {}, {want}", eq.v));
-        let pick = self.assign(&bt, format!("or {bt} {}, {}", c.v, tie.v));
-        let r = self.assign(
-            &vt,
-            format!("select {bt} {}, {}, {}", pick.v, x.typed(), y.typed()),
-        );
-        let nan = self.assign(&bt, format!("fcmp uno {}, {}", x.typed(), y.v));
-        let q = Self::splat_const(n, sty, "0x7FF8000000000000");
-        self.assign(
-            &vt,
-            format!("select {bt} {}, {vt} {q}, {}", nan.v, r.typed()),
-        )
+        let vt = x.ty.clone();
+        let q = format!("{vt} {}", Self::splat_const(n, sty, "0x7FF8000000000000"));
+        self.minmax_by_lanes(min, &bt, &ity, &q, x, y)
     }
 
     /// Emits a lane-wise statement for lanes `lo .. lo + n` of `var`.
@@ -441,7 +412,10 @@ impl Emitter<'_> {
                     }
                 }
             }
-            _ => unreachable!("vec_body_ok admits only stores, lets, ifs and sequences"),
+            Stmt::Prefetch { buffer, indices } => self.vprefetch(var, lo, n, buffer, indices)?,
+            _ => {
+                unreachable!("vec_body_ok admits only stores, prefetches, lets, ifs and sequences")
+            }
         }
         Ok(())
     }
