@@ -830,6 +830,44 @@ fn softmax_columns_are_leaves_with_vector_and_rfactor_knobs() {
     let hand = &seeds[2];
     assert_eq!(hand[0].leaves[..4], [64, 16, 64, 16]);
     assert_eq!(hand[0].parallel, 1);
+    // The `exp` loop reads the row the max loop read: it is where the next row is prefetched,
+    // as in kiln's hand schedule.
+    assert_eq!(space::prefetch_leaf(n), Some((1, "A".to_string())));
+    assert!(hand[0].prefetch);
+    let hand_steps = space::steps_for(&g, &nests, hand).unwrap();
+    assert!(
+        hand_steps.contains(&Step::Prefetch {
+            at: "je_o".into(),
+            buffer: "A".into(),
+            loop_: "i".into(),
+            offset: 1,
+        }),
+        "{hand_steps:?}"
+    );
+    // No prefetch without a vectorized `exp` leaf (a scalar loop would issue one per element).
+    let mut off = hand.clone();
+    off[0].leaves[1] = 0;
+    let steps = space::steps_for(&g, &nests, &off).unwrap();
+    assert!(!steps.iter().any(|s| matches!(s, Step::Prefetch { .. })));
+    // A perfect nest has no prefetch knob, and a knob record written before it reads as off.
+    let (r, _) = space::normalize(&kernels::rowsum_sized(16, 256));
+    assert!(space::nests(&r)
+        .iter()
+        .all(|n| space::prefetch_leaf(n).is_none()));
+    let old: space::Knobs = serde_json::from_str(
+        r#"{"tile":[0,0],"vector":0,"unroll":0,"parallel":1,"leaves":[0,0,0,0,0,0,0,0]}"#,
+    )
+    .unwrap();
+    assert!(!old.prefetch);
+    // Mutations reach both settings.
+    let mut rng = space::Rng::new(11);
+    let mut seen = [false; 2];
+    let mut c = hand.clone();
+    for _ in 0..200 {
+        c = space::mutate(&nests, &c, &mut rng);
+        seen[usize::from(c[0].prefetch)] = true;
+    }
+    assert_eq!(seen, [true, true]);
     let mut rng = space::Rng::new(3);
     let mut choices: Vec<space::Choice> = seeds.clone();
     choices.extend((0..12).map(|_| space::random_choice(&nests, &mut rng)));

@@ -14,6 +14,7 @@
 //! | `unroll` | 0, 2, 4, 8 | split the innermost reduction loop, unroll the inner part |
 //! | `parallel` | none, outermost, outer two fused | `parallel` (after `fuse`) |
 //! | `leaves` | per innermost loop below the nest's chain (softmax's four column loops inside its row loop; a reduction innermost in the chain, as rowsum's): 0 or a width dividing its extent, 8-64 | a spatial loop: split, vectorize the inner part; a reduction into one element: split, `rfactor`, vectorize the lanes |
+//! | `prefetch` | off, on; only where a vectorized spatial leaf re-reads a buffer an earlier leaf read ([`prefetch_leaf`]: softmax's `exp` loop) | [`Schedule::prefetch`] of that buffer in that leaf, for the next iteration of the chain's innermost loop |
 //!
 //! A choice becomes [`Step`]s by running the primitives on a [`Schedule`] (so the steps carry
 //! the loop names the primitives chose); a choice the primitives refuse is not a candidate.
@@ -35,6 +36,8 @@ pub struct LoopInfo {
     pub extent: Option<i64>,
     /// No buffer stored under it is indexed by it.
     pub reduction: bool,
+    /// The buffers its body loads, by name, each once, in order.
+    pub loads: Vec<String>,
 }
 
 /// A top-level loop nest: the perfectly nested chain from its outermost loop down, and the
@@ -67,6 +70,10 @@ pub struct Knobs {
     /// Per leaf of the nest ([`Nest::leaves`]): 0, or the vector width (a spatial loop) or the
     /// number of lanes of an `rfactor` (a reduction).
     pub leaves: [i64; MAX_LEAVES],
+    /// Prefetch, in the vectorized leaf of [`prefetch_leaf`], what it reads for the next
+    /// iteration of the chain's innermost loop (absent in records written before it: off).
+    #[serde(default)]
+    pub prefetch: bool,
 }
 
 /// The knobs of every nest of a function: one candidate.
@@ -95,11 +102,42 @@ pub(crate) fn loop_info(var: &Var, extent: &Expr, body: &Stmt) -> LoopInfo {
     let mut stores: Vec<Vec<Expr>> = Vec::new();
     for_each_store(body, &mut |_, ix| stores.push(ix.to_vec()));
     let reduction = !stores.is_empty() && !stores.iter().flatten().any(|e| e.mentions(var));
+    struct Loads(Vec<String>);
+    impl Visitor for Loads {
+        fn load(&mut self, b: &Buffer) {
+            if !self.0.contains(&b.name) {
+                self.0.push(b.name.clone());
+            }
+        }
+    }
+    let mut loads = Loads(Vec::new());
+    loads.stmt(body);
     LoopInfo {
         name: var.name.to_string(),
         extent: extent.as_int(),
         reduction,
+        loads: loads.0,
     }
+}
+
+/// The leaf of `nest` that reads again a buffer an earlier leaf of the same iteration read
+/// (softmax's `exp` loop: the max loop read the row first), and that buffer: the knob
+/// [`Knobs::prefetch`] prefetches it there for the next iteration of the chain's innermost
+/// loop ([`Schedule::prefetch`]), so that the earlier leaf finds it in the cache. `None` for a
+/// perfect nest or when no spatial leaf re-reads a buffer.
+pub fn prefetch_leaf(nest: &Nest) -> Option<(usize, String)> {
+    if nest.perfect || nest.loops.is_empty() {
+        return None;
+    }
+    nest.leaves.iter().enumerate().find_map(|(j, leaf)| {
+        if leaf.reduction {
+            return None;
+        }
+        leaf.loads
+            .iter()
+            .find(|b| nest.leaves[..j].iter().any(|l| l.loads.contains(b)))
+            .map(|b| (j, b.clone()))
+    })
 }
 
 fn has_loop(s: &Stmt) -> bool {
@@ -430,7 +468,8 @@ fn apply_nest(
             kind: "vectorized".into(),
         });
     }
-    for (leaf, &w) in nest.leaves.iter().zip(&k.leaves) {
+    let prefetch = prefetch_leaf(nest).filter(|_| k.prefetch);
+    for (j, (leaf, &w)) in nest.leaves.iter().zip(&k.leaves).enumerate() {
         if w <= 0 {
             continue;
         }
@@ -442,7 +481,7 @@ fn apply_nest(
         if leaf.reduction {
             s.rfactor(&o, &i).map_err(e)?;
             steps.push(Step::Rfactor {
-                outer: o,
+                outer: o.clone(),
                 inner: i.clone(),
             });
         }
@@ -451,6 +490,16 @@ fn apply_nest(
             loop_: i,
             kind: "vectorized".into(),
         });
+        if let Some((_, buffer)) = prefetch.as_ref().filter(|(pj, _)| *pj == j) {
+            let row = &nest.loops[nest.loops.len() - 1].name;
+            s.prefetch(&o, buffer, row, 1).map_err(e)?;
+            steps.push(Step::Prefetch {
+                at: o.clone(),
+                buffer: buffer.clone(),
+                loop_: row.clone(),
+                offset: 1,
+            });
+        }
     }
     if k.unroll > 0 {
         let Some(r) = nest.loops.iter().rev().find(|l| l.reduction) else {
@@ -560,7 +609,12 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
                 unroll: rng.pick(&u),
                 parallel: rng.pick(&p),
                 leaves,
+                prefetch: false,
             };
+            // Drawn only where the knob exists, so other functions' searches are unchanged.
+            if prefetch_leaf(n).is_some() {
+                k.prefetch = rng.below(2) == 0;
+            }
             sanitize(n, &mut k, rng.below(2) == 0);
             k
         })
@@ -578,6 +632,11 @@ fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
     let innermost_spatial = nest.perfect && nest.loops.last().is_some_and(|l| !l.reduction);
     if k.tile == [0, 0] && !innermost_spatial {
         k.vector = 0;
+    }
+    // A prefetch only where the knob exists, in a vectorized leaf (a scalar loop would issue
+    // one per element).
+    if k.prefetch && prefetch_leaf(nest).is_none_or(|(j, _)| k.leaves[j] <= 0) {
+        k.prefetch = false;
     }
     if nest.perfect && k.leaves.iter().any(|&w| w > 0) && (k.tile != [0, 0] || k.unroll > 0) {
         if prefer_leaf {
@@ -600,13 +659,16 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     let (t, v, u, p) = knob_values(&nests[i]);
     let lv = leaf_values(&nests[i]);
     let k = &mut out[i];
-    let which = rng.below(5 + usize::from(!lv.is_empty()) * 2);
+    let leaf_knobs = 5 + usize::from(!lv.is_empty()) * 2;
+    let has_prefetch = prefetch_leaf(&nests[i]).is_some();
+    let which = rng.below(leaf_knobs + usize::from(has_prefetch));
     match which {
         0 => k.tile[0] = rng.pick(&t),
         1 => k.tile[1] = rng.pick(&t),
         2 => k.vector = rng.pick(&v),
         3 => k.unroll = rng.pick(&u),
         4 => k.parallel = rng.pick(&p),
+        w if w == leaf_knobs => k.prefetch = !k.prefetch,
         _ => {
             let j = rng.below(lv.len());
             k.leaves[j] = rng.pick(&lv[j]);
@@ -638,12 +700,16 @@ pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
                             .min_by_key(|&w| (w - want).abs())
                             .unwrap_or(0);
                     }
-                    Knobs {
+                    let mut k = Knobs {
                         vector: if v.contains(&width) { width } else { 0 },
                         parallel: if p.contains(&1) { 1 } else { 0 },
                         leaves,
+                        // As kiln's softmax: the re-read buffer prefetched for the next row.
+                        prefetch: true,
                         ..Knobs::default()
-                    }
+                    };
+                    sanitize(n, &mut k, true);
+                    k
                 })
                 .collect(),
         );
