@@ -622,16 +622,6 @@ impl SoftmaxLanes {
         exp: 32,
         scale: 16,
     };
-
-    /// The lanes for a target: AVX-512's when its CPU has it ([`crate::target::has_avx512`]),
-    /// else AVX2's.
-    pub fn for_target(t: &crate::target::Target) -> SoftmaxLanes {
-        if crate::target::has_avx512(t) {
-            SoftmaxLanes::AVX512
-        } else {
-            SoftmaxLanes::AVX2
-        }
-    }
 }
 
 /// Scheduled `softmax(A[rows, cols], B[rows, cols])` with `fast_exp` (TVM's `fast_softmax`:

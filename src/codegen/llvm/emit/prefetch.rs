@@ -12,7 +12,7 @@
 
 use crate::ir::{Buffer, Expr, StorageScope, Var};
 
-use super::vector::lane_coef;
+use super::vector::{lane_coef, unit_stride};
 use super::{mem_ty, Emitter, Val, R};
 
 /// Bytes one prefetch brings in: a cache line on every CPU kiln targets.
@@ -68,26 +68,21 @@ impl Emitter<'_> {
         if !self.prefetches(buffer) {
             return Ok(());
         }
-        let last = indices.len().wrapping_sub(1);
-        let unit = buffer.strides.is_none()
-            && !indices.is_empty()
-            && indices
-                .iter()
-                .enumerate()
-                .all(|(d, i)| lane_coef(i, var.id) == Some(i64::from(d == last)));
+        let unit = unit_stride(buffer, indices, var.id);
         let uniform = indices.iter().all(|i| lane_coef(i, var.id) == Some(0));
         if unit || uniform {
             let old = self.vars.insert(var.id, lo.clone());
             let a = self.address_with(buffer, indices, false);
             self.restore(var.id, old);
             let a = a?;
-            let bytes = if unit {
-                n * buffer.dtype.bytes() as i64
+            // The lanes' bytes, one prefetch per line; a uniform address, one.
+            let lines = if unit {
+                (n * buffer.dtype.bytes() as i64 + LINE_BYTES - 1) / LINE_BYTES
             } else {
                 1
             };
-            for off in (0..bytes).step_by(LINE_BYTES as usize) {
-                self.prefetch_at(buffer, &a, off);
+            for k in 0..lines {
+                self.prefetch_at(buffer, &a, k * LINE_BYTES);
             }
             return Ok(());
         }

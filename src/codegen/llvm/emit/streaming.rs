@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashSet};
 use crate::ir::{Buffer, Expr, Stmt, TypeCode, Var, VarId};
 
 use super::parallel::collect_vars;
-use super::vector::{lane_coef, vec_body_ok};
+use super::vector::{unit_stride, vec_body_ok};
 use super::{mem_ty, reg_ty, Emitter, Val, R};
 
 /// Bytes per vector store of a streaming loop, and their alignment: one cache line.
@@ -53,17 +53,7 @@ fn stream_stores<'s>(s: &'s Stmt, id: VarId, bufs: &HashSet<VarId>, out: &mut Ve
         }
         Stmt::Store {
             buffer, indices, ..
-        } if bufs.contains(&buffer.data.id) && buffer.strides.is_none() => {
-            let last = indices.len().wrapping_sub(1);
-            let unit = !indices.is_empty()
-                && indices
-                    .iter()
-                    .enumerate()
-                    .all(|(d, i)| lane_coef(i, id) == Some(i64::from(d == last)));
-            if unit {
-                out.push(s);
-            }
-        }
+        } if bufs.contains(&buffer.data.id) && unit_stride(buffer, indices, id) => out.push(s),
         _ => {}
     }
 }

@@ -36,6 +36,18 @@ fn expr_uses(e: &Expr, id: VarId) -> bool {
     s.contains(&id)
 }
 
+/// Whether `buffer[indices]` moves by one element per step of `id` (last index coefficient 1,
+/// the others 0) in a buffer without strides: the lanes of a vector over `id` are contiguous.
+pub(super) fn unit_stride(buffer: &Buffer, indices: &[Expr], id: VarId) -> bool {
+    let last = indices.len().wrapping_sub(1);
+    buffer.strides.is_none()
+        && !indices.is_empty()
+        && indices
+            .iter()
+            .enumerate()
+            .all(|(d, i)| lane_coef(i, id) == Some(i64::from(d == last)))
+}
+
 /// The coefficient of `id` in the integer expression `e`, if `e` is affine in it.
 pub(super) fn lane_coef(e: &Expr, id: VarId) -> Option<i64> {
     if !expr_uses(e, id) {
@@ -229,15 +241,8 @@ impl Emitter<'_> {
         buffer: &Buffer,
         indices: &[Expr],
     ) -> R<Option<String>> {
-        if buffer.strides.is_some() || indices.is_empty() {
+        if !unit_stride(buffer, indices, var.id) {
             return Ok(None);
-        }
-        let last = indices.len() - 1;
-        for (d, i) in indices.iter().enumerate() {
-            let want = if d == last { 1 } else { 0 };
-            if lane_coef(i, var.id) != Some(want) {
-                return Ok(None);
-            }
         }
         let old = self.vars.insert(var.id, lo.clone());
         let a = self.address(buffer, indices);
