@@ -282,7 +282,7 @@ fn a_short_loop_that_converts_its_variable_to_a_float_is_unrolled() {
 }
 
 /// The reduction loop of a register tile (a serial loop whose body is only unrolled and
-/// vectorized loops: a matmul's `k` loop around its `mr x nr` tile) is unrolled four times,
+/// vectorized loops, rows unrolled: a matmul's `k` loop around its `mr x nr` tile) is unrolled four times,
 /// whatever the CPU's cost model would do (LLVM 14's Zen 3 model unrolled it by up to 24, its
 /// Intel models by 2; the cap above would leave it a loop). Results are unchanged.
 #[test]
@@ -318,4 +318,16 @@ fn a_register_tiles_reduction_loop_is_unrolled_four_times() {
         jit_last(&f, &shapes, &CodegenOptions::host()),
         interp_last(&f, &shapes)
     );
+    // A loop over the vector chunks of a row (no unrolled rows inside) is not a tile.
+    let a = Buffer::new("A", t, vec![Expr::from(1024i64)]);
+    let c = Buffer::new("C", t, vec![Expr::from(1024i64)]);
+    let body = for_range("o", Expr::from(64i64), ForKind::Serial, |o| {
+        for_range("i", Expr::from(16i64), ForKind::Vectorized, |i| {
+            let x = o.clone() * 16i64 + i;
+            c.store(vec![x.clone()], a.load(vec![x]) * 2.0f32)
+        })
+    });
+    let chunks =
+        PrimFunc::new("chunks", vec![Param::Buffer(a), Param::Buffer(c)], body).with_noalias(true);
+    assert!(!ir(&chunks).contains("llvm.loop.unroll.count"));
 }

@@ -320,8 +320,8 @@ impl Emitter<'_> {
             // accumulators): unrolled a fixed number of times, not as the CPU's cost model
             // would (LLVM 14's Zen 3 model unrolled it up to 24 times, its Intel models twice,
             // and the process-wide cap on partial unrolling, `init_llvm`, would leave it a
-            // loop: 0.97x on a Zen 3), and not vectorized across `k` (its accesses stride by
-            // a row, as below).
+            // loop: `matmul_avx2.json` 7 % slower on a Zen 3), and not vectorized across `k`
+            // (its accesses stride by a row, as below).
             let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
             let c = self.md(|n| {
                 format!("!{n} = !{{!\"llvm.loop.unroll.count\", i32 {REGISTER_TILE_UNROLL}}}")
@@ -352,7 +352,7 @@ impl Emitter<'_> {
             // A short loop whose variable is converted to a float (the source coordinate of a
             // resize, `floor((i + 0.5) * scale)`): unrolled, each iteration's coordinate, its
             // clamp and its weights fold to constants and the loads become fixed offsets
-            // (`resize_bilinear` 2.8-3.6x TVM's time on a Zen 3, 1.06x without).
+            // (`resize_bilinear` at 3.5-4x TVM's speed on a Zen 3, 1.06x as a loop).
             self.full_unroll_metadata()
         } else {
             self.loop_metadata(kind, group.as_deref())
@@ -607,28 +607,41 @@ fn inline_call(op: crate::ir::Intrinsic, args: &[Expr]) -> bool {
 /// How many times [`register_tile_loop`]s are unrolled.
 const REGISTER_TILE_UNROLL: i64 = 4;
 
-/// Whether `body` is a register tile: it holds loops, and every one of them is unrolled or
-/// vectorized with a constant extent (the `k` loop of a matmul's tile).
+/// The most elements a [`register_tile_loop`]'s tile holds (AVX-512's 8 x 32 floats: 256).
+const REGISTER_TILE_ELEMENTS: i64 = 512;
+
+/// Whether `body` is a register tile: it holds loops, every one of them unrolled or vectorized
+/// with a constant extent, at least one unrolled (the tile's rows), their extents multiplying
+/// to at most [`REGISTER_TILE_ELEMENTS`] (the `k` loop of a matmul's `mr x nr` tile; not a
+/// loop over the vector chunks of a row).
 fn register_tile_loop(body: &Stmt) -> bool {
     use crate::ir::visit::{walk_stmt, Visitor};
     struct Scan {
-        loops: usize,
+        elements: i64,
+        unrolled: bool,
         ok: bool,
     }
     impl Visitor for Scan {
         fn stmt(&mut self, s: &Stmt) {
             if let Stmt::For { kind, extent, .. } = s {
-                self.loops += 1;
-                self.ok &= matches!(kind, ForKind::Unrolled | ForKind::Vectorized)
-                    && extent.as_int().is_some();
+                self.unrolled |= *kind == ForKind::Unrolled;
+                self.ok &= matches!(kind, ForKind::Unrolled | ForKind::Vectorized);
+                match extent.as_int() {
+                    Some(n) if n > 0 => self.elements = self.elements.saturating_mul(n),
+                    _ => self.ok = false,
+                }
             }
             walk_stmt(self, s);
         }
         fn expr(&mut self, _: &Expr) {}
     }
-    let mut s = Scan { loops: 0, ok: true };
+    let mut s = Scan {
+        elements: 1,
+        unrolled: false,
+        ok: true,
+    };
     s.stmt(body);
-    s.loops > 0 && s.ok
+    s.ok && s.unrolled && s.elements <= REGISTER_TILE_ELEMENTS
 }
 
 /// The longest serial loop [`folds_when_unrolled`] unrolls.
