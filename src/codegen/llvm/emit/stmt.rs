@@ -201,6 +201,21 @@ impl Emitter<'_> {
         format!(", !llvm.loop !{id}")
     }
 
+    /// `!llvm.loop` metadata that keeps LLVM's loop vectorizer off a loop (width 1), and
+    /// unrolls it `unroll` times when given (else LLVM's unroller decides).
+    fn unvectorized_metadata(&mut self, unroll: Option<i64>) -> String {
+        let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
+        let count = match unroll {
+            Some(k) => {
+                let c = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.count\", i32 {k}}}"));
+                format!(", !{c}")
+            }
+            None => String::new(),
+        };
+        let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}{count}}}"));
+        format!(", !llvm.loop !{id}")
+    }
+
     /// `!llvm.loop` metadata that keeps a loop as it is: not vectorized, interleaved or unrolled.
     pub(super) fn no_unroll_metadata(&mut self) -> String {
         self.fixed_width_metadata(1, false)
@@ -322,20 +337,13 @@ impl Emitter<'_> {
             // and the process-wide cap on partial unrolling, `init_llvm`, would leave it a
             // loop: `matmul_avx2.json` 7 % slower on a Zen 3), and not vectorized across `k`
             // (its accesses stride by a row, as below).
-            let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
-            let c = self.md(|n| {
-                format!("!{n} = !{{!\"llvm.loop.unroll.count\", i32 {REGISTER_TILE_UNROLL}}}")
-            });
-            let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}, !{c}}}"));
-            format!(", !llvm.loop !{id}")
+            self.unvectorized_metadata(Some(REGISTER_TILE_UNROLL))
         } else if kind == ForKind::Serial && strided_outer_loop(var, body) {
             // LLVM may fully unroll the loops inside and then vectorize this one, where every
             // access strides by a row: with AVX-512, LLVM 14 takes gathers and scatters for
             // that (a row copy of `split` ran at 0.22x TVM's time); the inner loops' own
             // vectorization (or SLP's) is what such a nest wants.
-            let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
-            let id = self.md(|n| format!("!{n} = distinct !{{!{n}, !{w}}}"));
-            format!(", !llvm.loop !{id}")
+            self.unvectorized_metadata(None)
         } else if let Some(width) = short_loop_width(kind, extent, var, body) {
             // A short innermost loop of known length whose accesses are contiguous: vectorized
             // by a width that divides its length, not interleaved and not unrolled first, so
