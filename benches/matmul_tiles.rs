@@ -12,7 +12,8 @@
 //! target's default (`MatmulTiles::for_target_and_depth`) unless configurations are given.
 //!
 //! Run: `cargo bench --bench matmul_tiles [-- mr,nr,mb,kc[,pack] ...]` (`KILN_BENCH_QUICK=1`: fewer
-//! rounds; `KILN_BENCH_SIZE=m,n,k` another shape).
+//! rounds; `KILN_BENCH_SIZE=m,n,k` another shape; `KILN_BENCH_DUMP=DIR` writes each scheduled
+//! function there as kiln IR JSON, for `kiln build FILE -o x.s` to show its code).
 
 mod util;
 use util::{cpu_model, num_cpus, rnd, Array, Stats};
@@ -106,8 +107,21 @@ fn main() {
         let f = matmul_tiled_packing(s, &MatmulParts::default(), [m, n, k], *t, *pack, *pack_a)
             .and_then(Schedule::finish)
             .unwrap();
+        let ir = IRModule::from_functions(vec![f]);
+        if let Some(dir) = std::env::var_os("KILN_BENCH_DUMP") {
+            // The scheduled function, for `kiln build FILE -o x.s` (or `x.ll`) to show its code.
+            let file = std::path::Path::new(&dir).join(
+                format!(
+                    "matmul_{}x{}_{}_{}_{:?}_{:?}.json",
+                    t.mr, t.nr, t.mb, t.kc, pack, pack_a
+                )
+                .replace([' ', '{', '}', ':'], ""),
+            );
+            std::fs::write(&file, ir.to_json_string()).unwrap();
+            println!("wrote {}", file.display());
+        }
         let start = Instant::now();
-        let module = LlvmModule::jit(&IRModule::from_functions(vec![f]), &o).unwrap();
+        let module = LlvmModule::jit(&ir, &o).unwrap();
         module.wait_optimized().unwrap();
         let build = start.elapsed();
         mods.push((module, build));

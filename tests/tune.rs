@@ -412,10 +412,12 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
     let mut ran = 0;
     for t in &nb {
         assert_ne!(*t, t0);
-        assert_eq!(t.tiles.nr, t0.tiles.nr, "{t:?}");
-        // One parameter changed (a new tile height rounds the row block to it).
+        // One parameter changed (a new tile height rounds the row block to it; a new width
+        // takes its own height).
+        let same_width = t.tiles.nr == t0.tiles.nr;
         let changed = [
-            t.tiles.mr != t0.tiles.mr,
+            !same_width,
+            same_width && t.tiles.mr != t0.tiles.mr,
             t.tiles.mr == t0.tiles.mr && t.tiles.mb != t0.tiles.mb,
             t.tiles.kc != t0.tiles.kc,
             t.pack != t0.pack,
@@ -439,6 +441,22 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
         ran += 1;
     }
     assert!(ran >= 4, "{ran}");
+    // The other width is a neighbour (half again as wide), it is a seed, and its neighbours
+    // lead back to the target's width.
+    let wide = nb
+        .iter()
+        .find(|t| t.tiles.nr != t0.tiles.nr)
+        .copied()
+        .unwrap_or_else(|| panic!("no other width among {nb:?}"));
+    assert_eq!(wide.tiles.nr, t0.tiles.nr / 2 * 3, "{wide:?}");
+    assert!(
+        seeds.iter().any(|t| t.tiles.nr == wide.tiles.nr),
+        "{seeds:?}"
+    );
+    assert!(ts
+        .neighbours(&wide)
+        .iter()
+        .any(|t| t.tiles.nr == t0.tiles.nr));
     // Every packing of B is a neighbour of some template.
     for pack in [PackB::Whole, PackB::InPlace] {
         assert!(

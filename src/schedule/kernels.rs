@@ -501,7 +501,8 @@ fn matmul_rows(
 /// block): whole blocks of `mb` rows (`mb` rounded down to a multiple of `mr`, at least `mr`),
 /// whole `mr`-row tiles of the rest in one block, and the last `m % mr` rows as one tile. Every
 /// split then divides its loop. Where a block of between 3/4 of `mb` and `mb` rows divides the
-/// whole tiles, it is used instead, leaving no middle part: each part is a copy of the loop
+/// whole tiles, it is used instead, leaving no middle part (and where all `m` rows, at most
+/// 5/4 of `mb`, are whole tiles, one block of them): each part is a copy of the loop
 /// nest, and build time grows with them (1024 rows of 12 x 32 tiles: 85 tiles in 5 blocks of
 /// 204 rows and 4 rows apart build in 18 ms to the first tier, 8 blocks of 120 rows, 60 and 4
 /// apart in 28 ms).
@@ -514,6 +515,10 @@ fn row_parts(m: i64, mb: i64, mr: i64) -> Vec<(i64, i64, i64)> {
         .find(|t| tiles % t == 0)
     {
         mb = t * mr;
+    } else if m % mr == 0 && m <= mb + mb / 4 {
+        // A little more than a block, in whole tiles: one block (64 rows in 4-row tiles with
+        // 60-row blocks), not a second copy of the nest for the last tile.
+        mb = m;
     }
     let full = m / mb * mb;
     let rest = m - full;
