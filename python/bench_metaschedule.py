@@ -38,7 +38,7 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench_util import aligned, block, cpu_name, quartiles, te_matmul  # noqa: E402
+from bench_util import aligned, block, cpu_name, quartiles, quiesce, te_matmul  # noqa: E402
 
 
 def time_both(tso, kso, shape, rounds):
@@ -75,6 +75,7 @@ def time_both(tso, kso, shape, rounds):
             sides.reverse()
         got = {}
         for name, run in sides:
+            quiesce()  # the other sides' pools idle again
             run()
             got[name] = run()
         kt.append(got["k"])

@@ -8,7 +8,8 @@ Per shape (M x N x K, float32, C = A @ B): the matmul as TVM writes it (`te.comp
 --target {"kind": "llvm", "mcpu": MCPU}` with at most `--trials` candidates or `--seconds`
 seconds, built with `kiln build --db`, loaded with `tvm_ffi.load_module`, and timed against
 `np.matmul` on the same 64-byte-aligned arrays in interleaved rounds (kiln first in odd rounds,
-numpy first in even; each block a few calls after a warm-up call). Reported per shape: each
+numpy first in even; each block a few calls after a warm-up block, started once the other
+side's thread pool has gone idle, `bench_util.quiesce`). Reported per shape: each
 side's median time per call with its quartiles, the median of the per-round ratios numpy /
 kiln (above 1: kiln is faster) with their spread, and the tuning's trials and seconds.
 
@@ -37,7 +38,7 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench_util import aligned, block, cpu_name, quartiles, te_matmul  # noqa: E402
+from bench_util import aligned, block, cpu_name, quartiles, quiesce, te_matmul  # noqa: E402
 
 SHAPES = "512x512x512,1024x1024x1024,2048x2048x2048,1000x1000x1000,64x4096x4096,4096x64x4096"
 
@@ -122,6 +123,7 @@ def main():
                     sides.reverse()
                 got = {}
                 for name, run in sides:
+                    quiesce()  # the other side's pool idle again
                     run()  # warm-up
                     got[name] = run()
                 ks.append(got["k"])
