@@ -462,7 +462,7 @@ impl TemplateSpace {
     /// The templates one parameter away from `t`: another tile height, a row block a tile
     /// height more or less or half or double, another pass depth, another packing of `B` (up
     /// front, in the task with twice or half the panels, in place), `A` packed or not, and the
-    /// other tile width ([`wide_tiles`], with its first height).
+    /// other tile width (half again the target's, with its first height).
     pub fn neighbours(&self, t: &MatmulTemplate) -> Vec<MatmulTemplate> {
         let mut out: Vec<MatmulTemplate> = Vec::new();
         let mut add = |tiles: MatmulTiles, pack: PackB, pack_a: PackA| {
