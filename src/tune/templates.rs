@@ -265,6 +265,16 @@ pub struct TemplateSpace {
     wide: (i64, &'static [i64]),
 }
 
+/// `t` with `mr x nr` register tiles, its row block rounded down to whole tiles (at least one).
+fn reshaped(t: MatmulTiles, mr: i64, nr: i64) -> MatmulTiles {
+    MatmulTiles {
+        mr,
+        nr,
+        mb: (t.mb / mr * mr).max(mr),
+        ..t
+    }
+}
+
 /// The register tiles' second width for a target whose tiles are `nr` wide: half again as
 /// wide, with the heights whose accumulators, row of `B` and broadcast of `A` still fit the
 /// vector registers. AVX2 (16 ymm): 4 x 24, twelve accumulators like 6 x 16, and a height that
@@ -272,11 +282,8 @@ pub struct TemplateSpace {
 /// height that divides them at the target's width); 3 x 24. AVX-512 (32 zmm): 8 x 48 (24
 /// accumulators) and 6 x 48.
 fn wide_tiles(nr: i64) -> (i64, &'static [i64]) {
-    if nr >= 32 {
-        (nr / 2 * 3, &[8, 6])
-    } else {
-        (nr / 2 * 3, &[4, 3])
-    }
+    let heights: &'static [i64] = if nr >= 32 { &[8, 6] } else { &[4, 3] };
+    (nr / 2 * 3, heights)
 }
 
 impl TemplateSpace {
@@ -309,15 +316,9 @@ impl TemplateSpace {
         }
     }
 
-    /// The wide tiles ([`wide_tiles`]) in place of `t`'s, `t`'s row block rounded to them.
+    /// The wide tiles ([`wide_tiles`]) in place of `t`'s.
     fn widened(&self, t: MatmulTiles) -> MatmulTiles {
-        let mr = self.wide.1[0];
-        MatmulTiles {
-            mr,
-            nr: self.wide.0,
-            mb: (t.mb / mr * mr).max(mr),
-            ..t
-        }
+        reshaped(t, self.wide.1[0], self.wide.0)
     }
 
     /// The template as steps (replayable by [`Schedule::apply`] on the function).
@@ -477,15 +478,7 @@ impl TemplateSpace {
         };
         let tl = t.tiles;
         for &mr in self.heights_for(tl.nr) {
-            add(
-                MatmulTiles {
-                    mr,
-                    mb: (tl.mb / mr * mr).max(mr),
-                    ..tl
-                },
-                t.pack,
-                t.pack_a,
-            );
+            add(reshaped(tl, mr, tl.nr), t.pack, t.pack_a);
         }
         for mb in [tl.mb - tl.mr, tl.mb + tl.mr, tl.mb / 2, tl.mb * 2] {
             let mb = (mb / tl.mr * tl.mr).max(tl.mr);
@@ -515,12 +508,7 @@ impl TemplateSpace {
         };
         add(tl, t.pack, other_a);
         let other_width = if tl.nr == self.wide.0 {
-            MatmulTiles {
-                mr: self.base.mr,
-                nr: self.base.nr,
-                mb: (tl.mb / self.base.mr * self.base.mr).max(self.base.mr),
-                ..tl
-            }
+            reshaped(tl, self.base.mr, self.base.nr)
         } else {
             self.widened(tl)
         };
