@@ -51,12 +51,21 @@ fn keeps_working(m: &LlvmModule) {
     assert!(!m.is_optimized());
 }
 
-/// After the fault is disarmed, tiering works again in this process.
+/// After the fault is disarmed, tiering works again in this process: the optimized code
+/// (its own wrapper, the quick one's checks) computes the same and raises the same errors.
 fn tiering_recovers() {
     let m = vadd(Tiering::Background);
+    let f = m.require_function("vadd").unwrap();
+    let quick = wrong_call(&f);
     m.wait_optimized().unwrap();
     assert!(m.is_optimized());
-    check_vadd(&m.require_function("vadd").unwrap(), 100);
+    check_vadd(&f, 100);
+    check_vadd(&f, 1);
+    assert_eq!(wrong_call(&f), quick);
+    assert!(
+        quick.starts_with("TypeError: Expected 3 arguments"),
+        "{quick}"
+    );
 }
 
 #[test]

@@ -300,9 +300,10 @@ impl LazyChecks {
         }
     }
 
-    /// The linkage of the module whose errors these checkers report, whose wrappers call
-    /// through the table of compute functions at `calls`.
-    pub(crate) fn linkage(&self, calls: usize) -> Linkage {
+    /// The linkage of the module whose errors these checkers report, whose quick wrappers call
+    /// through the table of compute functions at `calls` and whose entries jump through the
+    /// table at `entries` (the quick tier's).
+    pub(crate) fn linkage(&self, (calls, entries): (usize, usize)) -> Linkage {
         Linkage::Jit {
             slots: crate::packed_func::context::context_symbols(),
             check: (
@@ -310,6 +311,8 @@ impl LazyChecks {
                 self as *const LazyChecks as usize,
             ),
             calls,
+            entries,
+            optimized: false,
             suffix: self.suffix.clone(),
         }
     }

@@ -142,8 +142,16 @@ fn generate<const N: usize>(
     linkage: &Linkage,
 ) -> R<[String; N]> {
     let split = N == 2;
-    // JIT compute functions are looked up by name to fill the module's table of them.
+    // JIT compute functions are looked up by name to fill the module's table of them (in the
+    // quick tier; the optimized tier inlines them into the implementations).
     let jit = matches!(linkage, Linkage::Jit { .. });
+    let optimized_tier = matches!(
+        linkage,
+        Linkage::Jit {
+            optimized: true,
+            ..
+        }
+    );
     if split && !jit {
         return Err(CodegenError::Llvm(
             "kiln bug: only JIT modules are split".into(),
@@ -210,21 +218,28 @@ fn generate<const N: usize>(
         // instructions and branches (issue #16: a C host's call of a 1-element vadd, 7.0 ->
         // 4.8 ns on a Sapphire-Rapids-class Xeon, against 3.6 ns for a C function decoding the
         // same arguments; `docs/performance.md`). In the JIT: the
-        // checker is compiled lazily, and the wrapper is built for compile speed; LLVM skips it
-        // (`optnone`) and selects its instructions without optimizing (FastISel), which halves
-        // the cold build of a one-function module and costs about 6 ns a call.
+        // checker is compiled lazily; the quick tier's wrapper is built for compile speed: LLVM
+        // skips it (`optnone`) and selects its instructions without optimizing (FastISel),
+        // which halves the cold build of a one-function module. The optimized tier's wrapper
+        // is an exported library's, its slow path the lazy checker, and replaces it through
+        // the entry stub (`tiering.rs`).
         let (slow, compute_slot, quick) = match linkage {
             Linkage::Jit {
                 check: (entry, cx),
                 calls,
+                optimized,
                 ..
             } => (
                 format!(
                     "call i32 inttoptr (i64 {entry} to i32 (i8*, %ffi.any*, i32, i32)*)(i8* inttoptr (i64 {cx} to i8*), %ffi.any* %args, i32 %num_args, i32 {index})",
                     index = exported.len()
                 ),
-                Some(calls + exported.len() * std::mem::size_of::<usize>()),
-                " noinline optnone",
+                if *optimized {
+                    None
+                } else {
+                    Some(calls + exported.len() * std::mem::size_of::<usize>())
+                },
+                if *optimized { "" } else { " noinline optnone" },
             ),
             Linkage::Export => {
                 let body = {
@@ -265,13 +280,33 @@ fn generate<const N: usize>(
             (e.finish(), sig)
         };
         let na = if f.attrs.noalias { "noalias " } else { "" };
-        let wrapper = format!(
-            "define i32 @\"__tvm_ffi_{symbol}{sfx}\"({}) {attrs}{quick} {{\n{wrapper}}}\n",
-            format_args!("i8* %self, %ffi.any* {na}%args, i32 %num_args, %ffi.any* {na}%ret")
-        );
-        if split {
-            wrapper_fns.push(wrapper);
+        let params = format!("i8* %self, %ffi.any* {na}%args, i32 %num_args, %ffi.any* {na}%ret");
+        if let Linkage::Jit { entries, .. } = linkage {
+            // The exported entry: a jump through the table of entries to the implementation
+            // (`tiering.rs`), in the first module.
+            let slot = entries + exported.len() * std::mem::size_of::<usize>();
+            let stub = format!(
+                "define i32 @\"__tvm_ffi_{symbol}{sfx}\"({params}) {attrs} {{\nentry:\n  %p = load atomic i8*, i8** inttoptr (i64 {slot} to i8**) acquire, align 8\n  %f = bitcast i8* %p to i32 (i8*, %ffi.any*, i32, %ffi.any*)*\n  %r = musttail call i32 %f(i8* %self, %ffi.any* %args, i32 %num_args, %ffi.any* %ret)\n  ret i32 %r\n}}\n"
+            );
+            let wrapper = format!(
+                "define i32 @\"__kiln_impl_{symbol}{sfx}\"({params}) {attrs}{quick} {{\n{wrapper}}}\n"
+            );
+            if split {
+                wrapper_fns.push(stub);
+            } else {
+                mt.functions.push(stub);
+            }
+            // A quick wrapper goes with the stubs (unoptimized), an optimized one with its
+            // compute function.
+            if split && !optimized_tier {
+                wrapper_fns.push(wrapper);
+            } else {
+                mt.functions.push(wrapper);
+            }
         } else {
+            let wrapper = format!(
+                "define i32 @\"__tvm_ffi_{symbol}{sfx}\"({params}) {attrs}{quick} {{\n{wrapper}}}\n"
+            );
             mt.functions.push(wrapper);
         }
         // The compute function.
@@ -338,7 +373,11 @@ fn generate<const N: usize>(
             e.line("ret i32 0");
             e.finish()
         };
-        let vis = if jit { "" } else { "internal " };
+        let vis = if jit && !optimized_tier {
+            ""
+        } else {
+            "internal "
+        };
         mt.functions.push(format!(
             "define {vis}i32 @\"{}\"({}) {attrs} {{\n{body}}}\n",
             sig.name, sig.params
@@ -572,6 +611,17 @@ fn compute_symbols(module: &IRModule, suffix: &str) -> Vec<String> {
         .collect()
 }
 
+/// The names of a JIT module's implementations (what its entry stubs jump to) with `suffix`,
+/// by function index.
+fn impl_symbols(module: &IRModule, suffix: &str) -> Vec<String> {
+    module
+        .functions
+        .iter()
+        .filter_map(|f| f.attrs.global_symbol.as_ref())
+        .map(|s| format!("__kiln_impl_{s}{suffix}"))
+        .collect()
+}
+
 /// What a JIT module owns. Field order is drop order: the wrappers and the quick code go first,
 /// then the optimized code and the table of compute functions, then the checkers the error
 /// path may have compiled.
@@ -648,15 +698,18 @@ impl LlvmModule {
         let checks = Box::new(jit::LazyChecks::new(ir.clone(), &opts, &suffix));
         let quick = tiering.quick_first(&opts);
         let compute = compute_symbols(module, &suffix);
+        let impls = impl_symbols(module, &suffix);
         let tiers = Arc::new(tiering::Tiers::new(compute.len(), tiering, &opts));
-        let mut linkage = checks.linkage(tiers.table_address());
+        let mut linkage = checks.linkage(tiers.tables());
         if let (Some(d), Linkage::Jit { slots, .. }) = (&device, &mut linkage) {
             slots.push(("__kiln_device_module".into(), Arc::as_ptr(d) as usize));
         }
-        // The wrappers (`optnone`) take no passes and the lowest code generation level, as do
-        // quick compute functions. They compile on the helper thread while this one compiles
-        // the compute functions: on a 2-core machine the shorter of the two is hidden.
-        let [wrappers, rest] = generate::<2>(module, &opts, &linkage)?;
+        // The stubs and quick wrappers (`optnone`) take no passes and the lowest code
+        // generation level, as do quick compute functions. They compile on the helper thread
+        // while this one compiles the compute functions: on a 2-core machine the shorter of the
+        // two is hidden. Compiled once at full level, the second module holds the optimized
+        // implementations instead.
+        let [wrappers, rest] = generate::<2>(module, &opts, &linkage.optimized(!quick))?;
         let lowest = CodegenOptions {
             opt_level: 0,
             ..opts.clone()
@@ -677,16 +730,24 @@ impl LlvmModule {
             .iter()
             .map(|n| format!("__tvm_ffi_{n}{suffix}"))
             .collect();
-        symbols.extend(compute);
+        let n_impls = impls.len();
+        symbols.extend(impls);
+        if quick {
+            symbols.extend(compute);
+        }
         let (code, addrs) = jit::load_objects(&objects, &symbols)?;
-        let (wrapper_addrs, compute_addrs) = addrs.split_at(names.len());
-        tiers.point_at(compute_addrs);
+        let (wrapper_addrs, rest_addrs) = addrs.split_at(names.len());
+        let (impl_addrs, compute_addrs) = rest_addrs.split_at(n_impls);
+        tiers.point_calls(compute_addrs);
+        tiers.point_entries(impl_addrs);
         if tiers.pending() {
             tiering::schedule(tiering::Job {
                 tiers: Arc::downgrade(&tiers),
                 ir: ir.clone(),
                 opts: opts.clone(),
-                linkage: linkage.with_suffix(&format!("{suffix}.opt")),
+                linkage: linkage
+                    .with_suffix(&format!("{suffix}.opt"))
+                    .optimized(true),
             });
         }
         Ok(LlvmModule {
@@ -780,13 +841,13 @@ mod tests {
     fn the_background_tier_points_the_wrappers_at_new_code() {
         let ir = IRModule::from_functions(vec![crate::ir::kernels::vadd()]);
         let m = LlvmModule::jit_with(&ir, &CodegenOptions::host(), Tiering::Background).unwrap();
-        let quick = m.inner.tiers.address(0);
+        let quick = m.inner.tiers.entry(0);
         assert_ne!(quick, 0);
         m.wait_optimized().unwrap();
-        let optimized = m.inner.tiers.address(0);
+        let optimized = m.inner.tiers.entry(0);
         assert_ne!(optimized, 0);
         assert_ne!(optimized, quick);
         let once = LlvmModule::jit_with(&ir, &CodegenOptions::host(), Tiering::Off).unwrap();
-        assert_ne!(once.inner.tiers.address(0), 0);
+        assert_ne!(once.inner.tiers.entry(0), 0);
     }
 }

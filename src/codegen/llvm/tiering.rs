@@ -11,16 +11,21 @@
 //! background compilation takes.
 //!
 //! How:
-//! - Every JIT wrapper calls its compute function through a slot of its module's table of
-//!   compute functions ([`Tiers`]): an acquire load and an indirect call, under a nanosecond.
-//! - [`super::LlvmModule::jit`] compiles the wrappers (no passes, lowest code generation level)
-//!   and the compute functions (quick), fills the table and queues a [`Job`].
+//! - Every exported JIT function is a stub that jumps (a tail call) through a slot of its
+//!   module's table of entries ([`Tiers`]) to the function's implementation: an acquire load
+//!   and an indirect jump, about a nanosecond.
+//! - [`super::LlvmModule::jit`] compiles the stubs and the quick wrappers (no passes, lowest
+//!   code generation level; a quick wrapper calls its compute function through a slot of a
+//!   second table) and the compute functions (quick), fills both tables and queues a [`Job`].
 //! - One process-wide worker thread (`kiln-tier-up`, at a lower scheduling priority) takes the
-//!   jobs in order. It generates the
-//!   compute module again under a new symbol suffix, compiles it at the options' level, links
-//!   it into the JIT and, if the module is still alive, stores the new addresses into the table
-//!   (release) and keeps the new code with the module. The quick code stays until the module
-//!   is dropped: a call that loaded its address may still be running it.
+//!   jobs in order. It generates the module again under a new symbol suffix as optimized
+//!   implementations (each one function: the checks, as an exported library's wrapper makes
+//!   them, with the compute function inlined), compiles it at the options' level, links it
+//!   into the JIT and, if the module is still alive, stores the new addresses into the table of
+//!   entries (release) and keeps the new code with the module. A call then costs what an
+//!   exported library's call costs: the quick wrapper (unoptimized, its compute function
+//!   called through a table) took 10-20 ns more per call on a Zen 3. The quick code stays
+//!   until the module is dropped: a call that loaded its address may still be running it.
 //! - A job whose module was dropped is skipped before compiling, or its code discarded after.
 //! - Results are the same in both tiers: the same IR, and LLVM reassociates floating-point
 //!   arithmetic only under the fast-math flags a target opts into.
@@ -28,7 +33,8 @@
 //!   two seconds) for the job in flight, so that LLVM's static destructors never run under it.
 //!
 //! Control: tiering applies when the options' `opt_level` is 2 or more; `KILN_JIT_TIERS=1`
-//! (or [`Tiering::Off`]) compiles once, at full level, before `jit` returns.
+//! (or [`Tiering::Off`]) compiles the stubs and the optimized implementations once, before
+//! `jit` returns.
 //! [`super::LlvmModule::wait_optimized`] and [`wait_all_optimized`] wait for the optimized code,
 //! e.g. before timing a kernel.
 
@@ -88,11 +94,14 @@ enum State {
     Failed(String),
 }
 
-/// A JIT module's table of compute functions and its optimized code.
+/// A JIT module's tables of code addresses and its optimized code.
 pub(crate) struct Tiers {
-    /// The address each wrapper calls, by function index (functions with a global symbol, in
-    /// module order). Its heap address is compiled into the wrappers.
+    /// The compute function each quick wrapper calls, by function index (functions with a
+    /// global symbol, in module order). Its heap address is compiled into the quick wrappers.
     calls: Box<[AtomicUsize]>,
+    /// The implementation each exported entry stub jumps to, by function index: the quick
+    /// wrapper, then the optimized one. Its heap address is compiled into the stubs.
+    entries: Box<[AtomicUsize]>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -107,6 +116,7 @@ impl Tiers {
         };
         Tiers {
             calls: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            entries: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             state: Mutex::new(state),
             changed: Condvar::new(),
         }
@@ -117,24 +127,32 @@ impl Tiers {
         matches!(*self.lock(), State::Pending)
     }
 
-    /// The address of the table, for the wrappers' code.
-    pub(crate) fn table_address(&self) -> usize {
-        self.calls.as_ptr() as usize
+    /// The addresses of the tables of compute functions and of entries, for the code that
+    /// jumps through them.
+    pub(crate) fn tables(&self) -> (usize, usize) {
+        (self.calls.as_ptr() as usize, self.entries.as_ptr() as usize)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         crate::util::lock(&self.state)
     }
 
-    /// The address the wrapper of function `i` calls.
+    /// The implementation the entry of function `i` jumps to.
     #[cfg(test)]
-    pub(crate) fn address(&self, i: usize) -> usize {
-        self.calls[i].load(Ordering::Acquire)
+    pub(crate) fn entry(&self, i: usize) -> usize {
+        self.entries[i].load(Ordering::Acquire)
     }
 
-    /// Points the wrappers at `addrs` (one per slot).
-    pub(crate) fn point_at(&self, addrs: &[usize]) {
+    /// Points the quick wrappers at the compute functions `addrs` (one per slot).
+    pub(crate) fn point_calls(&self, addrs: &[usize]) {
         for (slot, &a) in self.calls.iter().zip(addrs) {
+            slot.store(a, Ordering::Release);
+        }
+    }
+
+    /// Points the entries at the implementations `addrs` (one per slot).
+    pub(crate) fn point_entries(&self, addrs: &[usize]) {
+        for (slot, &a) in self.entries.iter().zip(addrs) {
             slot.store(a, Ordering::Release);
         }
     }
@@ -143,14 +161,14 @@ impl Tiers {
     fn install(&self, result: R<(JitCode, Vec<usize>)>) {
         let mut state = self.lock();
         *state = match result {
-            Ok((code, addrs)) if addrs.len() == self.calls.len() => {
-                self.point_at(&addrs);
+            Ok((code, addrs)) if addrs.len() == self.entries.len() => {
+                self.point_entries(&addrs);
                 State::Optimized { _code: code }
             }
             Ok((_, addrs)) => State::Failed(format!(
-                "kiln bug: {} optimized compute functions for {} slots",
+                "kiln bug: {} optimized implementations for {} slots",
                 addrs.len(),
-                self.calls.len()
+                self.entries.len()
             )),
             Err(e) => State::Failed(e.to_string()),
         };
@@ -186,7 +204,7 @@ pub(crate) struct Job {
     pub(crate) tiers: Weak<Tiers>,
     pub(crate) ir: Arc<IRModule>,
     pub(crate) opts: CodegenOptions,
-    /// The module's linkage with a suffix of its own for the optimized compute functions.
+    /// The module's linkage for the optimized tier, with a suffix of its own.
     pub(crate) linkage: Linkage,
 }
 
@@ -200,9 +218,11 @@ impl Job {
                 "injected fault: the optimizing compilation fails".into(),
             ));
         }
-        let [_, compute] = super::generate::<2>(&self.ir, &self.opts, &self.linkage)?;
-        let object = super::compile_text(&compute, &self.opts, Passes::Default, FileType::Object)?;
-        let symbols = super::compute_symbols(&self.ir, self.linkage.suffix());
+        // The second module holds the implementations; the first, the entry stubs, is the
+        // quick tier's.
+        let [_, code] = super::generate::<2>(&self.ir, &self.opts, &self.linkage)?;
+        let object = super::compile_text(&code, &self.opts, Passes::Default, FileType::Object)?;
+        let symbols = super::impl_symbols(&self.ir, self.linkage.suffix());
         jit::load_objects(&[object], &symbols)
     }
 

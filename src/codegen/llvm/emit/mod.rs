@@ -84,10 +84,18 @@ pub enum Linkage {
         /// The lazy checker entry point and its context.
         check: (usize, usize),
         /// The address of the module's table of compute functions: one pointer-sized slot per
-        /// function with a global symbol, in module order. A wrapper loads its compute function
-        /// from its slot on every call, so that re-optimized code can replace the first code
-        /// while the module is in use (`tiering.rs`).
+        /// function with a global symbol, in module order. A quick wrapper loads its compute
+        /// function from its slot on every call (`tiering.rs`).
         calls: usize,
+        /// The address of the module's table of entries, laid out as `calls`: the exported
+        /// `__tvm_ffi_<symbol>` is a stub that jumps through its slot to the function's
+        /// implementation, the quick wrapper first and the optimized one (checks and compute in
+        /// one function) once compiled, so that it can replace the quick code while the module
+        /// is in use.
+        entries: usize,
+        /// Whether this is the optimized tier: implementations whose checks call the compute
+        /// function directly (inlined), no stubs or quick wrappers, compute functions internal.
+        optimized: bool,
         /// Appended to every exported symbol.
         suffix: String,
     },
@@ -122,6 +130,16 @@ impl Linkage {
         let mut l = self.clone();
         if let Linkage::Jit { suffix: s, .. } | Linkage::Checkers { suffix: s, .. } = &mut l {
             *s = suffix.to_owned();
+        }
+        l
+    }
+
+    /// The same linkage for the optimized tier of a JIT module (`optimized`); other
+    /// linkages unchanged.
+    pub(crate) fn optimized(&self, on: bool) -> Linkage {
+        let mut l = self.clone();
+        if let Linkage::Jit { optimized, .. } = &mut l {
+            *optimized = on;
         }
         l
     }
