@@ -1,7 +1,12 @@
 """The TOPI corpus (tests/python/tvm_corpus.py, 50 operators) built in this process by kiln
 (`kiln.build`, JIT) and by TVM 0.27 (`tvm.compile`) for this machine's CPU, and their run times
 compared: per operator TVM time / kiln time (above 1: kiln is faster), interleaved rounds, the
-median of each side's per-call medians.
+median of each side's per-call times.
+
+Each side is timed by TVM's own timer (`Module.time_evaluator`: a loop of calls in C, at least
+5 ms a round), both on the same arrays: the time of a call of a 12 KiB operator moves by up to
+10 % with where its arrays lie relative to each other (4 KiB aliasing), which separate arrays
+would charge to one side, and a call from Python adds about 0.3 us to both sides.
 
     KILN_NATIVE_LIB=target/release/libkiln_python.so PYTHONPATH=python \\
         .venv/bin/python python/bench_corpus.py [--rounds 5] [--auto-parallel] [--mcpu haswell]
@@ -37,16 +42,10 @@ import tvm_corpus as corpus  # noqa: E402
 from bench_util import cpu_name  # noqa: E402
 
 
-def per_call(f, args, budget=0.005):
-    n = 1
-    while True:
-        t = time.perf_counter()
-        for _ in range(n):
-            f(*args)
-        dt = time.perf_counter() - t
-        if dt > budget or n >= 1 << 14:
-            return dt / n
-        n *= 2
+def timer(mod, name):
+    """TVM's timer for `mod[name]`: one call returns the mean time of a loop of calls run in C
+    that lasts at least 5 ms."""
+    return mod.time_evaluator(name, tvm.cpu(), number=1, repeat=1, min_repeat_ms=5)
 
 
 def tune_all(a, ktarget, only):
@@ -127,10 +126,11 @@ def main():
                   if got.dtype.kind == "f" else np.array_equal(got, want))
             if not ok:
                 print(f"{name}: output {k} differs from TVM's")
+        kev, tev = timer(km, name), timer(tm.mod, name)
         kt, tt = [], []
         for _ in range(a.rounds):
-            kt.append(per_call(kf, ka))
-            tt.append(per_call(tf, ta))
+            kt.append(kev(*ka).mean)
+            tt.append(tev(*ka).mean)
         kmed, tmed = statistics.median(kt), statistics.median(tt)
         r = tmed / kmed
         ratios.append((r, name))
