@@ -427,3 +427,93 @@ proptest! {
         }
     }
 }
+
+/// `R[j] = max_k A[k, j]` (TVM's `max(A, axis=0)`, with its in-loop initialization): the
+/// reduction runs down the columns, so each element it reads is a row away from the last.
+fn colreduce(is_max: bool, rows: i64, cols: i64) -> PrimFunc {
+    let a = Buffer::new(
+        "A",
+        DataType::f32(),
+        vec![Expr::from(rows), Expr::from(cols)],
+    );
+    let r = Buffer::new("R", DataType::f32(), vec![Expr::from(cols)]);
+    let j = Var::new("j", DataType::i64());
+    let k = Var::new("k", DataType::i64());
+    let (jv, kv) = (Expr::Var(j.clone()), Expr::Var(k.clone()));
+    let acc = r.load(vec![jv.clone()]);
+    let elem = a.load(vec![kv.clone(), jv.clone()]);
+    let value = if is_max { acc.max(elem) } else { acc.min(elem) };
+    let lowest = constant(DataType::f32(), if is_max { -3.0e38 } else { 3.0e38 });
+    let body = Stmt::Seq(vec![
+        Stmt::IfThenElse {
+            cond: kv.eq_(Expr::from(0i64)),
+            then_case: Box::new(r.store(vec![jv.clone()], lowest)),
+            else_case: None,
+        },
+        r.store(vec![jv], value),
+    ]);
+    let inner = Stmt::For {
+        var: k,
+        min: Expr::from(0i64),
+        extent: Expr::from(rows),
+        kind: ForKind::Serial,
+        body: Box::new(body),
+    };
+    let outer = Stmt::For {
+        var: j,
+        min: Expr::from(0i64),
+        extent: Expr::from(cols),
+        kind: ForKind::Serial,
+        body: Box::new(inner),
+    };
+    PrimFunc::new("colreduce", vec![Param::Buffer(a), Param::Buffer(r)], outer).with_noalias(true)
+}
+
+/// A column reduction is moved inside out (`codegen::interchange`: the columns innermost,
+/// loaded a vector at a time) before the integer-key lowering could take it, whose vectors
+/// along `k` gathered an element per row (TOPI's `max(A, axis=0)` at 0.82x TVM's time, now
+/// 2.9x, Zen 3); its results are still the interpreter's, bit for bit, NaN for NaN.
+#[test]
+fn column_reductions_are_interchanged_and_match_the_interpreter() {
+    for is_max in [true, false] {
+        let (rows, cols) = (13, 37);
+        let f = colreduce(is_max, rows, cols);
+        f.verify().unwrap();
+        let a: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let k = (i * 7 % 29) as usize;
+                if k < 12 {
+                    special(k) as f32
+                } else {
+                    (i as f32 * 0.37).sin() * 100.0
+                }
+            })
+            .collect();
+        let bufs = vec![
+            HostBuffer::from_slice(&[rows, cols], &a),
+            HostBuffer::from_slice(&[cols], &vec![0f32; cols as usize]),
+        ];
+        let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
+        interp::run(&f, &mut iargs).unwrap();
+        let want = iargs[1].buffer().unwrap();
+        let got = common::run_jit(&f, &bufs);
+        for c in 0..cols as usize {
+            let g = f32::from_le_bytes(got[1][4 * c..4 * c + 4].try_into().unwrap());
+            let w = f32::from_le_bytes(want.data[4 * c..4 * c + 4].try_into().unwrap());
+            assert!(
+                (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                "column {c}: compiled {g:?}, interpreted {w:?} (max: {is_max})"
+            );
+        }
+        // The optimized code loads `A` a vector at a time and inserts no element into one.
+        use kiln::packed_func::Module;
+        let m = kiln::codegen::llvm::LlvmModule::jit(
+            &kiln::ir::IRModule::from_functions(vec![f.clone()]),
+            &kiln::codegen::llvm::CodegenOptions::host(),
+        )
+        .unwrap();
+        let ll = m.get_source("ll").unwrap();
+        assert!(ll.contains("x float>, <"), "no vector load:\n{ll}");
+        assert!(!ll.contains("insertelement <"), "a gather:\n{ll}");
+    }
+}

@@ -344,14 +344,14 @@ fn generate<const N: usize>(
                     });
                 }
             }
-            // Loops split at their `if_then_else` bounds (`codegen::partition`), then float
-            // max/min reductions in integer-key form (`codegen::reduce`), then reductions'
-            // first-iteration initializations hoisted out of their loops (`codegen::peel`),
-            // then reduction nests moved outside the spatial loop around them
-            // (`codegen::interchange`), then transposing copies blocked by cache lines
-            // (`codegen::block`);
-            // device host code
-            // keeps its kernels as written.
+            // Loops split at their `if_then_else` bounds (`codegen::partition`), then
+            // reductions' first-iteration initializations hoisted out of their loops
+            // (`codegen::peel`), then reduction nests moved outside a spatial loop along which
+            // they read contiguously (`codegen::interchange`: a column max runs a vector of
+            // columns at a time), then the float max/min reductions left in integer-key form
+            // (`codegen::reduce`), then the operands that a spatial loop reads across packed
+            // and those nests moved too, then transposing copies blocked by cache lines
+            // (`codegen::block`); device host code keeps its kernels as written.
             if o.device_host {
                 e.stmt(&f.body)?;
             } else {
@@ -359,9 +359,15 @@ fn generate<const N: usize>(
                     body: crate::codegen::partition::partition_loops(&f.body),
                     ..f.clone()
                 };
-                let lowered = crate::codegen::reduce::lower_minmax_reductions(&split);
-                let peeled = crate::codegen::peel::hoist_first_iteration_guards(&lowered);
-                let packed = crate::codegen::interchange::pack_transposed_operands(f, &peeled);
+                let peeled = PrimFunc {
+                    body: crate::codegen::interchange::interchange_reductions(
+                        f,
+                        &crate::codegen::peel::hoist_first_iteration_guards(&split.body),
+                    ),
+                    ..f.clone()
+                };
+                let lowered = crate::codegen::reduce::lower_minmax_reductions(&peeled);
+                let packed = crate::codegen::interchange::pack_transposed_operands(f, &lowered);
                 let body = crate::codegen::block::block_strided_copies(
                     f,
                     &crate::codegen::interchange::interchange_reductions(f, &packed),
