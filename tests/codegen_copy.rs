@@ -190,3 +190,114 @@ fn an_index_that_loads_stays_a_loop() {
         .with_noalias(true);
     assert_eq!(memcpys(&f), 0);
 }
+
+/// The number of 8-lane shuffles in `f`'s optimized LLVM IR: a transposing nest emitted in
+/// 8 x 8 tiles (`codegen/llvm/emit/transpose.rs`) has 24 a tile.
+fn tile_shuffles(f: &PrimFunc) -> usize {
+    let m = LlvmModule::jit(
+        &IRModule::from_functions(vec![f.clone()]),
+        &CodegenOptions::host(),
+    )
+    .unwrap();
+    m.get_source("ll")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("shufflevector <8 x "))
+        .count()
+}
+
+/// `T[i, j] = X[j, i]` for `X[cols, rows]` of element type `t`, with `i` inside (`inner_i`)
+/// or outside `j`.
+fn transpose_rect(rows: i64, cols: i64, t: DataType, inner_i: bool) -> PrimFunc {
+    let x = Buffer::new("X", t, vec![Expr::from(cols), Expr::from(rows)]);
+    let y = Buffer::new("T", t, vec![Expr::from(rows), Expr::from(cols)]);
+    let store = |i: Expr, j: Expr| y.store(vec![i.clone(), j.clone()], x.load(vec![j, i]));
+    let body = if inner_i {
+        for_range("j", Expr::from(cols), ForKind::Serial, |j| {
+            for_range("i", Expr::from(rows), ForKind::Serial, |i| {
+                store(i, j.clone())
+            })
+        })
+    } else {
+        for_range("i", Expr::from(rows), ForKind::Serial, |i| {
+            for_range("j", Expr::from(cols), ForKind::Serial, |j| {
+                store(i.clone(), j)
+            })
+        })
+    };
+    PrimFunc::new(
+        "transpose_rect",
+        vec![Param::Buffer(x), Param::Buffer(y)],
+        body,
+    )
+    .with_noalias(true)
+}
+
+/// TOPI's NCHW -> NHWC transpose of `X[n, c, h, w]` (int32 loops, `c` innermost).
+fn nchw_to_nhwc(n: i64, c: i64, h: i64, w: i64, t: DataType) -> PrimFunc {
+    let x = Buffer::new("X", t, vec![c32(n), c32(c), c32(h), c32(w)]);
+    let y = Buffer::new("T", t, vec![c32(n), c32(h), c32(w), c32(c)]);
+    let body = for_range("n", c32(n), ForKind::Serial, |a| {
+        for_range("h", c32(h), ForKind::Serial, |b| {
+            for_range("w", c32(w), ForKind::Serial, |d| {
+                for_range("c", c32(c), ForKind::Serial, |e| {
+                    y.store(
+                        vec![a.clone(), b.clone(), d.clone(), e.clone()],
+                        x.load(vec![a.clone(), e, b.clone(), d.clone()]),
+                    )
+                })
+            })
+        })
+    });
+    PrimFunc::new(
+        "nchw_to_nhwc",
+        vec![Param::Buffer(x), Param::Buffer(y)],
+        body,
+    )
+    .with_noalias(true)
+}
+
+/// Transposes whose two inner extents are multiples of 8 are emitted as 8 x 8 register tiles,
+/// in either loop order, for 32-bit floats and integers, with loops outside them; each gives
+/// the interpreter's bytes.
+#[test]
+fn transposes_are_tiled_in_registers() {
+    for (f, tiles) in [
+        (transpose(64), 1),
+        (transpose_rect(8, 8, DataType::f32(), false), 1),
+        (transpose_rect(24, 16, DataType::i32(), false), 1),
+        (transpose_rect(16, 40, DataType::u32(), true), 1),
+        (nchw_to_nhwc(2, 8, 16, 16, DataType::f32()), 1),
+        (nchw_to_nhwc(1, 16, 3, 8, DataType::i32()), 1),
+    ] {
+        let shuffles = tile_shuffles(&f);
+        assert!(
+            shuffles >= 24 * tiles,
+            "{}: {shuffles} shuffles, want a tile's 24\n{f}",
+            f.name
+        );
+        same_as_interpreter(&f);
+    }
+}
+
+/// Transposes outside the tiles' rule (an extent not a multiple of 8, 64-bit or 16-bit
+/// elements, buffers that may overlap) are emitted as written, with the interpreter's results.
+#[test]
+fn transposes_outside_the_tile_rule_stay_loops() {
+    let aliased = {
+        let f = transpose_rect(16, 16, DataType::f32(), false);
+        f.with_noalias(false)
+    };
+    for f in [
+        transpose_rect(12, 16, DataType::f32(), false),
+        transpose_rect(16, 20, DataType::f32(), true),
+        transpose_rect(16, 16, DataType::f64(), false),
+        transpose_rect(16, 16, DataType::f16(), false),
+        nchw_to_nhwc(2, 3, 8, 8, DataType::f32()),
+        aliased,
+    ] {
+        let shuffles = tile_shuffles(&f);
+        assert!(shuffles < 24, "{}: {shuffles} shuffles\n{f}", f.name);
+        same_as_interpreter(&f);
+    }
+}

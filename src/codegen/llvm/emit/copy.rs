@@ -47,7 +47,7 @@ struct CopyNest<'s> {
 
 /// The flat element offset of `indices` into the compact `buffer` as one expression (64-bit),
 /// with the dimensions `codegen::index` merges merged.
-fn flat_offset(buffer: &Buffer, indices: &[Expr]) -> Expr {
+pub(super) fn flat_offset(buffer: &Buffer, indices: &[Expr]) -> Expr {
     let wide = |e: Cow<'_, Expr>| -> Expr {
         if let Some(c) = e.as_int() {
             return Expr::from(c);
@@ -80,7 +80,7 @@ fn flat_offset(buffer: &Buffer, indices: &[Expr]) -> Expr {
 
 /// Whether `e` is arithmetic of variables and constants only: no load (which the copy could
 /// change, or a `memcpy` read once where the loop read it per element) and no call.
-fn arithmetic(e: &Expr) -> bool {
+pub(super) fn arithmetic(e: &Expr) -> bool {
     match e {
         Expr::IntImm { .. } | Expr::Var(_) => true,
         Expr::Binary { a, b, .. } => arithmetic(a) && arithmetic(b),
@@ -103,7 +103,7 @@ fn plain_bytes(dtype: DataType) -> bool {
 impl Emitter<'_> {
     /// Whether stores to `dst` may take the streaming form (`streaming.rs`): an output of the
     /// function that is not known to be smaller than the threshold.
-    fn may_stream(&self, dst: &Buffer) -> bool {
+    pub(super) fn may_stream(&self, dst: &Buffer) -> bool {
         if !self.m.stream_bufs.contains(&dst.data.id) {
             return false;
         }

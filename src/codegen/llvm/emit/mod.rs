@@ -56,6 +56,7 @@ mod parallel;
 mod prefetch;
 mod stmt;
 mod streaming;
+mod transpose;
 mod vector;
 
 use std::collections::{BTreeSet, HashMap, HashSet};

@@ -79,6 +79,8 @@ impl Emitter<'_> {
             Stmt::Allocate { buffer, body } => self.allocate(buffer, body)?,
             // A nest that only copies a contiguous region: one `memcpy` (`copy.rs`).
             Stmt::For { .. } if self.copy_loop(s)? => {}
+            // A nest that transposes: 8 x 8 tiles in registers (`transpose.rs`).
+            Stmt::For { .. } if self.transpose_loop(s)? => {}
             Stmt::For {
                 var,
                 min,
