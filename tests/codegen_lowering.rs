@@ -485,7 +485,9 @@ fn workspace_buffers_do_not_alias_each_other() {
     // register and `S[o]` is stored once per `o`, not once per tap (a store after every add
     // made `avg_pool2d` 1.4x slower than TVM's build).
     use kiln::packed_func::Module;
-    let n = 512;
+    // Three outputs: too few for `codegen::interchange` to move the window outside them (the
+    // nest it makes stores every tap, a vector at a time, by design).
+    let n = 3;
     let f = window_sum_through_workspaces(n);
     let shapes = [vec![2 * n + 2], vec![n]];
     assert_same_bits(&f, &shapes);
@@ -686,4 +688,88 @@ fn an_unrolled_row_of_constant_columns_loads_at_displacements() {
         .filter(|rest| rest.split('>').next().is_some_and(|t| t.contains(" x i")))
         .count();
     assert_eq!(integer_extracts, 0, "{ll}");
+}
+
+/// A 3x3 window of stride 2 over `I[c, 2 h + 1, 2 w + 1]`: `O[c, y, x] = sum_{r, s} I[c, 2 y
+/// + r, 2 x + s] * W[c, r, s]` (a strided depthwise convolution), or with `max` the max pool
+/// `O[c, y, x] = max_{r, s} I[c, 2 y + r, 2 x + s]`; TVM's two-loop guard.
+fn strided_window(ch: i64, h: i64, w: i64, max: bool) -> PrimFunc {
+    let (inp, wt, out) = (
+        buf("I", &[ch, 2 * h + 1, 2 * w + 1]),
+        buf("W", &[ch, 3, 3]),
+        buf("O", &[ch, h, w]),
+    );
+    let (c, y, x, r, s) = (var("c"), var("y"), var("x"), var("r"), var("s"));
+    let e = |v: &Var| Expr::Var(v.clone());
+    let at = vec![e(&c), e(&y), e(&x)];
+    let elem = inp.load(vec![e(&c), e(&y) * int(2) + e(&r), e(&x) * int(2) + e(&s)]);
+    let (value, init) = if max {
+        (out.load(at.clone()).max(elem), Expr::from(-3.0e38f32))
+    } else {
+        (
+            out.load(at.clone()) + elem * wt.load(vec![e(&c), e(&r), e(&s)]),
+            Expr::from(0.0f32),
+        )
+    };
+    let update = out.store(at.clone(), value);
+    let guard = Stmt::IfThenElse {
+        cond: e(&r).eq_(0i32).and(e(&s).eq_(0i32)),
+        then_case: Box::new(out.store(at, init)),
+        else_case: None,
+    };
+    let body = for_(
+        &c,
+        int(ch),
+        for_(
+            &y,
+            int(h),
+            for_(
+                &x,
+                int(w),
+                for_(&r, int(3), for_(&s, int(3), Stmt::Seq(vec![guard, update]))),
+            ),
+        ),
+    );
+    PrimFunc::new(
+        "f",
+        vec![Param::Buffer(inp), Param::Buffer(wt), Param::Buffer(out)],
+        body,
+    )
+    .with_noalias(true)
+}
+
+/// A sum over a stride-2 window moves outside the output's columns (a vector loads them as two
+/// vectors and a shuffle); a max over one stays for the integer-key form (`codegen::reduce`).
+/// Both give the interpreter's bits.
+#[test]
+fn a_stride_two_window_sum_moves_and_a_max_stays() {
+    let f = strided_window(2, 4, 8, false);
+    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+    assert_eq!(
+        loops(&body),
+        [
+            "c:serial:2",
+            "y:serial:4",
+            "x_init:vectorized:8",
+            "r:serial:3",
+            "s:serial:3",
+            "x:vectorized:8"
+        ]
+    );
+    let f = strided_window(2, 4, 8, true);
+    let peeled = hoist_first_iteration_guards(&f.body);
+    assert_eq!(interchange_reductions(&f, &peeled), peeled);
+    for (ch, h, w) in [(2, 4, 8), (3, 5, 16), (1, 3, 7)] {
+        for max in [false, true] {
+            let f = strided_window(ch, h, w, max);
+            assert_same_bits(
+                &f,
+                &[
+                    vec![ch, 2 * h + 1, 2 * w + 1],
+                    vec![ch, 3, 3],
+                    vec![ch, h, w],
+                ],
+            );
+        }
+    }
 }
