@@ -517,3 +517,83 @@ fn column_reductions_are_interchanged_and_match_the_interpreter() {
         assert!(!ll.contains("insertelement <"), "a gather:\n{ll}");
     }
 }
+
+/// `R[x] = max_s A[2 x + s]` over a window of 3 (or `min`), TVM's initialization: a stride-2
+/// pooling row of `w` outputs, which `codegen::interchange` vectorizes across `x`.
+fn strided_pool(is_max: bool, w: i64) -> PrimFunc {
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(2 * w + 1)]);
+    let r = Buffer::new("R", DataType::f32(), vec![Expr::from(w)]);
+    let x = Var::new("x", DataType::i64());
+    let k = Var::new("k", DataType::i64());
+    let (xv, kv) = (Expr::Var(x.clone()), Expr::Var(k.clone()));
+    let acc = r.load(vec![xv.clone()]);
+    let elem = a.load(vec![xv.clone() * Expr::from(2i64) + kv.clone()]);
+    let value = if is_max { acc.max(elem) } else { acc.min(elem) };
+    let body = Stmt::Seq(vec![
+        Stmt::IfThenElse {
+            cond: kv.eq_(Expr::from(0i64)),
+            then_case: Box::new(r.store(vec![xv.clone()], constant(DataType::f32(), -3.0e38))),
+            else_case: None,
+        },
+        r.store(vec![xv], value),
+    ]);
+    let inner = Stmt::For {
+        var: k,
+        min: Expr::from(0i64),
+        extent: Expr::from(3i64),
+        kind: ForKind::Serial,
+        body: Box::new(body),
+    };
+    let outer = Stmt::For {
+        var: x,
+        min: Expr::from(0i64),
+        extent: Expr::from(w),
+        kind: ForKind::Serial,
+        body: Box::new(inner),
+    };
+    PrimFunc::new(
+        "strided_pool",
+        vec![Param::Buffer(a), Param::Buffer(r)],
+        outer,
+    )
+    .with_noalias(true)
+}
+
+/// Stride-2 pooling rows, vectorized across their outputs with IEEE max/min lane by lane: NaN
+/// for NaN and the signed zeros ordered as the interpreter orders them, for rows of 4 to 23.
+#[test]
+fn strided_pools_match_the_interpreter_on_special_values() {
+    for is_max in [true, false] {
+        for w in [4, 7, 8, 16, 19, 23] {
+            let f = strided_pool(is_max, w);
+            f.verify().unwrap();
+            let n = 2 * w + 1;
+            let a: Vec<f32> = (0..n)
+                .map(|i| {
+                    let k = (i * 5 % 17) as usize;
+                    if k < 12 {
+                        special(k) as f32
+                    } else {
+                        (i as f32 * 0.61).cos() * 10.0
+                    }
+                })
+                .collect();
+            let bufs = vec![
+                HostBuffer::from_slice(&[n], &a),
+                HostBuffer::from_slice(&[w], &vec![0f32; w as usize]),
+            ];
+            let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
+            interp::run(&f, &mut iargs).unwrap();
+            let want = iargs[1].buffer().unwrap();
+            let got = common::run_jit(&f, &bufs);
+            for c in 0..w as usize {
+                let g = f32::from_le_bytes(got[1][4 * c..4 * c + 4].try_into().unwrap());
+                let v = f32::from_le_bytes(want.data[4 * c..4 * c + 4].try_into().unwrap());
+                assert!(
+                    (g.is_nan() && v.is_nan()) || g.to_bits() == v.to_bits(),
+                    "output {c} of {w}: compiled {g:?}, interpreted {v:?} (max: {is_max})"
+                );
+            }
+        }
+    }
+}

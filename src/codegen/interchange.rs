@@ -24,9 +24,8 @@
 //!   loops, use `j` only in the last one, as `j` plus a term without `j`, and `X` is contiguous
 //!   there; the initialization stores to the same `X[I]` a value that reads no `X`;
 //! - `v` reads `X` only at `I` and calls nothing external, and every other load in `v` is free
-//!   of `j` or contiguous in `j` in the same way (so the vector loop needs no gather), or,
-//!   unless `v` is a `max`/`min` (which `codegen::reduce` takes), at stride 2 in `j` (a
-//!   stride-2 window: two vector loads and a shuffle);
+//!   of `j` or contiguous in `j` in the same way (so the vector loop needs no gather), or at
+//!   stride 2 in `j` (a stride-2 window: two vector loads and a shuffle, `emit/vector.rs`);
 //! - `X` is allocated in the function, or the function is `noalias` (so no load reads an alias
 //!   of `X`, whose values the new order would change).
 
@@ -127,18 +126,7 @@ fn analyze<'a>(s: &'a Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Nest<
     {
         return None;
     }
-    // A float max/min reduction left in place takes the integer-key form (`codegen::reduce`),
-    // which runs a pooling window's stride-2 columns faster than IEEE max/min lane by lane
-    // (TOPI's 3 x 3, stride-2 max pool: 2.3 against 2.8 us, Zen 3); a sum reads them with
-    // the vector loop's two loads and a shuffle (a stride-2 dilated convolution 4.2x faster).
-    let minmax = matches!(
-        value,
-        Expr::Binary {
-            op: BinOp::Max | BinOp::Min,
-            ..
-        }
-    );
-    let (legal, contiguous) = value_ok(value, x, indices, j, !minmax);
+    let (legal, contiguous) = value_ok(value, x, indices, j);
     if !legal {
         return None;
     }
@@ -225,12 +213,9 @@ pub const MAX_LANES: i64 = 16;
 /// vectorizer.
 fn spatial_loop(j: &Var, min: &Expr, extent: &Expr, update: &Stmt) -> Stmt {
     let n = extent.as_int().unwrap_or(0);
-    let w = if n > 0 {
-        (1i64 << n.trailing_zeros()).min(MAX_LANES)
-    } else {
-        0
-    };
-    if w < MIN_LANES {
+    let t = j.dtype;
+    let c = |v: i64| Expr::IntImm { dtype: t, value: v };
+    if n < MIN_LANES {
         return Stmt::For {
             var: j.clone(),
             min: min.clone(),
@@ -239,7 +224,10 @@ fn spatial_loop(j: &Var, min: &Expr, extent: &Expr, update: &Stmt) -> Stmt {
             body: Box::new(update.clone()),
         };
     }
-    if w == n {
+    if n <= MAX_LANES {
+        // One vector, in power-of-two pieces where `n` is not one (7 lanes: 4 + 2 + 1; the
+        // emitter's `vector_for`): a 3 x 3 stride-2 max pool's row of 7 outputs went from
+        // LLVM's vectorization of the serial loop at 0.58x TVM's time to this.
         return Stmt::For {
             var: j.clone(),
             min: min.clone(),
@@ -248,32 +236,57 @@ fn spatial_loop(j: &Var, min: &Expr, extent: &Expr, update: &Stmt) -> Stmt {
             body: Box::new(update.clone()),
         };
     }
-    let t = j.dtype;
-    let c = |v: i64| Expr::IntImm { dtype: t, value: v };
+    // Vectors of the largest power of two dividing `n` (at most `MAX_LANES`), or of 8 lanes
+    // and a vector of the rest (55: 6 x 8 + 7).
+    let w = (1i64 << n.trailing_zeros()).min(MAX_LANES);
+    let w = if w >= MIN_LANES { w } else { 8 };
+    let at = |base: Expr, lane: &Var| {
+        let mut index = Expr::binary(BinOp::Add, base, Expr::Var(lane.clone()));
+        if min.as_int() != Some(0) {
+            index = Expr::binary(BinOp::Add, min.clone(), index);
+        }
+        HashMap::from([(j.id, index)])
+    };
     let outer = Var::new(&format!("{}_o", j.name), t);
     let lane = Var::new(&format!("{}_v", j.name), t);
-    let mut index = Expr::binary(
-        BinOp::Add,
-        Expr::binary(BinOp::Mul, Expr::Var(outer.clone()), c(w)),
-        Expr::Var(lane.clone()),
-    );
-    if min.as_int() != Some(0) {
-        index = Expr::binary(BinOp::Add, min.clone(), index);
-    }
-    let map = HashMap::from([(j.id, index)]);
-    Stmt::For {
-        var: outer,
+    let main = Stmt::For {
+        var: outer.clone(),
         min: c(0),
         extent: c(n / w),
         kind: ForKind::Serial,
         body: Box::new(Stmt::For {
-            var: lane,
+            var: lane.clone(),
             min: c(0),
             extent: c(w),
             kind: ForKind::Vectorized,
-            body: Box::new(crate::ir::rewrite::subst_stmt(update, &map)),
+            body: Box::new(crate::ir::rewrite::subst_stmt(
+                update,
+                &at(Expr::binary(BinOp::Mul, Expr::Var(outer), c(w)), &lane),
+            )),
         }),
+    };
+    let rest = n % w;
+    if rest == 0 {
+        return main;
     }
+    let tail = Var::new(&format!("{}_t", j.name), t);
+    Stmt::Seq(vec![
+        main,
+        Stmt::For {
+            var: tail.clone(),
+            min: c(0),
+            extent: c(rest),
+            kind: if rest > 1 {
+                ForKind::Vectorized
+            } else {
+                ForKind::Serial
+            },
+            body: Box::new(crate::ir::rewrite::subst_stmt(
+                update,
+                &at(c(n - rest), &tail),
+            )),
+        },
+    ])
 }
 
 /// Whether `b`'s last dimension is contiguous (no strides, or a last stride of 1).
@@ -303,8 +316,8 @@ pub(crate) fn unit_stride(e: &Expr, var: &Var) -> bool {
     }
 }
 
-/// Whether `e` is `j * 2` plus terms without `j` (a stride-2 window's column: LLVM's vectors
-/// load it as two contiguous vectors and a shuffle).
+/// Whether `e` is `j * 2` plus terms without `j` (a stride-2 window's column: kiln's vector
+/// code loads it as two contiguous vectors and a shuffle).
 pub(crate) fn stride_two(e: &Expr, var: &Var) -> bool {
     match e {
         Expr::Binary {
@@ -331,12 +344,11 @@ pub(crate) fn stride_two(e: &Expr, var: &Var) -> bool {
 
 /// Whether the update's value follows the rule (`X` read only at `at`, nothing external), and
 /// whether every other load is free of `j` or contiguous in it (else a vector would gather).
-fn value_ok(v: &Expr, x: &Buffer, at: &[Expr], j: &Var, stride2: bool) -> (bool, bool) {
+fn value_ok(v: &Expr, x: &Buffer, at: &[Expr], j: &Var) -> (bool, bool) {
     struct Scan<'a> {
         x: &'a Buffer,
         at: &'a [Expr],
         j: &'a Var,
-        stride2: bool,
         legal: bool,
         contiguous: bool,
     }
@@ -351,8 +363,7 @@ fn value_ok(v: &Expr, x: &Buffer, at: &[Expr], j: &Var, stride2: bool) -> (bool,
                         let free = !last.mentions(self.j);
                         self.contiguous &= outer.iter().all(|i| !i.mentions(self.j))
                             && (free
-                                || ((unit_stride(last, self.j)
-                                    || (self.stride2 && stride_two(last, self.j)))
+                                || ((unit_stride(last, self.j) || stride_two(last, self.j))
                                     && contiguous_last(buffer)));
                     }
                 }
@@ -366,7 +377,6 @@ fn value_ok(v: &Expr, x: &Buffer, at: &[Expr], j: &Var, stride2: bool) -> (bool,
         x,
         at,
         j,
-        stride2,
         legal: true,
         contiguous: true,
     };

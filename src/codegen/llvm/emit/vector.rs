@@ -271,6 +271,67 @@ impl Emitter<'_> {
         Ok(Some(a?))
     }
 
+    /// Lanes `lo .. lo + n` of a load whose last index steps by 2 per lane (a stride-2
+    /// window's column; other indices free of `var`, no strides): two contiguous vector loads,
+    /// of elements `0 .. n` and `n - 1 .. 2 n - 1` from lane 0's, and one shuffle of their even
+    /// elements (`vshufps` and `vpermpd` for 8 floats with AVX2), where lane by lane it was `n`
+    /// scalar loads and inserts. The second load ends at the last lane's element, so no element
+    /// outside the ones the lanes read is touched. `None` when the access is not of that form.
+    fn stride_two_load(
+        &mut self,
+        var: &Var,
+        lo: &Val,
+        n: i64,
+        buffer: &Buffer,
+        indices: &[Expr],
+    ) -> R<Option<Val>> {
+        let Some((last, outer)) = indices.split_last() else {
+            return Ok(None);
+        };
+        if n < 2
+            || buffer.strides.is_some()
+            || buffer.dtype.lanes != 1
+            || buffer.dtype.code == TypeCode::Bool
+            || lane_coef(last, var.id) != Some(2)
+            || outer.iter().any(|i| lane_coef(i, var.id) != Some(0))
+        {
+            return Ok(None);
+        }
+        let old = self.vars.insert(var.id, lo.clone());
+        let a = self.address(buffer, indices);
+        self.restore(var.id, old);
+        let addr = a?;
+        let mt = mem_ty(buffer.dtype);
+        let vt = Self::vty(n, &mt);
+        let align = buffer.dtype.bytes().max(1);
+        let first = self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
+        let lo_v = self.assign(&vt, format!("load {vt}, {vt}* {}, align {align}", first.v));
+        let mid = self.assign(
+            &format!("{mt}*"),
+            format!("getelementptr inbounds {mt}, {mt}* {addr}, i64 {}", n - 1),
+        );
+        let second = self.assign(
+            &format!("{vt}*"),
+            format!("bitcast {mt}* {} to {vt}*", mid.v),
+        );
+        let hi_v = self.assign(&vt, format!("load {vt}, {vt}* {}, align {align}", second.v));
+        // Lane l is element 2 l from lane 0's: of the first vector below n, else element
+        // 2 l - (n - 1) of the second, which `shufflevector` numbers n + 2 l - (n - 1).
+        let mask: Vec<String> = (0..n)
+            .map(|l| format!("i32 {}", if 2 * l < n { 2 * l } else { 2 * l + 1 }))
+            .collect();
+        let v = self.assign(
+            &vt,
+            format!(
+                "shufflevector {vt} {}, {vt} {}, <{n} x i32> <{}>",
+                lo_v.v,
+                hi_v.v,
+                mask.join(", ")
+            ),
+        );
+        Ok(Some(v))
+    }
+
     fn vexpr(&mut self, var: &Var, lo: &Val, n: i64, e: &Expr) -> R<Lanes> {
         if !expr_uses(e, var.id) {
             return Ok(Lanes::Uniform(self.expr(e)?));
@@ -286,6 +347,9 @@ impl Emitter<'_> {
                         self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
                     let align = buffer.dtype.bytes().max(1);
                     let v = self.assign(&vt, format!("load {vt}, {vt}* {}, align {align}", p.v));
+                    return Ok(Lanes::Vector(v));
+                }
+                if let Some(v) = self.stride_two_load(var, lo, n, buffer, indices)? {
                     return Ok(Lanes::Vector(v));
                 }
                 self.scalarize(var, lo, n, e)
