@@ -11,8 +11,8 @@ use kiln::ir::interp::{self, HostBuffer, InterpArg};
 use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt};
 use kiln::packed_func::Module;
 
-/// The number of `memcpy` calls in `f`'s optimized LLVM IR.
-fn memcpys(f: &PrimFunc) -> usize {
+/// The number of lines of `f`'s optimized LLVM IR that contain `text`.
+fn lines_with(f: &PrimFunc, text: &str) -> usize {
     let m = LlvmModule::jit(
         &IRModule::from_functions(vec![f.clone()]),
         &CodegenOptions::host(),
@@ -21,8 +21,13 @@ fn memcpys(f: &PrimFunc) -> usize {
     m.get_source("ll")
         .unwrap()
         .lines()
-        .filter(|l| l.contains("call void @llvm.memcpy"))
+        .filter(|l| l.contains(text))
         .count()
+}
+
+/// The number of `memcpy` calls in `f`'s optimized LLVM IR.
+fn memcpys(f: &PrimFunc) -> usize {
+    lines_with(f, "call void @llvm.memcpy")
 }
 
 /// `f` compiled and interpreted on the same inputs (every byte of every buffer a pattern,
@@ -194,16 +199,7 @@ fn an_index_that_loads_stays_a_loop() {
 /// The number of 8-lane shuffles in `f`'s optimized LLVM IR: a transposing nest emitted in
 /// 8 x 8 tiles (`codegen/llvm/emit/transpose.rs`) has 24 a tile.
 fn tile_shuffles(f: &PrimFunc) -> usize {
-    let m = LlvmModule::jit(
-        &IRModule::from_functions(vec![f.clone()]),
-        &CodegenOptions::host(),
-    )
-    .unwrap();
-    m.get_source("ll")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains("shufflevector <8 x "))
-        .count()
+    lines_with(f, "shufflevector <8 x ")
 }
 
 /// `T[i, j] = X[j, i]` for `X[cols, rows]` of element type `t`, with `i` inside (`inner_i`)

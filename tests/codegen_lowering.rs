@@ -103,23 +103,42 @@ fn matmul(m: i64, n: i64, kk: i64, transposed: bool) -> PrimFunc {
 /// A 3x3 depthwise convolution without padding: `O[c, y, x] = sum_{r, s} I[c, y + r, x + s] *
 /// W[c, r, s]`, with TVM's two-loop guard `if r == 0 && s == 0`.
 fn depthwise(ch: i64, h: i64, w: i64) -> PrimFunc {
+    window(ch, h, w, 1, false)
+}
+
+/// A 3x3 window of stride 1 or 2 over `I[c, (h - 1) stride + 3, (w - 1) stride + 3]`: `O[c,
+/// y, x] = sum_{r, s} I[c, stride y + r, stride x + s] * W[c, r, s]` (a depthwise
+/// convolution), or with `max` the max pool `O[c, y, x] = max_{r, s} I[c, stride y + r, stride
+/// x + s]`; TVM's two-loop guard `if r == 0 && s == 0`.
+fn window(ch: i64, h: i64, w: i64, stride: i64, max: bool) -> PrimFunc {
     let (inp, wt, out) = (
-        buf("I", &[ch, h + 2, w + 2]),
+        buf("I", &[ch, (h - 1) * stride + 3, (w - 1) * stride + 3]),
         buf("W", &[ch, 3, 3]),
         buf("O", &[ch, h, w]),
     );
     let (c, y, x, r, s) = (var("c"), var("y"), var("x"), var("r"), var("s"));
     let e = |v: &Var| Expr::Var(v.clone());
+    let scaled = |v: &Var| {
+        if stride == 1 {
+            e(v)
+        } else {
+            e(v) * int(stride)
+        }
+    };
     let at = vec![e(&c), e(&y), e(&x)];
-    let update = out.store(
-        at.clone(),
-        out.load(at.clone())
-            + inp.load(vec![e(&c), e(&y) + e(&r), e(&x) + e(&s)])
-                * wt.load(vec![e(&c), e(&r), e(&s)]),
-    );
+    let elem = inp.load(vec![e(&c), scaled(&y) + e(&r), scaled(&x) + e(&s)]);
+    let (value, init) = if max {
+        (out.load(at.clone()).max(elem), Expr::from(-3.0e38f32))
+    } else {
+        (
+            out.load(at.clone()) + elem * wt.load(vec![e(&c), e(&r), e(&s)]),
+            Expr::from(0.0f32),
+        )
+    };
+    let update = out.store(at.clone(), value);
     let guard = Stmt::IfThenElse {
         cond: e(&r).eq_(0i32).and(e(&s).eq_(0i32)),
-        then_case: Box::new(out.store(at, Expr::from(0.0f32))),
+        then_case: Box::new(out.store(at, init)),
         else_case: None,
     };
     let body = for_(
@@ -279,60 +298,52 @@ fn a_guard_that_is_not_the_first_iteration_stays() {
 
 #[test]
 fn a_reduction_nest_moves_outside_the_spatial_loop() {
-    let f = matmul(4, 40, 5, false);
-    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
-    // i { j_init: 5 vectors of 8 (init); k { j: 5 vectors of 8 (update) } }
-    assert_eq!(
-        loops(&body),
-        [
-            "i:serial:4",
-            "j_init_o:serial:5",
-            "j_init_v:vectorized:8",
-            "k:serial:5",
-            "j_o:serial:5",
-            "j_v:vectorized:8"
-        ]
-    );
-    // 16 columns: one vector, no loop over vectors; 6 columns: a serial loop for LLVM.
-    let f = matmul(4, 16, 5, false);
-    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
-    assert_eq!(
-        loops(&body),
-        [
-            "i:serial:4",
-            "j_init:vectorized:16",
-            "k:serial:5",
-            "j:vectorized:16"
-        ]
-    );
-    // 6 columns: one vector of 6 lanes (the emitter's pieces: 4 + 2); 3: a serial loop.
-    let f = matmul(4, 6, 5, false);
-    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
-    assert_eq!(
-        loops(&body),
-        [
-            "i:serial:4",
-            "j_init:vectorized:6",
-            "k:serial:5",
-            "j:vectorized:6"
-        ]
-    );
-    // 55 columns: 6 vectors of 8 and one of the other 7.
-    let f = matmul(2, 55, 3, false);
-    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
-    assert_eq!(
-        loops(&body),
-        [
-            "i:serial:2",
-            "j_init_o:serial:6",
-            "j_init_v:vectorized:8",
-            "j_init_t:vectorized:7",
-            "k:serial:3",
-            "j_o:serial:6",
-            "j_v:vectorized:8",
-            "j_t:vectorized:7"
-        ]
-    );
+    for (cols, k, want) in [
+        // 40 columns: 5 vectors of 8, for the initialization and in the reduction loop.
+        (
+            40,
+            5,
+            &[
+                "j_init_o:serial:5",
+                "j_init_v:vectorized:8",
+                "k:serial:5",
+                "j_o:serial:5",
+                "j_v:vectorized:8",
+            ][..],
+        ),
+        // 16 columns: one vector, no loop over vectors.
+        (
+            16,
+            5,
+            &["j_init:vectorized:16", "k:serial:5", "j:vectorized:16"][..],
+        ),
+        // 6 columns: one vector of 6 lanes (the emitter's pieces: 4 + 2).
+        (
+            6,
+            5,
+            &["j_init:vectorized:6", "k:serial:5", "j:vectorized:6"][..],
+        ),
+        // 55 columns: 6 vectors of 8 and one of the other 7.
+        (
+            55,
+            3,
+            &[
+                "j_init_o:serial:6",
+                "j_init_v:vectorized:8",
+                "j_init_t:vectorized:7",
+                "k:serial:3",
+                "j_o:serial:6",
+                "j_v:vectorized:8",
+                "j_t:vectorized:7",
+            ][..],
+        ),
+    ] {
+        let f = matmul(4, cols, k, false);
+        let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+        let mut full = vec!["i:serial:4".to_string()];
+        full.extend(want.iter().map(|w| w.to_string()));
+        assert_eq!(loops(&body), full, "{cols} columns");
+    }
     // A convolution window of two reduction loops.
     let d = depthwise(2, 4, 8);
     let body = interchange_reductions(&d, &hoist_first_iteration_guards(&d.body));
@@ -712,54 +723,6 @@ fn an_unrolled_row_of_constant_columns_loads_at_displacements() {
     assert_eq!(integer_extracts, 0, "{ll}");
 }
 
-/// A 3x3 window of stride 2 over `I[c, 2 h + 1, 2 w + 1]`: `O[c, y, x] = sum_{r, s} I[c, 2 y
-/// + r, 2 x + s] * W[c, r, s]` (a strided depthwise convolution), or with `max` the max pool
-/// `O[c, y, x] = max_{r, s} I[c, 2 y + r, 2 x + s]`; TVM's two-loop guard.
-fn strided_window(ch: i64, h: i64, w: i64, max: bool) -> PrimFunc {
-    let (inp, wt, out) = (
-        buf("I", &[ch, 2 * h + 1, 2 * w + 1]),
-        buf("W", &[ch, 3, 3]),
-        buf("O", &[ch, h, w]),
-    );
-    let (c, y, x, r, s) = (var("c"), var("y"), var("x"), var("r"), var("s"));
-    let e = |v: &Var| Expr::Var(v.clone());
-    let at = vec![e(&c), e(&y), e(&x)];
-    let elem = inp.load(vec![e(&c), e(&y) * int(2) + e(&r), e(&x) * int(2) + e(&s)]);
-    let (value, init) = if max {
-        (out.load(at.clone()).max(elem), Expr::from(-3.0e38f32))
-    } else {
-        (
-            out.load(at.clone()) + elem * wt.load(vec![e(&c), e(&r), e(&s)]),
-            Expr::from(0.0f32),
-        )
-    };
-    let update = out.store(at.clone(), value);
-    let guard = Stmt::IfThenElse {
-        cond: e(&r).eq_(0i32).and(e(&s).eq_(0i32)),
-        then_case: Box::new(out.store(at, init)),
-        else_case: None,
-    };
-    let body = for_(
-        &c,
-        int(ch),
-        for_(
-            &y,
-            int(h),
-            for_(
-                &x,
-                int(w),
-                for_(&r, int(3), for_(&s, int(3), Stmt::Seq(vec![guard, update]))),
-            ),
-        ),
-    );
-    PrimFunc::new(
-        "f",
-        vec![Param::Buffer(inp), Param::Buffer(wt), Param::Buffer(out)],
-        body,
-    )
-    .with_noalias(true)
-}
-
 /// A sum or a max over a stride-2 window moves outside the output's columns (a vector loads
 /// them as two vectors and a shuffle, `emit/vector.rs`), and gives the interpreter's bits: rows
 /// of 8, 16, 7 (pieces of 4 + 2 + 1) and 19 (two vectors of 8 and one of 3) outputs
@@ -767,7 +730,7 @@ fn strided_window(ch: i64, h: i64, w: i64, max: bool) -> PrimFunc {
 #[test]
 fn a_stride_two_window_moves_and_agrees_with_the_interpreter() {
     for max in [false, true] {
-        let f = strided_window(2, 4, 8, max);
+        let f = window(2, 4, 8, 2, max);
         let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
         assert_eq!(
             loops(&body),
@@ -783,7 +746,7 @@ fn a_stride_two_window_moves_and_agrees_with_the_interpreter() {
     }
     for (ch, h, w) in [(2, 4, 8), (3, 5, 16), (1, 3, 7), (1, 2, 19)] {
         for max in [false, true] {
-            let f = strided_window(ch, h, w, max);
+            let f = window(ch, h, w, 2, max);
             assert_same_bits(
                 &f,
                 &[

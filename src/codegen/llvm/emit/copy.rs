@@ -37,6 +37,14 @@ use super::{mem_ty, reg_ty, Emitter, Val, R};
 /// which LLVM vectorizes (and a small `memcpy` LLVM would expand inline anyway).
 pub(super) const COPY_MIN_BYTES: i64 = 1024;
 
+/// Loops around one element copy ([`Emitter::element_copy`]): the loops (outermost first) with
+/// their extents, and the two accesses.
+pub(super) struct ElementCopy<'s> {
+    pub(super) loops: Vec<(&'s Var, i64)>,
+    pub(super) dst: (&'s Buffer, &'s [Expr]),
+    pub(super) src: (&'s Buffer, &'s [Expr]),
+}
+
 /// A copy nest: its loops (outermost first) and the two accesses.
 struct CopyNest<'s> {
     loops: Vec<&'s Var>,
@@ -80,7 +88,7 @@ pub(super) fn flat_offset(buffer: &Buffer, indices: &[Expr]) -> Expr {
 
 /// Whether `e` is arithmetic of variables and constants only: no load (which the copy could
 /// change, or a `memcpy` read once where the loop read it per element) and no call.
-pub(super) fn arithmetic(e: &Expr) -> bool {
+fn arithmetic(e: &Expr) -> bool {
     match e {
         Expr::IntImm { .. } | Expr::Var(_) => true,
         Expr::Binary { a, b, .. } => arithmetic(a) && arithmetic(b),
@@ -103,7 +111,7 @@ fn plain_bytes(dtype: DataType) -> bool {
 impl Emitter<'_> {
     /// Whether stores to `dst` may take the streaming form (`streaming.rs`): an output of the
     /// function that is not known to be smaller than the threshold.
-    pub(super) fn may_stream(&self, dst: &Buffer) -> bool {
+    fn may_stream(&self, dst: &Buffer) -> bool {
         if !self.m.stream_bufs.contains(&dst.data.id) {
             return false;
         }
@@ -112,8 +120,13 @@ impl Emitter<'_> {
             .is_some_and(|threshold| !below_threshold(dst, threshold))
     }
 
-    /// `s` as a copy nest, if it is one (the module docs have the rule).
-    fn copy_nest<'s>(&self, s: &'s Stmt) -> Option<CopyNest<'s>> {
+    /// `s` as loops around one element copy, if it is one: serial, vectorized or unrolled
+    /// loops, each the only statement of the one outside it, from 0 to constant extents, around
+    /// `dst[..] = src[..]` of the same element type between two different compact buffers of
+    /// a host function whose buffers do not alias, indexed by variables and constants, the
+    /// destination not a streamed output. The shape both the `memcpy` rule (here) and the
+    /// register-tile transpose (`transpose.rs`) start from.
+    pub(super) fn element_copy<'s>(&self, s: &'s Stmt) -> Option<ElementCopy<'s>> {
         if self.opts.nvptx || !self.noalias {
             return None;
         }
@@ -151,7 +164,6 @@ impl Emitter<'_> {
         };
         if loops.is_empty()
             || dst.dtype != src.dtype
-            || !plain_bytes(dst.dtype)
             || dst.data.id == src.data.id
             || dst.strides.is_some()
             || src.strides.is_some()
@@ -160,6 +172,21 @@ impl Emitter<'_> {
         {
             return None;
         }
+        Some(ElementCopy {
+            loops,
+            dst: (dst, di),
+            src: (src, si),
+        })
+    }
+
+    /// `s` as a copy nest, if it is one (the module docs have the rule).
+    fn copy_nest<'s>(&self, s: &'s Stmt) -> Option<CopyNest<'s>> {
+        let ElementCopy { loops, dst, src } = self.element_copy(s)?;
+        if !plain_bytes(dst.0.dtype) {
+            return None;
+        }
+        let (dst, di) = dst;
+        let (src, si) = src;
         let elems = loops.iter().try_fold(1i64, |p, &(_, e)| p.checked_mul(e))?;
         let bytes = elems.checked_mul(dst.dtype.bytes() as i64)?;
         if bytes < COPY_MIN_BYTES {

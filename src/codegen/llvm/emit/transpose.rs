@@ -28,9 +28,9 @@
 //! The loops keep their order; `a` and `b` step by tiles, and each iteration of the innermost
 //! one is a tile.
 
-use crate::ir::{DataType, Expr, ForKind, Stmt, TypeCode, Var};
+use crate::ir::{DataType, Expr, Stmt, TypeCode, Var};
 
-use super::copy::{arithmetic, flat_offset};
+use super::copy::{flat_offset, ElementCopy};
 use super::vector::lane_coef;
 use super::{mem_ty, reg_ty, Emitter, Val, R};
 
@@ -104,50 +104,12 @@ const STAGES: [[(usize, usize, [u8; 8]); 8]; 3] = {
 impl Emitter<'_> {
     /// `s` as a transposing copy nest, if it is one (the module docs have the rule).
     fn transpose_nest<'s>(&self, s: &'s Stmt) -> Option<TransposeNest<'s>> {
-        if self.opts.nvptx || !self.noalias {
-            return None;
-        }
-        let mut loops: Vec<(&Var, i64)> = Vec::new();
-        let mut cur = s;
-        while let Stmt::For {
-            var,
-            min,
-            extent,
-            kind,
-            body,
-        } = cur
-        {
-            if !matches!(
-                kind,
-                ForKind::Serial | ForKind::Vectorized | ForKind::Unrolled
-            ) || min.as_int() != Some(0)
-            {
-                return None;
-            }
-            loops.push((var, extent.as_int().filter(|&e| e >= 1)?));
-            cur = body;
-        }
-        let Stmt::Store {
-            buffer: dst,
-            indices: di,
-            value:
-                Expr::Load {
-                    buffer: src,
-                    indices: si,
-                },
-        } = cur
-        else {
-            return None;
-        };
-        if loops.len() < 2
-            || dst.dtype != src.dtype
-            || !word(dst.dtype)
-            || dst.data.id == src.data.id
-            || dst.strides.is_some()
-            || src.strides.is_some()
-            || self.may_stream(dst)
-            || !di.iter().chain(si.iter()).all(arithmetic)
-        {
+        let ElementCopy {
+            loops,
+            dst: (dst, di),
+            src: (src, si),
+        } = self.element_copy(s)?;
+        if loops.len() < 2 || !word(dst.dtype) {
             return None;
         }
         let (dflat, sflat) = (flat_offset(dst, di), flat_offset(src, si));
