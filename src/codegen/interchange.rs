@@ -300,45 +300,47 @@ fn contiguous_last(b: &Buffer) -> bool {
 /// Whether `e` is `var`, or `var + t` / `t + var` / `var - t` with `t` free of `var`
 /// (recursively).
 pub(crate) fn unit_stride(e: &Expr, var: &Var) -> bool {
-    match e {
-        Expr::Var(v) => v.id == var.id,
-        Expr::Binary {
-            op: BinOp::Add,
-            a,
-            b,
-        } => (unit_stride(a, var) && !b.mentions(var)) || (unit_stride(b, var) && !a.mentions(var)),
-        Expr::Binary {
-            op: BinOp::Sub,
-            a,
-            b,
-        } => unit_stride(a, var) && !b.mentions(var),
-        _ => false,
-    }
+    step(e, var) == Some(1)
 }
 
-/// Whether `e` is `j * 2` plus terms without `j` (a stride-2 window's column: kiln's vector
-/// code loads it as two contiguous vectors and a shuffle).
-pub(crate) fn stride_two(e: &Expr, var: &Var) -> bool {
+/// Whether `e` is `var * 2` (or `2 * var`) plus terms without `var` (a stride-2 window's
+/// column: kiln's vector code loads it as two contiguous vectors and a shuffle).
+fn stride_two(e: &Expr, var: &Var) -> bool {
+    step(e, var) == Some(2)
+}
+
+/// How far `e` moves per step of `var` when it is `var` (1) or `var * 2` / `2 * var` (2), plus
+/// or minus terms free of `var`, recursively; `None` for any other form.
+fn step(e: &Expr, var: &Var) -> Option<i64> {
+    let is_var = |x: &Expr| matches!(x, Expr::Var(v) if v.id == var.id);
     match e {
+        _ if is_var(e) => Some(1),
         Expr::Binary {
             op: BinOp::Mul,
             a,
             b,
-        } => {
-            (matches!(&**a, Expr::Var(v) if v.id == var.id) && b.as_int() == Some(2))
-                || (matches!(&**b, Expr::Var(v) if v.id == var.id) && a.as_int() == Some(2))
+        } if (is_var(a) && b.as_int() == Some(2)) || (is_var(b) && a.as_int() == Some(2)) => {
+            Some(2)
         }
         Expr::Binary {
             op: BinOp::Add,
             a,
             b,
-        } => (stride_two(a, var) && !b.mentions(var)) || (stride_two(b, var) && !a.mentions(var)),
+        } => {
+            if !b.mentions(var) {
+                step(a, var)
+            } else if !a.mentions(var) {
+                step(b, var)
+            } else {
+                None
+            }
+        }
         Expr::Binary {
             op: BinOp::Sub,
             a,
             b,
-        } => stride_two(a, var) && !b.mentions(var),
-        _ => false,
+        } if !b.mentions(var) => step(a, var),
+        _ => None,
     }
 }
 

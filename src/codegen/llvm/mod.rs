@@ -227,19 +227,18 @@ fn generate<const N: usize>(
             Linkage::Jit {
                 check: (entry, cx),
                 calls,
-                optimized,
                 ..
             } => (
                 format!(
                     "call i32 inttoptr (i64 {entry} to i32 (i8*, %ffi.any*, i32, i32)*)(i8* inttoptr (i64 {cx} to i8*), %ffi.any* %args, i32 %num_args, i32 {index})",
                     index = exported.len()
                 ),
-                if *optimized {
+                if optimized_tier {
                     None
                 } else {
                     Some(calls + exported.len() * std::mem::size_of::<usize>())
                 },
-                if *optimized { "" } else { " noinline optnone" },
+                if optimized_tier { "" } else { " noinline optnone" },
             ),
             Linkage::Export => {
                 let body = {
@@ -355,18 +354,15 @@ fn generate<const N: usize>(
             if o.device_host {
                 e.stmt(&f.body)?;
             } else {
-                let split = PrimFunc {
-                    body: crate::codegen::partition::partition_loops(&f.body),
-                    ..f.clone()
-                };
-                let peeled = PrimFunc {
+                let partitioned = crate::codegen::partition::partition_loops(&f.body);
+                let interchanged = PrimFunc {
                     body: crate::codegen::interchange::interchange_reductions(
                         f,
-                        &crate::codegen::peel::hoist_first_iteration_guards(&split.body),
+                        &crate::codegen::peel::hoist_first_iteration_guards(&partitioned),
                     ),
                     ..f.clone()
                 };
-                let lowered = crate::codegen::reduce::lower_minmax_reductions(&peeled);
+                let lowered = crate::codegen::reduce::lower_minmax_reductions(&interchanged);
                 let packed = crate::codegen::interchange::pack_transposed_operands(f, &lowered);
                 let body = crate::codegen::block::block_strided_copies(
                     f,

@@ -216,18 +216,13 @@ impl Emitter<'_> {
             return Ok(false);
         };
         // The first elements: the accesses with every loop variable 0.
-        let mut saved = Vec::new();
-        for v in &c.loops {
-            let old = self.vars.insert(v.id, Val::new(reg_ty(v.dtype), "0"));
-            saved.push((v.id, old));
-        }
-        let addrs = self
-            .address(c.dst.0, c.dst.1)
-            .and_then(|d| Ok((d, self.address(c.src.0, c.src.1)?)));
-        for (id, old) in saved.into_iter().rev() {
-            self.restore(id, old);
-        }
-        let (dst, src) = addrs?;
+        let zeros: Vec<(&Var, Val)> = c
+            .loops
+            .iter()
+            .map(|v| (*v, Val::new(reg_ty(v.dtype), "0")))
+            .collect();
+        let dst = self.address_at(c.dst.0, c.dst.1, &zeros)?;
+        let src = self.address_at(c.src.0, c.src.1, &zeros)?;
         let mt = mem_ty(c.dst.0.dtype);
         let pt = Self::ptr(&mt);
         let d8 = self.assign("i8*", format!("bitcast {pt} {dst} to i8*"));

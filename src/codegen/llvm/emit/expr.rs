@@ -1,7 +1,7 @@
 //! Scalar expressions: [`Emitter::expr`], the conversions between register and memory forms
 //! (bool as a byte, bf16 as its 16 bits), element addresses and index widening.
 
-use crate::ir::{BinOp, Buffer, DataType, Expr, TypeCode};
+use crate::ir::{BinOp, Buffer, DataType, Expr, TypeCode, Var};
 
 use super::arith::minmax_by_constant;
 use super::{float_const, is_signed, mem_ty, reg_ty, unsupported, Emitter, Val, R};
@@ -234,6 +234,25 @@ impl Emitter<'_> {
     /// The element address `buffer[indices]` as a typed pointer.
     pub(super) fn address(&mut self, buffer: &Buffer, indices: &[Expr]) -> R<String> {
         self.address_with(buffer, indices, true)
+    }
+
+    /// [`Self::address`] with each variable of `bound` taking its value (a vector's lane 0,
+    /// a tile's first row) for this address only.
+    pub(super) fn address_at(
+        &mut self,
+        buffer: &Buffer,
+        indices: &[Expr],
+        bound: &[(&Var, Val)],
+    ) -> R<String> {
+        let old: Vec<Option<Val>> = bound
+            .iter()
+            .map(|(v, x)| self.vars.insert(v.id, x.clone()))
+            .collect();
+        let a = self.address(buffer, indices);
+        for ((v, _), o) in bound.iter().zip(old).rev() {
+            self.restore(v.id, o);
+        }
+        a
     }
 
     /// [`Self::address`]; with `exact` false, computed without `nsw` and `inbounds`, so that an

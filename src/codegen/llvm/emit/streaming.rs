@@ -173,10 +173,7 @@ impl Emitter<'_> {
         let neg = self.assign("i1", format!("icmp slt i64 {}, 0", ext0.v));
         let ext = self.assign("i64", format!("select i1 {}, i64 0, i64 {}", neg.v, ext0.v));
         // The address of the first iteration's store.
-        let old = self.vars.insert(var.id, lo.clone());
-        let addr = self.address(buffer, indices);
-        self.restore(var.id, old);
-        let addr = addr?;
+        let addr = self.address_at(buffer, indices, &[(var, lo.clone())])?;
         let mt = mem_ty(buffer.dtype);
         let a = self.assign("i64", format!("ptrtoint {mt}* {addr} to i64"));
         let mis = self.assign("i64", format!("and i64 {}, {}", a.v, STREAM_ALIGN - 1));

@@ -28,7 +28,7 @@
 //! The loops keep their order; `a` and `b` step by tiles, and each iteration of the innermost
 //! one is a tile.
 
-use crate::ir::{DataType, Expr, Stmt, TypeCode, Var};
+use crate::ir::{Buffer, DataType, Expr, Stmt, TypeCode, Var};
 
 use super::copy::{flat_offset, ElementCopy};
 use super::vector::lane_coef;
@@ -193,17 +193,18 @@ impl Emitter<'_> {
             }
         };
         let mut rows = Vec::with_capacity(TILE as usize);
+        // A row of the tile: its first element's address as a pointer to the vector.
+        let row =
+            |e: &mut Self, (buffer, indices): (&Buffer, &[Expr]), av: Val, bv: Val| -> R<Val> {
+                let addr = e.address_at(buffer, indices, &[(a, av), (b, bv)])?;
+                Ok(e.assign(
+                    &format!("{vt}*"),
+                    format!("bitcast {} {addr} to {vt}*", Self::ptr(&mt)),
+                ))
+            };
         for r in 0..TILE {
             let bv = at_offset(self, b0, b, r);
-            let old_a = self.vars.insert(a.id, a0.clone());
-            let old_b = self.vars.insert(b.id, bv);
-            let addr = self.address(t.src.0, t.src.1);
-            self.restore(b.id, old_b);
-            self.restore(a.id, old_a);
-            let p = self.assign(
-                &format!("{vt}*"),
-                format!("bitcast {} {} to {vt}*", Self::ptr(&mt), addr?),
-            );
+            let p = row(self, t.src, a0.clone(), bv)?;
             rows.push(self.assign(&vt, format!("load {vt}, {vt}* {}, align 4", p.v)));
         }
         for stage in &STAGES {
@@ -225,15 +226,7 @@ impl Emitter<'_> {
         }
         for (c, col) in rows.iter().enumerate() {
             let av = at_offset(self, a0, a, c as i64);
-            let old_a = self.vars.insert(a.id, av);
-            let old_b = self.vars.insert(b.id, b0.clone());
-            let addr = self.address(t.dst.0, t.dst.1);
-            self.restore(b.id, old_b);
-            self.restore(a.id, old_a);
-            let p = self.assign(
-                &format!("{vt}*"),
-                format!("bitcast {} {} to {vt}*", Self::ptr(&mt), addr?),
-            );
+            let p = row(self, t.dst, av, b0.clone())?;
             self.line(format!("store {vt} {}, {vt}* {}, align 4", col.v, p.v));
         }
         Ok(())

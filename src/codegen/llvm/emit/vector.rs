@@ -265,10 +265,11 @@ impl Emitter<'_> {
         if !unit_stride(buffer, indices, var.id) {
             return Ok(None);
         }
-        let old = self.vars.insert(var.id, lo.clone());
-        let a = self.address(buffer, indices);
-        self.restore(var.id, old);
-        Ok(Some(a?))
+        Ok(Some(self.address_at(
+            buffer,
+            indices,
+            &[(var, lo.clone())],
+        )?))
     }
 
     /// Lanes `lo .. lo + n` of a load whose last index steps by 2 per lane (a stride-2
@@ -297,10 +298,7 @@ impl Emitter<'_> {
         {
             return Ok(None);
         }
-        let old = self.vars.insert(var.id, lo.clone());
-        let a = self.address(buffer, indices);
-        self.restore(var.id, old);
-        let addr = a?;
+        let addr = self.address_at(buffer, indices, &[(var, lo.clone())])?;
         let mt = mem_ty(buffer.dtype);
         let vt = Self::vty(n, &mt);
         let align = buffer.dtype.bytes().max(1);
