@@ -344,20 +344,7 @@ fn a_reduction_nest_moves_outside_the_spatial_loop() {
         full.extend(want.iter().map(|w| w.to_string()));
         assert_eq!(loops(&body), full, "{cols} columns");
     }
-    // A convolution window of two reduction loops.
-    let d = depthwise(2, 4, 8);
-    let body = interchange_reductions(&d, &hoist_first_iteration_guards(&d.body));
-    assert_eq!(
-        loops(&body),
-        [
-            "c:serial:2",
-            "y:serial:4",
-            "x_init:vectorized:8",
-            "r:serial:3",
-            "s:serial:3",
-            "x:vectorized:8"
-        ]
-    );
+    // Windows of two reduction loops: `a_window_moves_and_agrees_with_the_interpreter`.
 }
 
 #[test]
@@ -723,14 +710,15 @@ fn an_unrolled_row_of_constant_columns_loads_at_displacements() {
     assert_eq!(integer_extracts, 0, "{ll}");
 }
 
-/// A sum or a max over a stride-2 window moves outside the output's columns (a vector loads
-/// them as two vectors and a shuffle, `emit/vector.rs`), and gives the interpreter's bits: rows
-/// of 8, 16, 7 (pieces of 4 + 2 + 1) and 19 (two vectors of 8 and one of 3) outputs
+/// A convolution window of two reduction loops, and a sum or a max over a stride-2 window,
+/// move outside the output's columns (a stride-2 vector loads them as two vectors and a
+/// shuffle, `emit/vector.rs`); the stride-2 windows give the interpreter's bits: rows of 8,
+/// 16, 7 (pieces of 4 + 2 + 1) and 19 (two vectors of 8 and one of 3) outputs
 /// (`tests/codegen_reduce.rs` has a strided max over NaN and signed zeros).
 #[test]
-fn a_stride_two_window_moves_and_agrees_with_the_interpreter() {
-    for max in [false, true] {
-        let f = window(2, 4, 8, 2, max);
+fn a_window_moves_and_agrees_with_the_interpreter() {
+    for (stride, max) in [(1, false), (2, false), (2, true)] {
+        let f = window(2, 4, 8, stride, max);
         let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
         assert_eq!(
             loops(&body),

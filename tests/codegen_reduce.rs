@@ -428,6 +428,27 @@ proptest! {
     }
 }
 
+/// `f(A, R)` (float32, `A` of `shape` holding `a`, `R` of `n` zeros) compiled and interpreted:
+/// each element of `R` the same bits, or both NaN (`what` names the case in a failure).
+fn same_as_interpreter(f: &PrimFunc, shape: &[i64], a: &[f32], n: i64, what: &str) {
+    let bufs = vec![
+        HostBuffer::from_slice(shape, a),
+        HostBuffer::from_slice(&[n], &vec![0f32; n as usize]),
+    ];
+    let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
+    interp::run(f, &mut iargs).unwrap();
+    let want = iargs[1].buffer().unwrap();
+    let got = common::run_jit(f, &bufs);
+    for c in 0..n as usize {
+        let g = f32::from_le_bytes(got[1][4 * c..4 * c + 4].try_into().unwrap());
+        let w = f32::from_le_bytes(want.data[4 * c..4 * c + 4].try_into().unwrap());
+        assert!(
+            (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+            "output {c}: compiled {g:?}, interpreted {w:?} ({what})"
+        );
+    }
+}
+
 /// `R[j] = max_k A[k, j]` (TVM's `max(A, axis=0)`, with its in-loop initialization): the
 /// reduction runs down the columns, so each element it reads is a row away from the last.
 fn colreduce(is_max: bool, rows: i64, cols: i64) -> PrimFunc {
@@ -489,22 +510,7 @@ fn column_reductions_are_interchanged_and_match_the_interpreter() {
                 }
             })
             .collect();
-        let bufs = vec![
-            HostBuffer::from_slice(&[rows, cols], &a),
-            HostBuffer::from_slice(&[cols], &vec![0f32; cols as usize]),
-        ];
-        let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
-        interp::run(&f, &mut iargs).unwrap();
-        let want = iargs[1].buffer().unwrap();
-        let got = common::run_jit(&f, &bufs);
-        for c in 0..cols as usize {
-            let g = f32::from_le_bytes(got[1][4 * c..4 * c + 4].try_into().unwrap());
-            let w = f32::from_le_bytes(want.data[4 * c..4 * c + 4].try_into().unwrap());
-            assert!(
-                (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
-                "column {c}: compiled {g:?}, interpreted {w:?} (max: {is_max})"
-            );
-        }
+        same_as_interpreter(&f, &[rows, cols], &a, cols, &format!("max: {is_max}"));
         // The optimized code loads `A` a vector at a time and inserts no element into one.
         use kiln::packed_func::Module;
         let m = kiln::codegen::llvm::LlvmModule::jit(
@@ -578,22 +584,7 @@ fn strided_pools_match_the_interpreter_on_special_values() {
                     }
                 })
                 .collect();
-            let bufs = vec![
-                HostBuffer::from_slice(&[n], &a),
-                HostBuffer::from_slice(&[w], &vec![0f32; w as usize]),
-            ];
-            let mut iargs: Vec<InterpArg> = bufs.iter().cloned().map(InterpArg::Buffer).collect();
-            interp::run(&f, &mut iargs).unwrap();
-            let want = iargs[1].buffer().unwrap();
-            let got = common::run_jit(&f, &bufs);
-            for c in 0..w as usize {
-                let g = f32::from_le_bytes(got[1][4 * c..4 * c + 4].try_into().unwrap());
-                let v = f32::from_le_bytes(want.data[4 * c..4 * c + 4].try_into().unwrap());
-                assert!(
-                    (g.is_nan() && v.is_nan()) || g.to_bits() == v.to_bits(),
-                    "output {c} of {w}: compiled {g:?}, interpreted {v:?} (max: {is_max})"
-                );
-            }
+            same_as_interpreter(&f, &[n], &a, w, &format!("{w} outputs, max: {is_max}"));
         }
     }
 }
