@@ -1037,4 +1037,19 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
     assert_eq!(back, db.records[2]);
     let old = serde_json::to_string(&db.records[0]).unwrap();
     assert!(!old.contains("paired"), "{old}");
+    // A search that found nothing better writes a record with no steps: the default build is
+    // kept and the note says so, and a faster record merged in still wins.
+    let mut db = Database::open(&dir.path().join("none.jsonl")).unwrap();
+    db.append(record(&f, &target, Vec::new(), 1.0, &cpu))
+        .unwrap();
+    let db = Database::open(&dir.path().join("none.jsonl")).unwrap();
+    let (g, notes) = db.apply(&m, &target, false);
+    assert_eq!(g.to_json_string(), m.to_json_string());
+    assert!(
+        notes[0].contains("keeps the default build") && notes[0].contains("no candidate of"),
+        "{notes:?}"
+    );
+    let mut db = db;
+    db.append(record(&f, &target, par("i"), 0.5, &cpu)).unwrap();
+    assert_eq!(db.best(&f, &target, false).unwrap().steps, par("i"));
 }

@@ -314,7 +314,29 @@ fn tune_one(
             }
             println!("record written to {}", path.display());
         }
-        None => println!("no candidate beat the default: nothing written"),
+        None => {
+            // The search's answer is still an answer: a record of the default build (no
+            // steps), so a later build with this database knows the default was measured and
+            // kept, and a database is always there after a search that ran.
+            db.append(Record {
+                format: tune::db::FORMAT.to_owned(),
+                workload: w.clone(),
+                target: target.to_string(),
+                cpu: cpu.clone(),
+                device: device.clone(),
+                steps: Vec::new(),
+                time: default,
+                default_time: default,
+                trials: report.trials,
+                seed: a.seed,
+                kiln: env!("CARGO_PKG_VERSION").to_owned(),
+                paired: None,
+            })?;
+            println!(
+                "no candidate beat the default: a record that keeps the default build written to {}",
+                path.display()
+            );
+        }
     }
     let best = match (confirmed, &report.best) {
         (Some(p), Some(_)) if p.speedup <= 1.0 => None,

@@ -1,5 +1,6 @@
 //! The tuning database: JSON lines, one [`Record`] per line, appended as a search finds better
-//! schedules (so an interrupted search keeps what it found). Databases merge by concatenation
+//! schedules (so an interrupted search keeps what it found), or once with no steps when no
+//! candidate beat the default build (which a build then keeps). Databases merge by concatenation
 //! (`cat a.jsonl b.jsonl > c.jsonl`): the best record for a workload wins wherever it sits.
 //!
 //! A record is applied to a function only when all of these hold:
@@ -317,6 +318,14 @@ impl Database {
                     continue;
                 }
             };
+            if r.steps.is_empty() {
+                notes.push(format!(
+                    "`{}`: the tuning record keeps the default build (no candidate of {} beat it, {} on {})",
+                    f.name, r.trials, r.kiln, r.cpu
+                ));
+                out.push(f.clone());
+                continue;
+            }
             let mut s = Schedule::new(f.clone());
             match s.apply(&r.steps).and_then(|()| s.finish()) {
                 Ok(g) => {
