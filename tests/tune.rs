@@ -1046,7 +1046,7 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
     let (g, notes) = db.apply(&m, &target, false);
     assert_eq!(g.to_json_string(), m.to_json_string());
     assert!(
-        notes[0].contains("keeps the default build") && notes[0].contains("no candidate of"),
+        notes[0].contains("the default build is kept") && notes[0].contains("no candidate of 1 "),
         "{notes:?}"
     );
     let mut db = db;

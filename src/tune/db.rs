@@ -320,7 +320,7 @@ impl Database {
             };
             if r.steps.is_empty() {
                 notes.push(format!(
-                    "`{}`: the tuning record keeps the default build (no candidate of {} beat it, {} on {})",
+                    "`{}`: no candidate of {} beat the default build when tuned ({} on {}): the default build is kept",
                     f.name, r.trials, r.kiln, r.cpu
                 ));
                 out.push(f.clone());
