@@ -155,6 +155,18 @@ pub fn device_name(target: &Target) -> String {
     named.unwrap_or_else(|| kind.to_owned())
 }
 
+/// Whether `f`'s last byte is something other than a newline.
+fn ends_mid_line(f: &mut std::fs::File) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    if f.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    f.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
+}
+
 /// The record with the smallest median time.
 fn fastest<'a>(records: impl Iterator<Item = &'a Record>) -> Option<&'a Record> {
     records.min_by(|a, b| a.time.median.total_cmp(&b.time.median))
@@ -195,7 +207,7 @@ impl Database {
             path: Some(path.to_path_buf()),
             ..Database::default()
         };
-        let text = match std::fs::read_to_string(path) {
+        let bytes = match std::fs::read(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(db),
             Err(e) => {
@@ -205,7 +217,17 @@ impl Database {
                 ))
             }
         };
-        for (i, line) in text.lines().enumerate() {
+        // Line by line, so that a line of bytes that are not UTF-8 (a corrupt disk block, a
+        // binary file concatenated in) costs that line, not the file.
+        for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+            let Ok(line) = std::str::from_utf8(raw) else {
+                db.warnings.push(format!(
+                    "{}:{}: not UTF-8 text: skipped",
+                    path.display(),
+                    i + 1
+                ));
+                continue;
+            };
             if line.trim().is_empty() {
                 continue;
             }
@@ -233,13 +255,21 @@ impl Database {
     /// The file cannot be written.
     pub fn append(&mut self, r: Record) -> Result<(), String> {
         if let Some(p) = &self.path {
-            let line = serde_json::to_string(&r).map_err(|e| e.to_string())?;
+            let mut line = serde_json::to_string(&r).map_err(|e| e.to_string())?;
+            line.push('\n');
             let mut f = std::fs::OpenOptions::new()
                 .create(true)
+                .read(true)
                 .append(true)
                 .open(p)
                 .map_err(|e| format!("writing the tuning database `{}`: {e}", p.display()))?;
-            writeln!(f, "{line}")
+            // A last line cut short (a search killed mid-write, a file edited by hand) is ended
+            // first: the record would otherwise be glued to it and lost with it.
+            if ends_mid_line(&mut f).unwrap_or(false) {
+                line.insert(0, '\n');
+            }
+            // One write of the whole line: appends from two searches do not interleave.
+            f.write_all(line.as_bytes())
                 .and_then(|()| f.flush())
                 .map_err(|e| format!("writing the tuning database `{}`: {e}", p.display()))?;
         }
