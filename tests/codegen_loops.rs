@@ -381,3 +381,43 @@ fn a_register_tiles_reduction_loop_is_unrolled_four_times() {
         PrimFunc::new("chunks", vec![Param::Buffer(a), Param::Buffer(c)], body).with_noalias(true);
     assert!(!ir(&chunks).contains("llvm.loop.unroll.count"));
 }
+
+/// A vector loop whose index is computed in 64 bits and narrowed to a 32-bit buffer index
+/// (the copies `cache_read` and `cache_write` add to a TVM function, whose buffers have 32-bit
+/// shapes) is contiguous: kiln emits one vector load and one vector store, not a load and an
+/// insert per lane with the index recomputed for each (13 700 lines of IR for a packed 512³
+/// matmul in TVM's form, 1.3 s of LLVM's time a candidate in `kiln tune`; 2 100 lines and
+/// 0.28 s now). Results as the interpreter's.
+#[test]
+fn an_index_narrowed_to_32_bits_is_still_a_contiguous_vector() {
+    use kiln::ir::builder::{for_range, int};
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param};
+    let (t, i32t, i64t) = (DataType::f32(), DataType::i32(), DataType::i64());
+    let c32 = |v: i64| int(i32t, v);
+    let a = Buffer::new("A", t, vec![c32(8), c32(64)]);
+    let c = Buffer::new("C", t, vec![c32(8), c32(64)]);
+    let body = for_range("i", c32(8), ForKind::Serial, |i| {
+        for_range("p", int(i64t, 4), ForKind::Serial, |p| {
+            for_range("j", int(i64t, 16), ForKind::Vectorized, |j| {
+                let col = (p * int(i64t, 16) + j).cast(i32t);
+                c.store(
+                    vec![i.clone(), col.clone()],
+                    a.load(vec![i.clone(), col]) * Expr::from(2.0f32),
+                )
+            })
+        })
+    });
+    let f = PrimFunc::new("narrowed", vec![Param::Buffer(a), Param::Buffer(c)], body)
+        .with_noalias(true);
+    f.verify().unwrap();
+    let text = ir(&f);
+    assert!(text.contains("load <16 x float>"), "{text}");
+    assert!(text.contains("store <16 x float>"), "{text}");
+    assert!(!text.contains("load float,"), "{text}");
+    assert!(!text.contains("extractelement"), "{text}");
+    let shapes = [vec![8, 64], vec![8, 64]];
+    assert_eq!(
+        jit_last(&f, &shapes, &CodegenOptions::host()),
+        interp_last(&f, &shapes)
+    );
+}

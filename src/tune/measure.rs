@@ -632,7 +632,8 @@ impl Bench {
 /// Times calls with `run(n)` (the seconds `n` calls take): when the first call takes more than
 /// `cutoff` seconds, that call is the answer; else calls are batched until a batch lasts 2 ms
 /// and the median of 7 batches (3 for calls of 50 ms or more; up to 15 while the spread is
-/// over 10 %) is taken, with the fastest and slowest batch.
+/// over 10 %) is taken, with the fastest and slowest batch; 3 batches when all three are 1.25
+/// times the best so far (a third of `cutoff`) or slower.
 fn time_runs(
     mut run: impl FnMut(u64) -> Result<f64, String>,
     cutoff: Option<f64>,
@@ -657,6 +658,13 @@ fn time_runs(
     let mut per: Vec<f64> = Vec::new();
     for i in 0..15 {
         per.push(run(number)? / number as f64);
+        // Racing: the cutoff is three times the best so far, and a candidate is a new best
+        // only with a median under the best's. After three batches all a quarter or more
+        // slower than the best, that median would need each of the four batches left under
+        // the best: the candidate has lost, and its three batches rank it among the others.
+        if i == 2 && cutoff.is_some_and(|c| per.iter().all(|&t| t > 1.25 * c / 3.0)) {
+            return Ok(Timing::of(per));
+        }
         if i + 1 >= batches {
             let t = Timing::of(per.clone());
             if t.spread() <= 0.1 || i == 14 || batches == 3 {
@@ -665,4 +673,48 @@ fn time_runs(
         }
     }
     unreachable!("the loop returns at its last iteration")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_runs;
+
+    /// `time_runs` with calls that take `per_call(i)` seconds, the `i`-th run counting from 0;
+    /// the timing and how many runs it took.
+    fn timed(per_call: impl Fn(usize) -> f64, cutoff: Option<f64>) -> (super::Timing, usize) {
+        let mut runs = 0;
+        let t = time_runs(
+            |n| {
+                let t = per_call(runs) * n as f64;
+                runs += 1;
+                Ok(t)
+            },
+            cutoff,
+        )
+        .unwrap();
+        (t, runs)
+    }
+
+    /// A candidate whose first three batches are each a quarter or more slower than the best
+    /// (a third of the cutoff) stops there; one within that keeps its seven batches; one past
+    /// the cutoff is timed by its first call; without a cutoff (the default, pairing) always
+    /// seven.
+    #[test]
+    fn losing_candidates_stop_after_three_batches() {
+        let best = 1e-3;
+        let cutoff = Some(3.0 * best);
+        // The first call, two calibrating runs (1 call, then 2: 2.6 ms), 3 batches.
+        let (t, runs) = timed(|_| 1.3e-3, cutoff);
+        assert_eq!(runs, 6);
+        assert!((t.median - 1.3e-3).abs() < 1e-12, "{t:?}");
+        let (_, runs) = timed(|_| 1.2e-3, cutoff);
+        assert_eq!(runs, 10);
+        let (_, runs) = timed(|_| 1.3e-3, None);
+        assert_eq!(runs, 10);
+        // One fast batch among the first three: timed in full.
+        let (_, runs) = timed(|i| if i == 4 { 1.2e-3 } else { 1.3e-3 }, cutoff);
+        assert_eq!(runs, 10);
+        let (t, runs) = timed(|_| 4e-3, cutoff);
+        assert_eq!((runs, t.median), (1, 4e-3));
+    }
 }
