@@ -146,26 +146,7 @@ fn a_schedule_that_computes_something_else_never_wins() {
 }
 
 fn record(f: &PrimFunc, target: &Target, steps: Vec<Step>, ms: f64, cpu: &str) -> Record {
-    let t = |x: f64| Timing {
-        median: x / 1e3,
-        min: x / 1e3,
-        max: x / 1e3,
-    };
-    Record {
-        format: tune::db::FORMAT.into(),
-        workload: tune::db::workload(f),
-        target: target.to_string(),
-        cpu: cpu.into(),
-        device: "cpu".into(),
-        steps,
-        time: t(ms),
-        default_time: t(10.0),
-        trials: 1,
-        seed: 0,
-        kiln: "test".into(),
-
-        paired: None,
-    }
+    common::tune_record(f, target, cpu, "cpu", steps, ms)
 }
 
 #[test]

@@ -14,7 +14,7 @@ use kiln::ir::{kernels, IRModule, PrimFunc};
 use kiln::schedule::kernels::{matmul_tiled_schedule, MatmulTiles};
 use kiln::schedule::Step;
 use kiln::target::Target;
-use kiln::tune::{self, Database, Record, Timing};
+use kiln::tune::{self, Database, Record};
 use proptest::prelude::*;
 
 const M: i64 = 24;
@@ -38,25 +38,7 @@ fn valid_steps() -> Vec<Step> {
 }
 
 fn record(steps: Vec<Step>) -> Record {
-    let t = Timing {
-        median: 1e-3,
-        min: 1e-3,
-        max: 1e-3,
-    };
-    Record {
-        format: tune::db::FORMAT.into(),
-        workload: tune::db::workload(&func()),
-        target: target().to_string(),
-        cpu: tune::db::host_cpu(),
-        device: "cpu".into(),
-        steps,
-        time: t,
-        default_time: t,
-        trials: 1,
-        seed: 0,
-        kiln: "test".into(),
-        paired: None,
-    }
+    common::tune_record(&func(), &target(), &tune::db::host_cpu(), "cpu", steps, 1.0)
 }
 
 /// Writes `text` as a database, reads it and applies it to [`func`], failing the case on a

@@ -13,7 +13,7 @@ use kiln::ir::{kernels, Buffer, DataType, Expr, ForKind, Param, PrimFunc, Stmt};
 use kiln::schedule::{Schedule, Step};
 use kiln::target::Target;
 use kiln::tune::device::{DeviceSpace, Mode};
-use kiln::tune::{self, space, Database, Measurer, Outcome, Record, Timing, TuneOptions};
+use kiln::tune::{self, space, Database, Measurer, Outcome, Record, TuneOptions};
 
 fn opencl() -> Target {
     Target::parse(r#"{"kind": "opencl"}"#).unwrap()
@@ -219,26 +219,7 @@ fn a_device_search_finds_a_faster_schedule_that_agrees_with_the_host() {
 }
 
 fn record(f: &PrimFunc, target: &Target, device: &str, steps: Vec<Step>) -> Record {
-    let t = Timing {
-        median: 1e-3,
-        min: 1e-3,
-        max: 1e-3,
-    };
-    Record {
-        format: tune::db::FORMAT.into(),
-        workload: tune::db::workload(f),
-        target: target.to_string(),
-        cpu: tune::db::host_cpu(),
-        device: device.into(),
-        steps,
-        time: t,
-        default_time: t,
-        trials: 1,
-        seed: 0,
-        kiln: env!("CARGO_PKG_VERSION").into(),
-
-        paired: None,
-    }
+    common::tune_record(f, target, &tune::db::host_cpu(), device, steps, 1.0)
 }
 
 #[test]

@@ -479,3 +479,34 @@ pub fn chained(n: i64) -> kiln::ir::PrimFunc {
     )
     .with_noalias(true)
 }
+
+/// A tuning record of `f` on `target` measured on `cpu` and `device`: `steps` taking `ms`
+/// milliseconds a call against a default of 10 ms.
+pub fn tune_record(
+    f: &kiln::ir::PrimFunc,
+    target: &kiln::target::Target,
+    cpu: &str,
+    device: &str,
+    steps: Vec<kiln::schedule::Step>,
+    ms: f64,
+) -> kiln::tune::Record {
+    let t = |x: f64| kiln::tune::Timing {
+        median: x / 1e3,
+        min: x / 1e3,
+        max: x / 1e3,
+    };
+    kiln::tune::Record {
+        format: kiln::tune::db::FORMAT.into(),
+        workload: kiln::tune::db::workload(f),
+        target: target.to_string(),
+        cpu: cpu.into(),
+        device: device.into(),
+        steps,
+        time: t(ms),
+        default_time: t(10.0),
+        trials: 1,
+        seed: 0,
+        kiln: "test".into(),
+        paired: None,
+    }
+}
