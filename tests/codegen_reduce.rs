@@ -98,6 +98,21 @@ fn special(k: usize) -> f64 {
     V[k % V.len()]
 }
 
+/// `n` floats: element `i` is special value `k = i * step % modulus` where `k < 12`, else
+/// `smooth(i)`.
+fn with_specials(n: i64, step: i64, modulus: i64, smooth: impl Fn(f32) -> f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let k = (i * step % modulus) as usize;
+            if k < 12 {
+                special(k) as f32
+            } else {
+                smooth(i as f32)
+            }
+        })
+        .collect()
+}
+
 fn host(dtype: DataType, shape: &[i64], vals: &[f64]) -> HostBuffer {
     if dtype == DataType::f32() {
         let v: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
@@ -500,16 +515,7 @@ fn column_reductions_are_interchanged_and_match_the_interpreter() {
         let (rows, cols) = (13, 37);
         let f = colreduce(is_max, rows, cols);
         f.verify().unwrap();
-        let a: Vec<f32> = (0..rows * cols)
-            .map(|i| {
-                let k = (i * 7 % 29) as usize;
-                if k < 12 {
-                    special(k) as f32
-                } else {
-                    (i as f32 * 0.37).sin() * 100.0
-                }
-            })
-            .collect();
+        let a = with_specials(rows * cols, 7, 29, |i| (i * 0.37).sin() * 100.0);
         same_as_interpreter(&f, &[rows, cols], &a, cols, &format!("max: {is_max}"));
         // The optimized code loads `A` a vector at a time and inserts no element into one.
         use kiln::packed_func::Module;
@@ -574,16 +580,7 @@ fn strided_pools_match_the_interpreter_on_special_values() {
             let f = strided_pool(is_max, w);
             f.verify().unwrap();
             let n = 2 * w + 1;
-            let a: Vec<f32> = (0..n)
-                .map(|i| {
-                    let k = (i * 5 % 17) as usize;
-                    if k < 12 {
-                        special(k) as f32
-                    } else {
-                        (i as f32 * 0.61).cos() * 10.0
-                    }
-                })
-                .collect();
+            let a = with_specials(n, 5, 17, |i| (i * 0.61).cos() * 10.0);
             same_as_interpreter(&f, &[n], &a, w, &format!("{w} outputs, max: {is_max}"));
         }
     }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::ir::{IRModule, PrimFunc};
+use crate::schedule::Step;
 use crate::target::Target;
 use crate::tune::{self, Database, Record, Subprocess, TuneOptions, WorkerInit};
 
@@ -235,23 +236,25 @@ fn tune_one(
         progress: !a.quiet,
         stop: None,
     };
+    // A record of this search: `steps` timed at `time` after `trials` candidates.
+    let record = |steps: Vec<Step>, time, trials| Record {
+        format: tune::db::FORMAT.to_owned(),
+        workload: w.clone(),
+        target: target.to_string(),
+        cpu: cpu.clone(),
+        device: device.clone(),
+        steps,
+        time,
+        default_time: default,
+        trials,
+        seed: a.seed,
+        kiln: env!("CARGO_PKG_VERSION").to_owned(),
+        paired: None,
+    };
     let mut save_err = None;
     let mut last: Option<Record> = None;
     let report = tune::tune(f, target, measurer.as_mut(), &opts, |steps, t, trials| {
-        let r = Record {
-            format: tune::db::FORMAT.to_owned(),
-            workload: w.clone(),
-            target: target.to_string(),
-            cpu: cpu.clone(),
-            device: device.clone(),
-            steps: steps.to_vec(),
-            time: t,
-            default_time: default,
-            trials,
-            seed: a.seed,
-            kiln: env!("CARGO_PKG_VERSION").to_owned(),
-            paired: None,
-        };
+        let r = record(steps.to_vec(), t, trials);
         if let Err(e) = db.append(r.clone()) {
             save_err.get_or_insert(e);
         }
@@ -318,20 +321,7 @@ fn tune_one(
             // The search's answer is still an answer: a record of the default build (no
             // steps), so a later build with this database knows the default was measured and
             // kept, and a database is always there after a search that ran.
-            db.append(Record {
-                format: tune::db::FORMAT.to_owned(),
-                workload: w.clone(),
-                target: target.to_string(),
-                cpu: cpu.clone(),
-                device: device.clone(),
-                steps: Vec::new(),
-                time: default,
-                default_time: default,
-                trials: report.trials,
-                seed: a.seed,
-                kiln: env!("CARGO_PKG_VERSION").to_owned(),
-                paired: None,
-            })?;
+            db.append(record(Vec::new(), default, report.trials))?;
             println!(
                 "no candidate beat the default: a record that keeps the default build written to {}",
                 path.display()

@@ -629,11 +629,15 @@ impl Bench {
     }
 }
 
+/// The cutoff a search passes with each candidate ([`Bench::time_within`]): this many times its
+/// best time so far, which the timing reads back from it (racing).
+pub const CUTOFF_TIMES_BEST: f64 = 3.0;
+
 /// Times calls with `run(n)` (the seconds `n` calls take): when the first call takes more than
 /// `cutoff` seconds, that call is the answer; else calls are batched until a batch lasts 2 ms
 /// and the median of 7 batches (3 for calls of 50 ms or more; up to 15 while the spread is
 /// over 10 %) is taken, with the fastest and slowest batch; 3 batches when all three are 1.25
-/// times the best so far (a third of `cutoff`) or slower.
+/// times the best so far (`cutoff` / [`CUTOFF_TIMES_BEST`]) or slower.
 fn time_runs(
     mut run: impl FnMut(u64) -> Result<f64, String>,
     cutoff: Option<f64>,
@@ -658,11 +662,11 @@ fn time_runs(
     let mut per: Vec<f64> = Vec::new();
     for i in 0..15 {
         per.push(run(number)? / number as f64);
-        // Racing: the cutoff is three times the best so far, and a candidate is a new best
-        // only with a median under the best's. After three batches all a quarter or more
+        // Racing: the cutoff is `CUTOFF_TIMES_BEST` times the best so far, and a candidate is
+        // a new best only with a median under the best's. After three batches all a quarter or more
         // slower than the best, that median would need each of the four batches left under
         // the best: the candidate has lost, and its three batches rank it among the others.
-        if i == 2 && cutoff.is_some_and(|c| per.iter().all(|&t| t > 1.25 * c / 3.0)) {
+        if i == 2 && cutoff.is_some_and(|c| per.iter().all(|&t| t > 1.25 * c / CUTOFF_TIMES_BEST)) {
             return Ok(Timing::of(per));
         }
         if i + 1 >= batches {
@@ -677,7 +681,7 @@ fn time_runs(
 
 #[cfg(test)]
 mod tests {
-    use super::time_runs;
+    use super::{time_runs, CUTOFF_TIMES_BEST};
 
     /// `time_runs` with calls that take `per_call(i)` seconds, the `i`-th run counting from 0;
     /// the timing and how many runs it took.
@@ -702,7 +706,7 @@ mod tests {
     #[test]
     fn losing_candidates_stop_after_three_batches() {
         let best = 1e-3;
-        let cutoff = Some(3.0 * best);
+        let cutoff = Some(CUTOFF_TIMES_BEST * best);
         // The first call, two calibrating runs (1 call, then 2: 2.6 ms), 3 batches.
         let (t, runs) = timed(|_| 1.3e-3, cutoff);
         assert_eq!(runs, 6);

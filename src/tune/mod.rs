@@ -222,7 +222,7 @@ pub fn tune(
             break;
         }
         let all: Vec<Vec<Step>> = batch.iter().map(|(s, _)| s.clone()).collect();
-        let outcomes = m.measure_batch(&all, Some(best * 3.0));
+        let outcomes = m.measure_batch(&all, Some(best * measure::CUTOFF_TIMES_BEST));
         for ((steps, choice), outcome) in batch.into_iter().zip(outcomes) {
             report.trials += 1;
             let what = match &choice {

@@ -244,11 +244,22 @@ impl Emitter<'_> {
         indices: &[Expr],
         bound: &[(&Var, Val)],
     ) -> R<String> {
+        self.address_with_at(buffer, indices, true, bound)
+    }
+
+    /// [`Self::address_with`] with the variables of `bound` bound, as [`Self::address_at`].
+    pub(super) fn address_with_at(
+        &mut self,
+        buffer: &Buffer,
+        indices: &[Expr],
+        exact: bool,
+        bound: &[(&Var, Val)],
+    ) -> R<String> {
         let old: Vec<Option<Val>> = bound
             .iter()
             .map(|(v, x)| self.vars.insert(v.id, x.clone()))
             .collect();
-        let a = self.address(buffer, indices);
+        let a = self.address_with(buffer, indices, exact);
         for ((v, _), o) in bound.iter().zip(old).rev() {
             self.restore(v.id, o);
         }

@@ -71,10 +71,7 @@ impl Emitter<'_> {
         let unit = unit_stride(buffer, indices, var.id);
         let uniform = indices.iter().all(|i| lane_coef(i, var.id) == Some(0));
         if unit || uniform {
-            let old = self.vars.insert(var.id, lo.clone());
-            let a = self.address_with(buffer, indices, false);
-            self.restore(var.id, old);
-            let a = a?;
+            let a = self.address_with_at(buffer, indices, false, &[(var, lo.clone())])?;
             // The lanes' bytes, one prefetch per line; a uniform address, one.
             let lines = if unit {
                 (n * buffer.dtype.bytes() as i64 + LINE_BYTES - 1) / LINE_BYTES
@@ -88,10 +85,7 @@ impl Emitter<'_> {
         }
         for l in 0..n {
             let i = self.lane_value(var, lo, l);
-            let old = self.vars.insert(var.id, i);
-            let a = self.address_with(buffer, indices, false);
-            self.restore(var.id, old);
-            let a = a?;
+            let a = self.address_with_at(buffer, indices, false, &[(var, i)])?;
             self.prefetch_at(buffer, &a, 0);
         }
         Ok(())
