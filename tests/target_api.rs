@@ -424,3 +424,28 @@ fn legacy_form_is_read_only_where_the_user_writes_a_target_directly() {
     // A tag alone with stray whitespace is not the legacy form (TVM never read it either).
     assert_eq!(parse_err("nvidia/nvidia-a100 ").category(), "unknown_kind");
 }
+
+/// The vector register width kiln sizes its own vector steps by: by the CPU's name, unless the
+/// feature list says otherwise (its last word on a feature wins, as in LLVM's).
+#[test]
+fn cpu_vector_bits_follows_the_cpu_and_its_features() {
+    use kiln::target::cpu_vector_bits;
+    for (cpu, features, bits) in [
+        ("x86-64", "", 128),
+        ("generic", "", 128),
+        ("nehalem", "", 128),
+        ("haswell", "", 256),
+        ("znver3", "", 256),
+        ("skylake-avx512", "", 512),
+        ("znver4", "", 512),
+        ("a-cpu-llvm-14-does-not-know", "", 256),
+        ("x86-64", "+avx,+avx2", 256),
+        ("x86-64", "+avx2,+avx512f", 512),
+        ("skylake-avx512", "-avx512f", 256),
+        ("skylake-avx512", "+avx512f,-avx512f", 256),
+        ("haswell", "-avx", 128),
+        ("znver3", "+avx,-avx512f,+avx2", 256),
+    ] {
+        assert_eq!(cpu_vector_bits(cpu, features), bits, "{cpu} {features:?}");
+    }
+}

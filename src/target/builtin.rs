@@ -484,6 +484,64 @@ pub fn cpu_has_avx512(name: &str) -> bool {
     )
 }
 
+/// The widest vector register of LLVM's x86 CPU `name` with the LLVM feature list `features`
+/// (`+avx2,-avx512f,...`; the last word on a feature wins), in bits: 512 with AVX-512F, 256
+/// with AVX, 128 without (the CPUs of LLVM 14's x86 table that have no AVX, `x86-64` and
+/// `x86-64-v2`, TVM's default). An unknown name without those features counts as AVX.
+pub fn cpu_vector_bits(name: &str, features: &str) -> u32 {
+    let feature = |f: &str| -> Option<bool> {
+        features
+            .split(',')
+            .rev()
+            .find(|w| w.get(1..) == Some(f))
+            .map(|w| w.starts_with('+'))
+    };
+    let by_name = if cpu_has_avx512(name) {
+        512
+    } else if matches!(
+        name,
+        "generic"
+            | "x86-64"
+            | "x86-64-v2"
+            | "i686"
+            | "pentium4"
+            | "prescott"
+            | "nocona"
+            | "core2"
+            | "penryn"
+            | "bonnell"
+            | "atom"
+            | "silvermont"
+            | "slm"
+            | "goldmont"
+            | "goldmont-plus"
+            | "tremont"
+            | "nehalem"
+            | "corei7"
+            | "westmere"
+            | "k8"
+            | "k8-sse3"
+            | "opteron"
+            | "opteron-sse3"
+            | "athlon64"
+            | "athlon64-sse3"
+            | "amdfam10"
+            | "barcelona"
+            | "btver1"
+    ) {
+        128
+    } else {
+        256
+    };
+    match (feature("avx512f"), feature("avx")) {
+        (Some(true), _) => 512,
+        (_, Some(true)) => 256,
+        (_, Some(false)) => 128,
+        (Some(false), None) => by_name.min(256),
+        (None, None) => by_name,
+    }
+}
+
 /// Whether code for the `llvm` target `t` may use AVX-512: its `mcpu` (`native` = the host
 /// CPU and its features) has it, unless `mattr` says `-avx512f`; or `mattr` says `+avx512f`.
 pub fn has_avx512(t: &super::Target) -> bool {

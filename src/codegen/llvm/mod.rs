@@ -171,6 +171,7 @@ fn generate<const N: usize>(
         device_host: o.device_host,
         stream_store_bytes: o.stream_store_bytes,
         nvptx: false,
+        vector_bits: o.clone().resolved().vector_register_bits(),
     };
     let mut mt = ModuleText::default();
     let mut metadata = vec![

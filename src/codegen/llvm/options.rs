@@ -156,6 +156,17 @@ impl CodegenOptions {
         self
     }
 
+    /// The widest vector register the code may use, in bits, for vector widths kiln picks
+    /// itself: on x86 the CPU's ([`crate::target::cpu_vector_bits`]; call on resolved
+    /// options), 128 on other CPUs (NEON).
+    pub fn vector_register_bits(&self) -> u32 {
+        if stream::stream_store_threshold(&self.triple).is_some() {
+            crate::target::cpu_vector_bits(&self.cpu, &self.features)
+        } else {
+            128
+        }
+    }
+
     /// What code built with these options gets, in one line for people: the CPU (`native`
     /// resolved), its vector ISA, the floating-point rule and the streaming-store threshold,
     /// e.g. `cpu rocketlake (native), AVX-512; float: a*b+c fused to FMA (contraction on),

@@ -119,6 +119,7 @@ pub(crate) fn kernel_module(
         device_host: false,
         stream_store_bytes: None,
         nvptx: true,
+        vector_bits: 512,
     };
     let attrs = fn_attrs(&opts);
     let mut mt = ModuleText::default();

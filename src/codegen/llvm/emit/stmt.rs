@@ -220,18 +220,24 @@ impl Emitter<'_> {
 
     /// `!llvm.loop` metadata that keeps a loop as it is: not vectorized, interleaved or unrolled.
     pub(super) fn no_unroll_metadata(&mut self) -> String {
-        self.fixed_width_metadata(1, false)
+        self.fixed_width_metadata(1, 1, false)
     }
 
-    /// `!llvm.loop` metadata for a loop vectorized `width` lanes wide (1: not vectorized), not
-    /// interleaved and not unrolled.
+    /// `!llvm.loop` metadata for a loop vectorized `width` lanes wide (1: not vectorized),
+    /// `interleave` vectors a step, and not unrolled.
     ///
     /// With `unroll_vectorized`, the loop LLVM's vectorizer makes of it is unrolled fully
     /// afterwards (`llvm.loop.vectorize.followup_vectorized`): a few vector steps as straight
     /// code, with no loop branch per row.
-    fn fixed_width_metadata(&mut self, width: i64, unroll_vectorized: bool) -> String {
+    fn fixed_width_metadata(
+        &mut self,
+        width: i64,
+        interleave: i64,
+        unroll_vectorized: bool,
+    ) -> String {
         let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 {width}}}"));
-        let il = self.md(|n| format!("!{n} = !{{!\"llvm.loop.interleave.count\", i32 1}}"));
+        let il =
+            self.md(|n| format!("!{n} = !{{!\"llvm.loop.interleave.count\", i32 {interleave}}}"));
         let un = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.disable\"}}"));
         let follow = if unroll_vectorized {
             let full = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.full\"}}"));
@@ -346,18 +352,20 @@ impl Emitter<'_> {
             // that (a row copy of `split` ran at 0.22x TVM's time); the inner loops' own
             // vectorization (or SLP's) is what such a nest wants.
             self.unvectorized_metadata(None)
-        } else if let Some(width) = short_loop_width(kind, extent, var, body) {
+        } else if let Some((width, interleave)) =
+            short_loop_width(kind, extent, var, body, self.opts.vector_bits)
+        {
             // A short innermost loop of known length whose accesses are contiguous: vectorized
-            // by a width that divides its length, not interleaved and not unrolled first, so
-            // no scalar remainder is left. LLVM 14 unrolls such a loop fully and vectorizes
-            // the straight-line code, or vectorizes 32 lanes where the row has 48: a row of 48
-            // int8 values computed in int32 ran 32 lanes vectorized and 16 scalar, 0.4x TVM's
-            // time (whose LLVM 22 takes three 16-lane vectors).
-            // A row of a few vector steps (48 floats: three) is straight code after
-            // vectorizing, as TVM's LLVM leaves it: a loop of three steps per row cost 50 ns
-            // of a 0.3 us elementwise operator (64 x 48, AVX2).
-            let steps = extent.map_or(i64::MAX, |n| n / width);
-            self.fixed_width_metadata(width, steps <= SHORT_LOOP_UNROLLED_STEPS)
+            // by a width that divides its length, not unrolled first, so no scalar remainder
+            // is left. LLVM 14 unrolls such a loop fully and vectorizes the straight-line
+            // code, or vectorizes 32 lanes where the row has 48: a row of 48 int8 values
+            // computed in int32 ran 32 lanes vectorized and 16 scalar, 0.4x TVM's time (whose
+            // LLVM 22 takes three 16-lane vectors).
+            // A row of a few vector steps (48 floats: three of 16 lanes) is straight code
+            // after vectorizing, as TVM's LLVM leaves it: a loop of three steps per row cost
+            // 50 ns of a 0.3 us elementwise operator (64 x 48, AVX2).
+            let steps = extent.map_or(i64::MAX, |n| n / (width * interleave));
+            self.fixed_width_metadata(width, interleave, steps <= SHORT_LOOP_UNROLLED_STEPS)
         } else if folds_when_unrolled(kind, extent, var, body) {
             // A short loop whose variable is converted to a float (the source coordinate of a
             // resize, `floor((i + 0.5) * scale)`): unrolled, each iteration's coordinate, its
@@ -512,7 +520,7 @@ fn strided_outer_loop(var: &Var, body: &Stmt) -> bool {
 const SHORT_LOOP: i64 = 1024;
 
 /// The most vector steps of a short loop (`short_loop_width`) that are unrolled into straight
-/// code once vectorized.
+/// code once vectorized (a step of 16 lanes may be two interleaved vectors of 8).
 const SHORT_LOOP_UNROLLED_STEPS: i64 = 4;
 
 /// The widest vector `short_loop_width` picks (16 lanes: one AVX-512 register of `float32`).
@@ -522,21 +530,26 @@ const SHORT_LOOP_LANES: i64 = 16;
 /// it: a serial innermost loop of 16 to [`SHORT_LOOP`] iterations whose every load and store
 /// indexes with `var` only in its last dimension, as `var` plus a term without `var` (so the
 /// vector accesses are contiguous: never a gather), and every store with `var` (no
-/// reduction); the width is the largest power of two
-/// that divides the trip count, at most [`SHORT_LOOP_LANES`] and at least 4.
-fn short_loop_width(kind: ForKind, extent: Option<i64>, var: &Var, body: &Stmt) -> Option<i64> {
+/// reduction); the lanes of a step are the largest power of two that divides the trip count,
+/// at most [`SHORT_LOOP_LANES`] and at least 4. Returns the vector width and the vectors a
+/// step interleaves: a step whose widest store would not fit one register of `vector_bits`
+/// is that many register-wide vectors.
+fn short_loop_width(
+    kind: ForKind,
+    extent: Option<i64>,
+    var: &Var,
+    body: &Stmt,
+    vector_bits: u32,
+) -> Option<(i64, i64)> {
     use crate::ir::visit::{walk_expr, walk_stmt, Visitor};
     let n = extent?;
     if kind != ForKind::Serial || !(16..=SHORT_LOOP).contains(&n) || has_loop(body) {
         return None;
     }
-    let width = (1i64 << n.trailing_zeros()).min(SHORT_LOOP_LANES);
-    if width < 4 {
-        return None;
-    }
     struct Scan<'v> {
         var: &'v Var,
         ok: bool,
+        store_bits: u32,
     }
     impl Scan<'_> {
         fn indices(&mut self, indices: &[Expr]) {
@@ -555,8 +568,12 @@ fn short_loop_width(kind: ForKind, extent: Option<i64>, var: &Var, body: &Stmt) 
             match s {
                 // A store to one place in every iteration (a reduction) stays scalar: an
                 // in-order vector reduction of floats is slower than the scalar loop.
-                Stmt::Store { indices, .. } => {
+                Stmt::Store {
+                    buffer, indices, ..
+                } => {
                     self.ok &= indices.iter().any(|e| e.mentions(self.var));
+                    let bits = u32::from(buffer.dtype.bits) * u32::from(buffer.dtype.lanes);
+                    self.store_bits = self.store_bits.max(bits);
                     self.indices(indices)
                 }
                 // Effects a vector loop would reorder or repeat.
@@ -578,9 +595,22 @@ fn short_loop_width(kind: ForKind, extent: Option<i64>, var: &Var, body: &Stmt) 
             walk_expr(self, e);
         }
     }
-    let mut scan = Scan { var, ok: true };
+    let mut scan = Scan {
+        var,
+        ok: true,
+        store_bits: 1,
+    };
     scan.stmt(body);
-    scan.ok.then_some(width)
+    // A store wider than a register is split by LLVM 14 into register-wide stores in
+    // descending address order, which the store buffer drains slower (`pad`'s rows of 48
+    // `float32` in 16 lanes, two `ymm` stores each, high half first: 0.34 us against 0.28 us
+    // with the halves ascending, Zen 3). A narrower width unrolls to ascending stores.
+    // Interleaved vectors keep the step's independent work (the polynomial of an `exp`
+    // in 16 lanes: `softmax` at 0.7x the speed in one vector of 8).
+    let lanes = (1i64 << n.trailing_zeros()).min(SHORT_LOOP_LANES);
+    let fit = i64::from((vector_bits / scan.store_bits).max(1));
+    let width = lanes.min(fit).max(4.min(lanes));
+    (scan.ok && lanes >= 4).then_some((width, lanes / width))
 }
 
 /// Whether the intrinsic call `op(args)` is compiled to code LLVM can vectorize (LLVM
