@@ -463,11 +463,12 @@ fn a_copy_in_front_of_a_parallel_loop_is_shared_by_its_threads() {
 
 /// A stride-2 window sum between two workspace buffers (TVM's `avg_pool2d` with padding:
 /// `pad_temp` and `pool_sum` are both allocated in the function): `T = X`, `S[o] = T[2o] +
-/// T[2o + 1] + T[2o + 2]`, `Y = S`.
-fn window_sum_through_workspaces(n: i64) -> PrimFunc {
+/// T[2o + 1] + T[2o + 2]`, `Y = S`. Each workspace has `room` elements at least (the rest
+/// unused): over 32 KiB they come from the workspace pool, not the stack.
+fn window_sum_through_workspaces(n: i64, room: i64) -> PrimFunc {
     let (x, y) = (buf("X", &[2 * n + 2]), buf("Y", &[n]));
-    let t = buf("T", &[2 * n + 2]).with_scope(StorageScope::Workspace);
-    let s = buf("S", &[n]).with_scope(StorageScope::Workspace);
+    let t = buf("T", &[(2 * n + 2).max(room)]).with_scope(StorageScope::Workspace);
+    let s = buf("S", &[n.max(room)]).with_scope(StorageScope::Workspace);
     let (i, o, r, j) = (var("i"), var("o"), var("r"), var("j"));
     let e = |v: &Var| Expr::Var(v.clone());
     let body = Stmt::Seq(vec![
@@ -499,24 +500,32 @@ fn window_sum_through_workspaces(n: i64) -> PrimFunc {
     PrimFunc::new("f", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true)
 }
 
-#[test]
-fn workspace_buffers_do_not_alias_each_other() {
-    // Two allocations never overlap, and LLVM is told so: the window's sum stays in a
-    // register and `S[o]` is stored once per `o`, not once per tap (a store after every add
-    // made `avg_pool2d` 1.4x slower than TVM's build).
+/// The optimized LLVM IR of `f` for this machine, compiled in memory.
+fn jit_ir(f: PrimFunc) -> String {
     use kiln::packed_func::Module;
-    // Three outputs: too few for `codegen::interchange` to move the window outside them (the
-    // nest it makes stores every tap, a vector at a time, by design).
-    let n = 3;
-    let f = window_sum_through_workspaces(n);
-    let shapes = [vec![2 * n + 2], vec![n]];
-    assert_same_bits(&f, &shapes);
-    let m = kiln::codegen::llvm::LlvmModule::jit(
+    kiln::codegen::llvm::LlvmModule::jit(
         &kiln::ir::IRModule::from_functions(vec![f]),
         &CodegenOptions::host(),
     )
-    .unwrap();
-    let ll = m.get_source("ll").unwrap();
+    .unwrap()
+    .get_source("ll")
+    .unwrap()
+}
+
+#[test]
+fn workspace_buffers_do_not_alias_each_other() {
+    // Two allocations from the workspace pool (36 KiB each, more than a function keeps on
+    // its stack) never overlap, and LLVM is told so: the window's sum stays in a register
+    // and `S[o]` is stored once per `o`, not once per tap (a store after every add made
+    // `avg_pool2d` 1.4x slower than TVM's build).
+    // Three outputs: too few for `codegen::interchange` to move the window outside them (the
+    // nest it makes stores every tap, a vector at a time, by design).
+    let n = 3;
+    let f = window_sum_through_workspaces(n, 9216);
+    let shapes = [vec![2 * n + 2], vec![n]];
+    assert_same_bits(&f, &shapes);
+    let ll = jit_ir(f);
+    assert!(ll.contains("@__kiln_alloc_workspace"), "{ll}");
     // With `S` kept in a register, the window's three adds come between two scalar stores;
     // stored per tap, one add would.
     let most_adds_between_stores = ll
@@ -529,6 +538,26 @@ fn workspace_buffers_do_not_alias_each_other() {
         most_adds_between_stores >= 3,
         "the window sum was stored per tap:\n{ll}"
     );
+}
+
+#[test]
+fn small_constant_workspaces_live_on_the_stack() {
+    // The same function with workspaces of 32 and 12 bytes: on the stack, no call of the
+    // workspace allocator, and LLVM keeps both in registers: the only stores left are the
+    // outputs', after all nine adds.
+    let n = 3;
+    let f = window_sum_through_workspaces(n, 0);
+    let shapes = [vec![2 * n + 2], vec![n]];
+    assert_same_bits(&f, &shapes);
+    let ll = jit_ir(f);
+    assert!(!ll.contains("call i8* @__kiln_alloc_workspace"), "{ll}");
+    let stores = ll.matches("store float").count();
+    assert_eq!(stores, n as usize, "{ll}");
+    let adds_before_first_store = ll
+        .split("store float")
+        .next()
+        .map_or(0, |seg| seg.matches("fadd float").count());
+    assert_eq!(adds_before_first_store, 3 * n as usize, "{ll}");
 }
 
 #[test]

@@ -38,8 +38,12 @@ fn export_default(f: kiln::ir::PrimFunc, dir: &Path) -> PathBuf {
 /// Runs the host with `env` (and neither thread variable unless given); returns the numbers
 /// after `prefix`.
 fn run(exe: &Path, mode: &str, lib: &Path, env: &[(&str, &str)], prefix: &str) -> Vec<f64> {
+    // `mode` may carry arguments after the library (`workspace 128`).
+    let mut words = mode.split_whitespace();
     let mut cmd = Command::new(exe);
-    cmd.arg(mode).arg(lib);
+    cmd.arg(words.next().unwrap_or_default())
+        .arg(lib)
+        .args(words);
     cmd.env_remove("KILN_NUM_THREADS")
         .env_remove("TVM_NUM_THREADS");
     for (k, v) in env {
@@ -88,10 +92,22 @@ fn the_pool_starts_once_with_the_configured_threads_and_never_grows() {
 fn workspaces_are_reused_across_calls() {
     let dir = tempfile::tempdir().unwrap();
     let exe = host(dir.path());
-    let lib = export_default(sk::matmul_sized(64, 64, 64).unwrap(), dir.path());
-    let n = run(&exe, "workspace", &lib, &[], "aligned_alloc: ");
+    // 128 x 128 x 128 packs `B` (64 KiB) in a workspace from the allocator.
+    let lib = export_default(sk::matmul_sized(128, 128, 128).unwrap(), dir.path());
+    let n = run(&exe, "workspace 128", &lib, &[], "aligned_alloc: ");
     assert!(n[0] >= 1.0, "the first call allocates its workspace: {n:?}");
     assert_eq!(n[1], 0.0, "1000 calls more allocated again: {n:?}");
+}
+
+/// A CPU workspace of a constant size of at most 16 KiB (64 x 64 x 64 packs a 16 KiB `B`)
+/// lives on the stack of the call: no allocation at all, and the results stay right.
+#[test]
+fn a_small_constant_workspace_is_never_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = host(dir.path());
+    let lib = export_default(sk::matmul_sized(64, 64, 64).unwrap(), dir.path());
+    let n = run(&exe, "workspace 64", &lib, &[], "aligned_alloc: ");
+    assert_eq!(n, vec![0.0, 0.0], "a 16 KiB workspace was allocated");
 }
 
 /// Launches back to back, each task incrementing its elements once: a task run twice (a worker

@@ -4,9 +4,9 @@
  * Usage:
  *   pool_host threads LIB      vadd (float32, [n]) at n = 1 and 1M, then 1000 calls more;
  *                              prints "threads: <after first call> <after 1000 calls>"
- *   pool_host workspace LIB    matmul 64 x 64 x 64 (packs B in a workspace) 1000 times; counts
- *                              the library's aligned_alloc calls (interposed by this host):
- *                              prints "aligned_alloc: <first call> <1000 calls more>"
+ *   pool_host workspace LIB M  matmul M x M x M (M at most 128; packs B in a workspace) 1000
+ *                              times; counts the library's aligned_alloc calls (interposed by
+ *                              this host): prints "aligned_alloc: <first call> <1000 calls more>"
  *   pool_host inc LIB          `inc` (C[i] += 1 over [n] in parallel, n = 65536) 2000 times back to
  *                              back; every element must be 2000: a task run twice or skipped
  *                              by a late worker shows; prints "inc: ok"
@@ -131,8 +131,10 @@ int main(int argc, char** argv) {
   }
   if (strcmp(argv[1], "workspace") == 0) {
     safe_call f = lookup(h, "matmul");
-    enum { M = 64 };
-    static float a[M * M], b[M * M], c[M * M];
+    enum { MAX = 128 };
+    int M = argc > 3 ? atoi(argv[3]) : 64;
+    if (M < 1 || M > MAX) { printf("M must be 1 to %d\n", MAX); return 1; }
+    static float a[MAX * MAX], b[MAX * MAX], c[MAX * MAX];
     for (int i = 0; i < M * M; ++i) { a[i] = (float)(i % 7); b[i] = (float)(i % 5); }
     int64_t shape[2] = {M, M};
     DLTensor ta = {a, 1, 0, 2, 2, 32, 1, shape, NULL, 0}, tb = ta, tc = ta;

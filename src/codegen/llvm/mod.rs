@@ -126,6 +126,12 @@ fn target_machine(o: &CodegenOptions) -> R<TargetMachine> {
         })
 }
 
+/// Whether a target triple is x86 (`x86_64`, `i386` to `i686`).
+pub(crate) fn is_x86(triple: &str) -> bool {
+    let arch = triple.split('-').next().unwrap_or("");
+    arch == "x86_64" || (arch.len() == 4 && arch.starts_with('i') && arch.ends_with("86"))
+}
+
 /// Generates the LLVM IR text of a (verified) module.
 pub fn generate_ir(module: &IRModule, o: &CodegenOptions, linkage: &Linkage) -> R<String> {
     let [one] = generate::<1>(module, o, linkage)?;
@@ -172,6 +178,7 @@ fn generate<const N: usize>(
         stream_store_bytes: o.stream_store_bytes,
         nvptx: false,
         vector_bits: o.clone().resolved().vector_register_bits(),
+        stack_probes: is_x86(&o.triple),
     };
     let mut mt = ModuleText::default();
     let mut metadata = vec![

@@ -160,7 +160,7 @@ impl CodegenOptions {
     /// itself: on x86 the CPU's ([`crate::target::cpu_vector_bits`]; call on resolved
     /// options), 128 on other CPUs (NEON).
     pub fn vector_register_bits(&self) -> u32 {
-        if stream::stream_store_threshold(&self.triple).is_some() {
+        if super::is_x86(&self.triple) {
             crate::target::cpu_vector_bits(&self.cpu, &self.features)
         } else {
             128

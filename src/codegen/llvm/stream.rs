@@ -63,10 +63,7 @@ pub const STREAM_STORE_MAX_BYTES: u64 = 32 << 20;
 /// instructions, the host's caches the blocking, as [`crate::target::l2_bytes`]), at most
 /// [`STREAM_STORE_MAX_BYTES`]; that maximum where the host's caches cannot be read.
 pub fn stream_store_threshold(triple: &str) -> Option<u64> {
-    let arch = triple.split('-').next().unwrap_or("");
-    let x86 =
-        arch == "x86_64" || (arch.len() == 4 && arch.starts_with('i') && arch.ends_with("86"));
-    if !x86 {
+    if !super::is_x86(triple) {
         return None;
     }
     let llc = crate::target::host_caches().last_level;

@@ -120,6 +120,7 @@ pub(crate) fn kernel_module(
         stream_store_bytes: None,
         nvptx: true,
         vector_bits: 512,
+        stack_probes: false,
     };
     let attrs = fn_attrs(&opts);
     let mut mt = ModuleText::default();

@@ -184,6 +184,10 @@ pub struct EmitOptions {
     /// splits a wider vector store into register-wide stores in descending address order,
     /// which made the row copy of `pad` 20 % slower on a Zen 3.
     pub vector_bits: u32,
+    /// Whether functions probe their stack frames page by page (`"probe-stack"="inline-asm"`,
+    /// x86 host code): a frame larger than a page (stack-resident `local` and `workspace`
+    /// buffers) would otherwise be able to step over the guard page of a nearly full stack.
+    pub stack_probes: bool,
 }
 
 /// An LLVM value: its type and its spelling (`%t3`, `42`, `0x3FF0000000000000`).
@@ -321,6 +325,8 @@ pub(crate) struct Emitter<'m> {
     pub fname: String,
     body: String,
     entry_allocas: String,
+    /// Bytes of `workspace` allocations this function keeps on its stack (`stmt.rs`).
+    stack_workspace_bytes: i64,
     tmp: usize,
     label: usize,
     pub cur_block: String,
@@ -375,6 +381,7 @@ impl<'m> Emitter<'m> {
             fname: fname.to_owned(),
             body: String::new(),
             entry_allocas: String::new(),
+            stack_workspace_bytes: 0,
             tmp: 0,
             label: 0,
             cur_block: "entry".into(),
@@ -514,6 +521,9 @@ impl<'m> Emitter<'m> {
 /// The attribute group text of every generated function.
 pub(crate) fn fn_attrs(o: &EmitOptions) -> String {
     let mut a = format!("nounwind \"target-cpu\"=\"{}\"", o.cpu);
+    if o.stack_probes {
+        a.push_str(" \"probe-stack\"=\"inline-asm\"");
+    }
     if !o.features.is_empty() {
         let _ = write!(a, " \"target-features\"=\"{}\"", o.features);
     }
