@@ -500,9 +500,14 @@ fn window_sum_through_workspaces(n: i64, room: i64) -> PrimFunc {
     PrimFunc::new("f", vec![Param::Buffer(x), Param::Buffer(y)], body).with_noalias(true)
 }
 
-/// The optimized LLVM IR of `f` for this machine, compiled in memory.
-fn jit_ir(f: PrimFunc) -> String {
+/// The window sum of three outputs through workspaces of `room` elements at least
+/// ([`window_sum_through_workspaces`]), checked against the interpreter bit for bit; its
+/// optimized LLVM IR for this machine, compiled in memory.
+fn window_sum_ir(room: i64) -> String {
     use kiln::packed_func::Module;
+    let n = 3;
+    let f = window_sum_through_workspaces(n, room);
+    assert_same_bits(&f, &[vec![2 * n + 2], vec![n]]);
     kiln::codegen::llvm::LlvmModule::jit(
         &kiln::ir::IRModule::from_functions(vec![f]),
         &CodegenOptions::host(),
@@ -518,13 +523,9 @@ fn workspace_buffers_do_not_alias_each_other() {
     // its stack) never overlap, and LLVM is told so: the window's sum stays in a register
     // and `S[o]` is stored once per `o`, not once per tap (a store after every add made
     // `avg_pool2d` 1.4x slower than TVM's build).
-    // Three outputs: too few for `codegen::interchange` to move the window outside them (the
-    // nest it makes stores every tap, a vector at a time, by design).
-    let n = 3;
-    let f = window_sum_through_workspaces(n, 9216);
-    let shapes = [vec![2 * n + 2], vec![n]];
-    assert_same_bits(&f, &shapes);
-    let ll = jit_ir(f);
+    // Three outputs (`window_sum_ir`): too few for `codegen::interchange` to move the window
+    // outside them (the nest it makes stores every tap, a vector at a time, by design).
+    let ll = window_sum_ir(9216);
     assert!(ll.contains("@__kiln_alloc_workspace"), "{ll}");
     // With `S` kept in a register, the window's three adds come between two scalar stores;
     // stored per tap, one add would.
@@ -545,19 +546,15 @@ fn small_constant_workspaces_live_on_the_stack() {
     // The same function with workspaces of 32 and 12 bytes: on the stack, no call of the
     // workspace allocator, and LLVM keeps both in registers: the only stores left are the
     // outputs', after all nine adds.
-    let n = 3;
-    let f = window_sum_through_workspaces(n, 0);
-    let shapes = [vec![2 * n + 2], vec![n]];
-    assert_same_bits(&f, &shapes);
-    let ll = jit_ir(f);
+    let ll = window_sum_ir(0);
     assert!(!ll.contains("call i8* @__kiln_alloc_workspace"), "{ll}");
     let stores = ll.matches("store float").count();
-    assert_eq!(stores, n as usize, "{ll}");
+    assert_eq!(stores, 3, "{ll}");
     let adds_before_first_store = ll
         .split("store float")
         .next()
         .map_or(0, |seg| seg.matches("fadd float").count());
-    assert_eq!(adds_before_first_store, 3 * n as usize, "{ll}");
+    assert_eq!(adds_before_first_store, 9, "{ll}");
 }
 
 #[test]

@@ -88,13 +88,25 @@ fn the_pool_starts_once_with_the_configured_threads_and_never_grows() {
     }
 }
 
-#[test]
-fn workspaces_are_reused_across_calls() {
+/// The workspace allocations of an exported `m x m x m` matmul in a plain C host: on its first
+/// call and on 1000 calls more.
+fn matmul_workspace_allocations(m: i64) -> Vec<f64> {
     let dir = tempfile::tempdir().unwrap();
     let exe = host(dir.path());
+    let lib = export_default(sk::matmul_sized(m, m, m).unwrap(), dir.path());
+    run(
+        &exe,
+        &format!("workspace {m}"),
+        &lib,
+        &[],
+        "aligned_alloc: ",
+    )
+}
+
+#[test]
+fn workspaces_are_reused_across_calls() {
     // 128 x 128 x 128 packs `B` (64 KiB) in a workspace from the allocator.
-    let lib = export_default(sk::matmul_sized(128, 128, 128).unwrap(), dir.path());
-    let n = run(&exe, "workspace 128", &lib, &[], "aligned_alloc: ");
+    let n = matmul_workspace_allocations(128);
     assert!(n[0] >= 1.0, "the first call allocates its workspace: {n:?}");
     assert_eq!(n[1], 0.0, "1000 calls more allocated again: {n:?}");
 }
@@ -103,10 +115,7 @@ fn workspaces_are_reused_across_calls() {
 /// lives on the stack of the call: no allocation at all, and the results stay right.
 #[test]
 fn a_small_constant_workspace_is_never_allocated() {
-    let dir = tempfile::tempdir().unwrap();
-    let exe = host(dir.path());
-    let lib = export_default(sk::matmul_sized(64, 64, 64).unwrap(), dir.path());
-    let n = run(&exe, "workspace 64", &lib, &[], "aligned_alloc: ");
+    let n = matmul_workspace_allocations(64);
     assert_eq!(n, vec![0.0, 0.0], "a 16 KiB workspace was allocated");
 }
 

@@ -484,18 +484,22 @@ pub fn cpu_has_avx512(name: &str) -> bool {
     )
 }
 
+/// Whether the LLVM feature list `features` (`+avx2,-avx512f,...`) turns `name` on (`Some(true)`)
+/// or off; `None` where it does not name it. The last word on a feature wins, as in LLVM.
+pub fn feature_flag(features: &str, name: &str) -> Option<bool> {
+    features
+        .split(',')
+        .rev()
+        .find(|w| w.get(1..) == Some(name))
+        .map(|w| w.starts_with('+'))
+}
+
 /// The widest vector register of LLVM's x86 CPU `name` with the LLVM feature list `features`
 /// (`+avx2,-avx512f,...`; the last word on a feature wins), in bits: 512 with AVX-512F, 256
 /// with AVX, 128 without (the CPUs of LLVM 14's x86 table that have no AVX, `x86-64` and
 /// `x86-64-v2`, TVM's default). An unknown name without those features counts as AVX.
 pub fn cpu_vector_bits(name: &str, features: &str) -> u32 {
-    let feature = |f: &str| -> Option<bool> {
-        features
-            .split(',')
-            .rev()
-            .find(|w| w.get(1..) == Some(f))
-            .map(|w| w.starts_with('+'))
-    };
+    let feature = |f: &str| feature_flag(features, f);
     let by_name = if cpu_has_avx512(name) {
         512
     } else if matches!(

@@ -75,8 +75,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 pub use builtin::{
-    arm_features, cpu_has_avx512, cpu_l2_bytes, cpu_vector_bits, default_triple, has_avx512,
-    host_caches, host_cpu, l2_bytes, ArmFeatures, CacheSizes,
+    arm_features, cpu_has_avx512, cpu_l2_bytes, cpu_vector_bits, default_triple, feature_flag,
+    has_avx512, host_caches, host_cpu, l2_bytes, ArmFeatures, CacheSizes,
 };
 pub use error::{TargetError, TargetResult};
 pub use kind::{

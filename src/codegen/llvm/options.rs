@@ -178,15 +178,8 @@ impl CodegenOptions {
         } else {
             ""
         };
-        // The last word on a feature wins, as in LLVM's feature strings.
-        let feature = |name: &str| -> Option<bool> {
-            r.features
-                .split(',')
-                .rev()
-                .find(|f| f.get(1..) == Some(name))
-                .map(|f| f.starts_with('+'))
-        };
-        let x86 = stream::stream_store_threshold(&r.triple).is_some();
+        let feature = |name: &str| crate::target::feature_flag(&r.features, name);
+        let x86 = super::is_x86(&r.triple);
         let isa = if !x86 {
             String::new()
         } else if feature("avx512f").unwrap_or_else(|| crate::target::cpu_has_avx512(&r.cpu)) {

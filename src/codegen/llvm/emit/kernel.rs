@@ -119,6 +119,7 @@ pub(crate) fn kernel_module(
         device_host: false,
         stream_store_bytes: None,
         nvptx: true,
+        // Short rows in steps of 16 `float32` lanes, as before widths followed the target.
         vector_bits: 512,
         stack_probes: false,
     };

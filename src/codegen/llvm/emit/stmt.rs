@@ -566,6 +566,10 @@ fn short_loop_width(
     if kind != ForKind::Serial || !(16..=SHORT_LOOP).contains(&n) || has_loop(body) {
         return None;
     }
+    let lanes = (1i64 << n.trailing_zeros()).min(SHORT_LOOP_LANES);
+    if lanes < 4 {
+        return None;
+    }
     struct Scan<'v> {
         var: &'v Var,
         ok: bool,
@@ -627,10 +631,9 @@ fn short_loop_width(
     // with the halves ascending, Zen 3). A narrower width unrolls to ascending stores.
     // Interleaved vectors keep the step's independent work (the polynomial of an `exp`
     // in 16 lanes: `softmax` at 0.7x the speed in one vector of 8).
-    let lanes = (1i64 << n.trailing_zeros()).min(SHORT_LOOP_LANES);
-    let fit = i64::from((vector_bits / scan.store_bits).max(1));
-    let width = lanes.min(fit).max(4.min(lanes));
-    (scan.ok && lanes >= 4).then_some((width, lanes / width))
+    let fit = i64::from(vector_bits / scan.store_bits);
+    let width = lanes.min(fit).max(4);
+    scan.ok.then_some((width, lanes / width))
 }
 
 /// Whether the intrinsic call `op(args)` is compiled to code LLVM can vectorize (LLVM
