@@ -792,3 +792,68 @@ fn min_and_max_on_the_device_propagate_nan_and_order_signed_zeros() {
         }
     }
 }
+
+/// `B[i] = A[i] * 2` in a serial loop, marked `host` (TVM's `tir.is_host_func`).
+fn host_double() -> PrimFunc {
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(8i64)]);
+    let b = Buffer::new("B", DataType::f32(), vec![Expr::from(8i64)]);
+    let body = for_range("i", Expr::from(8i64), ForKind::Serial, |i| {
+        b.store([i.clone()], a.load([i]) * 2.0f32)
+    });
+    let mut f = PrimFunc::new(
+        "host_double",
+        vec![Param::Buffer(a), Param::Buffer(b)],
+        body,
+    );
+    f.attrs.host = true;
+    f
+}
+
+#[test]
+fn a_host_function_of_a_device_module_runs_on_host_tensors_beside_the_kernels() {
+    let Some((api, dev)) = common::opencl_device("a_host_function_of_a_device_module") else {
+        return;
+    };
+    // Host function first, so a kernel index that counted it would launch the wrong kernel.
+    let m = IRModule::from_functions(vec![host_double(), vadd()]);
+    m.verify().unwrap();
+    let m = kiln::codegen::opencl::build(&m, &opencl()).unwrap();
+    assert_eq!(m.source().matches("__kernel").count(), 1, "{}", m.source());
+    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let ah = Tensor::from_slice(&x, &[8], Device::cpu()).unwrap();
+    let bh = Tensor::zeros(&[8], ah.dtype(), Device::cpu()).unwrap();
+    let hf = m.get_function("host_double").unwrap();
+    call(&hf, &[&ah, &bh]).unwrap();
+    assert_eq!(
+        bh.to_vec::<f32>().unwrap(),
+        [0., 2., 4., 6., 8., 10., 12., 14.]
+    );
+    // Device tensors are refused by the host function, as host tensors by the kernels'.
+    let ad = Tensor::from_slice(&x, &[8], dev).unwrap();
+    let err = call(&hf, &[&ad, &bh]).unwrap_err();
+    assert!(err.contains("device_type") && err.contains("cpu"), "{err}");
+    let n = 1000usize;
+    let (xa, xb) = (floats(n, 1), floats(n, 2));
+    let ta = Tensor::from_slice(&xa, &[n as i64], dev).unwrap();
+    let tb = Tensor::from_slice(&xb, &[n as i64], dev).unwrap();
+    let tc = Tensor::zeros(&[n as i64], ta.dtype(), dev).unwrap();
+    let vf = m.get_function("vadd").unwrap();
+    call(&vf, &[&ta, &tb, &tc]).unwrap();
+    api.sync_stream(dev, api.current_stream(dev)).unwrap();
+    let got = tc.to_vec::<f32>().unwrap();
+    assert!(got
+        .iter()
+        .zip(xa.iter().zip(&xb))
+        .all(|(c, (a, b))| *c == a + b));
+}
+
+#[test]
+fn a_host_function_with_thread_bound_loops_is_refused() {
+    let mut f = vadd();
+    f.attrs.host = true;
+    let m = IRModule::from_functions(vec![f]);
+    let e = kiln::codegen::opencl::build(&m, &opencl())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("host function") && e.contains("vadd"), "{e}");
+}

@@ -326,3 +326,21 @@ fn float_constants_are_read_exactly() {
         assert_eq!(got.to_bits(), v.to_bits(), "{v:?} read as {got:?}");
     }
 }
+
+#[test]
+fn the_host_attribute_round_trips_and_prints() {
+    let text = vadd_text().replace(r#""noalias":true"#, r#""noalias":true,"host":true"#);
+    let m = IRModule::from_json_str(&text).unwrap();
+    assert!(m.functions[0].attrs.host);
+    assert!(m.to_string().contains("host"), "{m}");
+    let back = IRModule::from_json_str(&m.to_json_string()).unwrap();
+    assert!(back.functions[0].attrs.host);
+    assert_eq!(back.to_json_string(), m.to_json_string());
+    let (path, msg) =
+        json_error(&vadd_text().replace(r#""noalias":true"#, r#""noalias":true,"host":1"#));
+    assert_eq!(path, "$.functions[0].attrs.host");
+    assert!(msg.contains("expected a boolean"), "{msg}");
+    // Absent, it is false, and it is not written.
+    let plain = IRModule::from_json_str(&vadd_text()).unwrap();
+    assert!(!plain.functions[0].attrs.host && !plain.to_json_string().contains("\"host\""));
+}

@@ -2,7 +2,7 @@
 `pip install .` needs nothing but cargo and a C compiler (and LLVM 14, as kiln does).
 
 `build_wheel` runs `cargo build --release -p kiln-python`, then writes one wheel holding
-`python/kiln/*.py` and the library as `kiln/_libkiln.so` (debug info stripped when `strip` is
+`python/kiln/*.py` (and `*.cc`, the C++ source `kiln.tvm` compiles) and the library as `kiln/_libkiln.so` (debug info stripped when `strip` is
 on PATH), tagged `py3-none-<platform>`: the library has no Python ABI (it is a tvm-ffi module
 that `tvm_ffi.load_module` loads), so one wheel serves every Python 3. `build_editable` puts the
 library into `python/kiln/` and installs a `.pth` file pointing at `python/`.
@@ -151,7 +151,8 @@ def _write_wheel(wheel_directory: str, files: list[tuple[str, bytes, bool]]) -> 
 
 def _python_files() -> list[tuple[str, bytes, bool]]:
     out = []
-    for p in sorted(PACKAGE_DIR.glob("*.py")):
+    # The .py modules, and the C++ source kiln.tvm compiles against the installed TVM.
+    for p in sorted([*PACKAGE_DIR.glob("*.py"), *PACKAGE_DIR.glob("*.cc")]):
         out.append((f"kiln/{p.name}", p.read_bytes(), False))
     return out
 

@@ -219,6 +219,8 @@ class _Function:
                 attrs["global_symbol"] = str(f.attrs["global_symbol"])
             if "tirx.noalias" in f.attrs and bool(f.attrs["tirx.noalias"]):
                 attrs["noalias"] = True
+            if "tirx.is_host_func" in f.attrs and bool(f.attrs["tirx.is_host_func"]):
+                attrs["host"] = True  # runs on the host in a device target's module
         body = self.at("body", self.stmt, f.body)
         out = {"name": self.name, "params": params, "attrs": attrs, "body": body}
         return out

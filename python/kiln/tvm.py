@@ -28,10 +28,10 @@ from typing import Any, Callable
 import tvm
 from tvm import relax, tirx
 
-from . import core
+from . import _tvm_device, core
 from .errors import BridgeError, UnsupportedFunctionError
 
-__all__ = ["compile"]
+__all__ = ["compile", "register_device_api"]
 
 _CPU_KINDS = ("llvm",)
 
@@ -54,6 +54,43 @@ def _kiln_target(target: tvm.target.Target) -> str:
     export = core._plain(target.export())
     export.pop("host", None)
     return json.dumps(export)
+
+
+def register_device_api(device: str = "opencl") -> None:
+    """Makes kiln's runtime of `device` TVM's runtime of it in this process (TVM's global
+    `device_api.opencl`), so that `tvm.runtime.tensor(x, tvm.opencl())`, the Relax VM and the
+    kernels `kiln.tvm.compile` builds for that device share kiln's device memory.
+
+    `kiln.tvm.compile` calls it for a device target; call it yourself before loading an
+    exported library (`tvm.runtime.load_module`) in a new process. The first call compiles a
+    small C++ `DeviceAPI` against the installed TVM's headers (about 2 s, then cached; needs a
+    C++ compiler). Idempotent. Raises `NotImplementedError` for a device kiln does not register
+    (only `opencl` has run through TVM's VM) and `RuntimeError` when TVM's own runtime of that
+    device is already in the process.
+    """
+    _tvm_device.register(device)
+
+
+def _device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+    """TVM's Relax pipeline for a GPU target (`tvm.compile`'s default there: the generic GPU
+    backend's dispatch, legalization and fusion, dataflow lowering and finalization), less
+    DLight's scheduling: kiln schedules the device kernels itself (each fused PrimFunc's loop
+    nests become kernels, `kiln::schedule::auto::device_default`)."""
+    from tvm.relax import pipeline as p
+
+    passes = (
+        p.library_dispatch_passes(target)
+        + [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+        + p.dataflow_lower_passes(target)
+        + p.finalize_passes(target)
+    )
+    return tvm.transform.Sequential(passes)
 
 
 def _convert(name: str, func: tirx.PrimFunc) -> dict:
@@ -147,12 +184,23 @@ def _compile(
     any_cpu: bool = False,
 ) -> tvm.runtime.Executable:
     tgt = _tvm_target(target)
-    if tgt.kind.name not in _CPU_KINDS:
+    kind = tgt.kind.name
+    device = kind in _tvm_device.DEVICE_CODES
+    if kind not in _CPU_KINDS and not device:
         raise NotImplementedError(
-            f"kiln.tvm.compile builds PrimFuncs for CPU targets (llvm); target kind "
-            f"`{tgt.kind.name}` needs kiln's device kernels in TVM's device-module format, "
-            "which is not done yet: use tvm.compile, or kiln.build for a kernel on its own"
+            f"kiln.tvm.compile builds PrimFuncs for CPU targets (llvm) and OpenCL (opencl); "
+            f"target kind `{kind}` is not done yet (kiln's kernels for it never ran in TVM's "
+            "VM): use tvm.compile, or kiln.build for a kernel on its own"
         )
+    if device and fallback:
+        raise ValueError(
+            f"kiln.tvm.compile: fallback=True is not available for `{kind}`: TVM's {kind} "
+            "kernels need TVM's own device runtime, and in this process that device's tensors "
+            "are kiln's (kiln.tvm registers kiln's runtime as TVM's `device_api."
+            f"{kind}`)"
+        )
+    if device:
+        _tvm_device.register(kind)
     if exec_mode != "bytecode":
         raise ValueError(
             f"kiln.tvm.compile supports exec_mode='bytecode' (the default), found {exec_mode!r}"
@@ -175,7 +223,10 @@ def _compile(
     if is_relax:
         if relax_pipeline is not None:
             if isinstance(relax_pipeline, str):
-                relax_pipeline = relax.get_pipeline(relax_pipeline)
+                if device and relax_pipeline == "default":
+                    relax_pipeline = _device_pipeline(tgt)
+                else:
+                    relax_pipeline = relax.get_pipeline(relax_pipeline)
             with tgt:
                 mod = relax_pipeline(mod)
         attrs = dict(mod.attrs) if mod.attrs else {}

@@ -1,6 +1,11 @@
 """kiln inside TVM: `kiln.build` on TVM PrimFuncs, and `kiln.tvm.compile` on the model corpus
 (`models.py`), every output compared with TVM's own `tvm.compile` build of the same module."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -119,8 +124,12 @@ def test_fallback_builds_the_rest_with_tvm_and_says_so(tmp_path):
 
 def test_device_targets_are_refused_clearly():
     mod, _, _ = models.export("mlp")
+    with pytest.raises(NotImplementedError, match="cuda"):
+        kiln.tvm.compile(mod, "cuda")
+    with pytest.raises(ValueError, match="fallback=True"):
+        kiln.tvm.compile(mod, "opencl", fallback=True)
     with pytest.raises(NotImplementedError, match="opencl"):
-        kiln.tvm.compile(mod, "opencl")
+        kiln.tvm.register_device_api("cuda")
     with pytest.raises(ValueError, match="bytecode"):
         kiln.tvm.compile(mod, TARGET, exec_mode="compiled")
     with pytest.raises(TypeError, match="IRModule"):
@@ -191,10 +200,6 @@ def test_a_model_tuned_by_kiln_tune_model_is_built_with_its_records(tmp_path):
     """`ex.kiln_ir` (the model's PrimFuncs as kiln converted them) goes to `kiln tune --model`;
     `kiln.tvm.compile(..., db=)` then schedules every kernel that has a record, and the
     outputs still agree with TVM's."""
-    import json
-    import os
-    import subprocess
-    import sys
 
     mod, inputs, weights = models.export("mlp")
     ex = kiln.tvm.compile(mod, TARGET)
@@ -218,3 +223,117 @@ def test_a_model_tuned_by_kiln_tune_model_is_built_with_its_records(tmp_path):
                for n in notes), notes
     ref = tvm.compile(mod, TARGET)
     assert_close(run_vm(tuned, inputs + weights), run_vm(ref, inputs + weights))
+
+
+# ---- OpenCL: TVM's VM runs kiln's kernels on kiln's OpenCL runtime (PoCL in CI) ----------
+
+
+def opencl_or_skip():
+    backends = {b["name"]: b for b in kiln.devices()["backends"]}
+    if not backends.get("opencl", {}).get("devices"):
+        if os.environ.get("KILN_REQUIRE_OPENCL") == "1":
+            raise AssertionError("KILN_REQUIRE_OPENCL=1 but kiln sees no OpenCL device")
+        pytest.skip("no OpenCL device (install PoCL: pocl-opencl-icd)")
+
+
+def run_vm_on(ex, args, dev):
+    vm = relax.VirtualMachine(ex, dev)
+    out = vm["forward"](*[tvm.runtime.tensor(a, dev) for a in args])
+    outs = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+    assert all(str(o.device) == str(dev) for o in outs), [o.device for o in outs]
+    return [o.numpy() for o in outs]
+
+
+@pytest.fixture(scope="module")
+def cpu_refs():
+    """TVM's own CPU build of each model and its outputs (TVM's wheel has no OpenCL runtime,
+    so kiln's OpenCL build is compared with TVM's CPU build)."""
+    refs = {}
+    for name in sorted(models.MODELS):
+        mod, inputs, weights = models.export(name)
+        refs[name] = (mod, inputs + weights, run_vm(tvm.compile(mod, TARGET), inputs + weights))
+    return refs
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_models_run_on_opencl_in_tvms_vm(name, cpu_refs):
+    opencl_or_skip()
+    mod, args, want = cpu_refs[name]
+    ex = kiln.tvm.compile(mod, "opencl")
+    assert ex.kiln_report["tvm"] == {} and ex.kiln_report["kiln"]
+    assert_close(run_vm_on(ex, args, tvm.opencl()), want)
+
+
+def test_opencl_tensors_are_kilns_and_bad_inputs_are_errors(cpu_refs):
+    opencl_or_skip()
+    kiln.tvm.register_device_api("opencl")
+    kiln.tvm.register_device_api("opencl")  # idempotent
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    t = tvm.runtime.tensor(x, tvm.opencl())
+    assert str(t.device) == "opencl:0"
+    np.testing.assert_array_equal(t.numpy(), x)  # host -> kiln's OpenCL memory -> host
+    assert tvm.opencl().exist and not tvm.opencl(7).exist
+    mod, args, _ = cpu_refs["mlp"]
+    ex = kiln.tvm.compile(mod, "opencl")
+    # Host tensors where the kernels want OpenCL memory: TVM's message, no crash.
+    with pytest.raises(ValueError, match="device_type"):
+        relax.VirtualMachine(ex, tvm.opencl())["forward"](*[tvm.runtime.tensor(a) for a in args])
+    # A shape that does not match: the VM's check, before any launch.
+    bad = [np.zeros((3, 256), "float32")] + args[1:]
+    with pytest.raises(RuntimeError, match="shape"):
+        run_vm_on(ex, bad, tvm.opencl())
+
+
+def test_a_symbolic_batch_runs_on_opencl_with_its_shape_function_on_the_host():
+    opencl_or_skip()
+    from tvm.relax.frontend import nn
+
+    mod, params = models.MLP(64, 96, 10).export_tvm(
+        {"forward": {"x": nn.spec.Tensor(("batch", 64), "float32")}}
+    )
+    ex = kiln.tvm.compile(mod, "opencl")
+    assert "shape_func" in ex.kiln_report["kiln"]
+    assert '"host": true' in json.dumps(
+        next(f for f in ex.kiln_ir["functions"] if f["name"] == "shape_func")["attrs"]
+    )
+    ref = tvm.compile(mod, TARGET)
+    rng = np.random.default_rng(2)
+    weights = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for _, p in params]
+    for batch in [1, 5]:
+        args = [rng.standard_normal((batch, 64)).astype("float32")] + weights
+        assert_close(run_vm_on(ex, args, tvm.opencl()), run_vm(ref, args))
+
+
+def test_an_opencl_export_loads_in_a_new_process(tmp_path, cpu_refs):
+    """`tvm.runtime.load_module` of the `.so` in a fresh process: kiln registers its runtime,
+    and the library's host code attaches its device module through tvm-ffi on first launch."""
+    opencl_or_skip()
+    mod, args, want = cpu_refs["gpt2_block"]
+    path = tmp_path / "gpt2_cl.so"
+    kiln.tvm.compile(mod, "opencl").export_library(str(path))
+    np.save(tmp_path / "want.npy", want[0])
+    for i, a in enumerate(args):
+        np.save(tmp_path / f"arg{i}.npy", a)
+    script = f"""
+import numpy as np, tvm, kiln.tvm
+from tvm import relax
+lib = tvm.runtime.load_module({str(path)!r})
+dev = tvm.opencl()
+args = [np.load({str(tmp_path)!r} + f"/arg{{i}}.npy") for i in range({len(args)})]
+try:
+    relax.VirtualMachine(lib, dev)["forward"](*[tvm.runtime.tensor(a, dev) for a in args])
+    raise SystemExit("ran without kiln's runtime registered")
+except SystemExit:
+    raise
+except Exception as e:
+    assert "opencl" in str(e), e
+kiln.tvm.register_device_api("opencl")
+out = relax.VirtualMachine(lib, dev)["forward"](*[tvm.runtime.tensor(a, dev) for a in args])
+want = np.load({str(tmp_path)!r} + "/want.npy")
+err = float(np.abs(out.numpy() - want).max() / np.abs(want).max())
+assert err <= 1e-5, err
+print("ok", err)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

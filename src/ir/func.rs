@@ -130,6 +130,10 @@ pub struct FuncAttrs {
     pub noalias: bool,
     /// This is the module's entry function (`__tvm_ffi_main`).
     pub entry: bool,
+    /// The function runs on the host even in a device target's module (TVM's
+    /// `tir.is_host_func`, e.g. Relax's shape functions): its buffers are host memory, it gets
+    /// no kernels, and it takes host tensors. No effect on a CPU target.
+    pub host: bool,
 }
 
 /// A low-level function over buffers: TVM's `PrimFunc`.
@@ -159,6 +163,7 @@ impl PrimFunc {
                 global_symbol: Some(name.to_string()),
                 noalias: false,
                 entry: false,
+                host: false,
             },
         }
     }

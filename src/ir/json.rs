@@ -203,6 +203,7 @@ impl Reader {
                 global_symbol: Some(name.clone()),
                 noalias: false,
                 entry: false,
+                host: false,
             },
             Some(a) => self.attrs(a, &format!("{path}.attrs"))?,
         };
@@ -217,7 +218,7 @@ impl Reader {
     }
 
     fn attrs(&self, v: &Value, path: &str) -> IrResult<FuncAttrs> {
-        let m = self.object(v, path, &["global_symbol", "noalias", "entry"])?;
+        let m = self.object(v, path, &["global_symbol", "noalias", "entry", "host"])?;
         let global_symbol = match m.get("global_symbol") {
             None | Some(Value::Null) => None,
             Some(s) => Some(self.name(s, &format!("{path}.global_symbol"))?),
@@ -236,6 +237,7 @@ impl Reader {
             global_symbol,
             noalias: flag("noalias")?,
             entry: flag("entry")?,
+            host: flag("host")?,
         })
     }
 
@@ -800,6 +802,9 @@ fn func_to_value(f: &PrimFunc) -> Value {
     }
     if a.entry {
         attrs.insert("entry".into(), json!(true));
+    }
+    if a.host {
+        attrs.insert("host".into(), json!(true));
     }
     o.insert("attrs".into(), Value::Object(attrs));
     o.insert("body".into(), w.stmt(&f.body));

@@ -520,6 +520,9 @@ impl<'a> Printer<'a> {
         if a.entry {
             attrs.push("entry".into());
         }
+        if a.host {
+            attrs.push("host".into());
+        }
         if !attrs.is_empty() {
             write!(self.out, " attrs({})", attrs.join(", "))?;
         }

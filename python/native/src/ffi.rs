@@ -258,4 +258,5 @@ export! {
     __tvm_ffi_wait_optimized => wait_optimized,
     __tvm_ffi_tensor_empty => tensor_empty,
     __tvm_ffi_tensor_copy => tensor_copy,
+    __tvm_ffi_tvm_device_table => tvm_device_table,
 }

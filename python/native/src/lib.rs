@@ -14,6 +14,7 @@
 //! | `cli` | the arguments as a JSON list of strings | the exit code of `kiln <args>` |
 //! | `wait_optimized` | | nothing, once every function `jit` compiled runs its O3 code |
 //! | `tensor_empty` | shape (JSON list), dtype, device (`opencl:0`, ...) | a tvm-ffi Tensor in kiln's memory of that device |
+//! | `tvm_device_table` | | the address of [`tvm_device::TABLE`], kiln's device backends as the C table that `kiln.tvm`'s TVM `DeviceAPI` calls |
 //! | `tensor_copy` | destination Tensor, source Tensor | nothing: the elements copied, across devices, and waited for |
 //!
 //! Errors are raised through tvm-ffi (`TVMFFIErrorSetRaisedFromCStr`, which the loader puts in
@@ -31,6 +32,7 @@ use kiln::packed_func::{Any, AnyView, Value};
 use kiln::target::Target;
 
 pub mod ffi;
+pub mod tvm_device;
 
 /// An error raised to the caller: a tvm-ffi kind (`ValueError`, ...) and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -328,6 +330,13 @@ pub fn tensor_copy(args: &[AnyView<'_>]) -> Result<Any> {
     let (dst, src) = (get(0, "destination")?, get(1, "source")?);
     ffi::copy_tensor(src, dst).map_err(device_error)?;
     Ok(Any::none())
+}
+
+/// `tvm_device_table()`: the address of kiln's device table for TVM's runtime
+/// ([`tvm_device::TABLE`]).
+pub fn tvm_device_table(args: &[AnyView<'_>]) -> Result<Any> {
+    arity("tvm_device_table", args, 0)?;
+    Ok(Any::from(tvm_device::table_address()))
 }
 
 /// `wait_optimized()`: blocks until every function compiled by `jit` so far runs its optimized

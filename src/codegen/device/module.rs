@@ -45,6 +45,16 @@ pub fn default_kernels(
     let limits = super::DeviceLimits::of(target, cg.default_limits());
     let mut out = module.clone();
     for f in &mut out.functions {
+        if f.attrs.host {
+            if !crate::ir::device::kernels(f).is_empty() {
+                return Err(CodegenError::Unsupported(format!(
+                    "function `{}` is a host function (attrs.host, TVM's tir.is_host_func) but \
+                     has thread-bound loops: a host function launches no kernels",
+                    f.name
+                )));
+            }
+            continue;
+        }
         let mut g = crate::schedule::auto::device_default(f, limits.max_threads).map_err(|e| {
             CodegenError::Unsupported(format!(
                 "function `{}` has loops outside any kernel, and the default device schedule \

@@ -81,7 +81,7 @@ pub struct KernelPlan {
 /// which is not in device memory (a host `local` allocation) or a non-scalar variable.
 pub fn plan_module(module: &IRModule) -> CodegenResult<Vec<KernelPlan>> {
     let mut out = Vec::new();
-    for f in &module.functions {
+    for f in module.functions.iter().filter(|f| !f.attrs.host) {
         out.extend(plan_function(f)?);
     }
     Ok(out)
