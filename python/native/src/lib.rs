@@ -22,7 +22,8 @@
 //! target or IR, `RuntimeError` for what failed to compile or run, `TypeError` for arguments of
 //! the wrong kind. A panic is caught at the boundary and raised as a `RuntimeError`.
 //!
-//! The C entry points and the error slot are in [`ffi`]; this file is safe Rust.
+//! The C entry points and the error slot are in [`ffi`], the C table of kiln's device backends for
+//! TVM's runtime in [`tvm_device`]; this file is safe Rust.
 
 use std::path::Path;
 use std::time::Instant;
