@@ -337,3 +337,25 @@ print("ok", err)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_kiln_tune_model_on_opencl_then_compile_with_the_records(tmp_path, cpu_refs):
+    """The device twin of the CPU test above: `kiln tune --model --target opencl` over
+    `ex.kiln_ir`, then `kiln.tvm.compile(..., "opencl", db=)`; outputs still agree."""
+    opencl_or_skip()
+    mod, args, want = cpu_refs["mlp"]
+    ex = kiln.tvm.compile(mod, "opencl")
+    ir = tmp_path / "mlp_cl.json"
+    ir.write_text(json.dumps(ex.kiln_ir))
+    db = tmp_path / "mlp_cl.jsonl"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-m", "kiln", "tune", str(ir), "--model", "--trials", "3",
+                        "--target", "opencl", "--db", str(db), "-q"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    tuned = kiln.tvm.compile(mod, "opencl", db=db)
+    notes = tuned.kiln_report["tuning"]
+    assert len(notes) == len(ex.kiln_report["kiln"]), notes
+    assert all("tuning record applied" in n or "the default build is kept" in n
+               for n in notes), notes
+    assert_close(run_vm_on(tuned, args, tvm.opencl()), want)
