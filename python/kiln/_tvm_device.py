@@ -8,7 +8,8 @@ TVM's tensors of that device must be kiln's. This module compiles `_tvm_device.c
 against the installed TVM's own headers, so the class layout is that TVM's, caches the result,
 loads it, and registers it.
 
-The compiled file is cached under `$KILN_CACHE_DIR` (default `~/.cache/kiln`), keyed by the
+The compiled file is cached in kiln's cache directory (`$KILN_CACHE_DIR`, else
+`$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`), keyed by the
 source, TVM's version and the compiler; building it takes about 2 s once. It needs a C++
 compiler (`$CXX`, else `c++`), as TVM's `export_library` does.
 """
@@ -38,8 +39,13 @@ SOURCE = Path(__file__).resolve().parent / "_tvm_device.cc"
 
 
 def _cache_dir() -> Path:
+    """kiln's cache directory, as the compile cache finds it: `$KILN_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`."""
     d = os.environ.get("KILN_CACHE_DIR")
-    return Path(d) if d else Path.home() / ".cache" / "kiln"
+    if d:
+        return Path(d)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kiln"
 
 
 def _compile_shim() -> Path:
