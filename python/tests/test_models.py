@@ -273,6 +273,12 @@ def test_opencl_tensors_are_kilns_and_bad_inputs_are_errors(cpu_refs):
     assert str(t.device) == "opencl:0"
     np.testing.assert_array_equal(t.numpy(), x)  # host -> kiln's OpenCL memory -> host
     assert tvm.opencl().exist and not tvm.opencl(7).exist
+    assert tvm.opencl().max_threads_per_block >= 1 and tvm.opencl().device_name
+    # kiln's errors arrive as TVM's exceptions with kiln's message; nothing is allocated.
+    with pytest.raises(RuntimeError, match="kiln allocation.*CL_DEVICE_MAX_MEM_ALLOC_SIZE"):
+        tvm.runtime.empty((1 << 40,), "float32", tvm.opencl())
+    with pytest.raises(RuntimeError, match="invalid device opencl:3"):
+        tvm.runtime.empty((4,), "float32", tvm.opencl(3))
     mod, args, _ = cpu_refs["mlp"]
     ex = kiln.tvm.compile(mod, "opencl")
     # Host tensors where the kernels want OpenCL memory: TVM's message, no crash.
