@@ -365,3 +365,20 @@ def test_kiln_tune_model_on_opencl_then_compile_with_the_records(tmp_path, cpu_r
     assert all("tuning record applied" in n or "the default build is kept" in n
                for n in notes), notes
     assert_close(run_vm_on(tuned, args, tvm.opencl()), want)
+
+
+def test_registering_over_another_opencl_runtime_is_refused():
+    """A TVM built with OpenCL has its own `device_api.opencl`: kiln does not replace it (its
+    tensors would not be kiln's), and says so."""
+    script = """
+import tvm_ffi, kiln.tvm
+tvm_ffi.register_global_func("device_api.opencl", lambda: None)
+try:
+    kiln.tvm.register_device_api("opencl")
+except RuntimeError as e:
+    assert "another runtime" in str(e), e
+    print("refused")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "refused" in r.stdout, r.stdout + r.stderr
