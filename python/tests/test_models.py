@@ -19,6 +19,7 @@ from tvm.script import tirx as T  # noqa: E402
 import kiln  # noqa: E402
 import kiln.tvm  # noqa: E402
 import models  # noqa: E402
+from devices import opencl_or_skip  # noqa: E402
 
 TARGET = "llvm"
 
@@ -228,12 +229,6 @@ def test_a_model_tuned_by_kiln_tune_model_is_built_with_its_records(tmp_path):
 # ---- OpenCL: TVM's VM runs kiln's kernels on kiln's OpenCL runtime (PoCL in CI) ----------
 
 
-def opencl_or_skip():
-    backends = {b["name"]: b for b in kiln.devices()["backends"]}
-    if not backends.get("opencl", {}).get("devices"):
-        if os.environ.get("KILN_REQUIRE_OPENCL") == "1":
-            raise AssertionError("KILN_REQUIRE_OPENCL=1 but kiln sees no OpenCL device")
-        pytest.skip("no OpenCL device (install PoCL: pocl-opencl-icd)")
 
 
 def run_vm_on(ex, args, dev):

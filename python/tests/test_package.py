@@ -12,6 +12,7 @@ import pytest
 import tvm_ffi
 
 import kiln
+from devices import opencl_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 VADD = ROOT / "examples" / "kernels" / "vadd.json"
@@ -206,14 +207,6 @@ def test_python_m_kiln_is_the_cli(tmp_path):
 def test_a_cpu_llvm_14_cannot_compile_for_raises_instead_of_aborting(cpu):
     with pytest.raises(RuntimeError, match="mcpu"):
         kiln.build(vadd_ir(), target={"kind": "llvm", "mcpu": cpu})
-
-
-def opencl_or_skip():
-    backends = {b["name"]: b for b in kiln.devices()["backends"]}
-    if not backends.get("opencl", {}).get("devices"):
-        if os.environ.get("KILN_REQUIRE_OPENCL") == "1":
-            raise AssertionError("KILN_REQUIRE_OPENCL=1 but kiln sees no OpenCL device")
-        pytest.skip("no OpenCL device (install PoCL: pocl-opencl-icd)")
 
 
 def test_device_kernels_run_on_kiln_device_tensors():

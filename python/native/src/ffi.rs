@@ -194,11 +194,7 @@ unsafe fn call(
             -1
         }
         Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
+            let what = panic_message(p.as_ref());
             let at = PANIC_AT.with(|l| l.borrow_mut().take()).unwrap_or_default();
             raise(&Raised::new(
                 "RuntimeError",
@@ -207,6 +203,14 @@ unsafe fn call(
             -1
         }
     }
+}
+
+/// The message a panic carried (`&str` or `String` payloads), else "a panic".
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_owned())
 }
 
 thread_local! {

@@ -81,11 +81,7 @@ fn guarded(what: &str, f: impl FnOnce() -> DeviceResult<i32>) -> i32 {
         Ok(Ok(rc)) => return rc,
         Ok(Err(e)) => format!("kiln {what}: {e}"),
         Err(p) => {
-            let why = p
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
+            let why = crate::ffi::panic_message(p.as_ref());
             format!("kiln {what} panicked (a kiln bug, please report it): {why}")
         }
     };
