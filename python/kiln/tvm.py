@@ -246,9 +246,13 @@ def _compile(
             failures[name] = str(e)
     if failures and not fallback:
         lines = "\n".join(f"  {n}: {why}" for n, why in failures.items())
+        remedy = (
+            f"there is no fallback for `{kind}`: TVM's kernels would need TVM's own {kind} "
+            "runtime" if device else "pass fallback=True to have TVM build them"
+        )
         raise UnsupportedFunctionError(
             f"kiln cannot build {len(failures)} of {len(prim_funcs)} PrimFunc(s) "
-            f"(pass fallback=True to have TVM build them):\n{lines}",
+            f"({remedy}):\n{lines}",
             failures,
         )
 

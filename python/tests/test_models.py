@@ -377,3 +377,19 @@ except RuntimeError as e:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "refused" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_opencl_primfunc_kiln_cannot_build_is_an_error_without_a_fallback():
+    """TVM's GPU sort is a hand-lowered kernel (`T.launch_thread`), which the bridge does not
+    take: the error names it, and offers no fallback (there is none for OpenCL)."""
+    from tvm.relax.frontend import nn
+
+    class Sort(nn.Module):
+        def forward(self, x):
+            return nn.op.sort(x, axis=1)
+
+    mod, _ = Sort().export_tvm({"forward": {"x": nn.spec.Tensor((4, 64), "float32")}})
+    with pytest.raises(kiln.UnsupportedFunctionError) as e:
+        kiln.tvm.compile(mod, "opencl")
+    assert "sort" in e.value.failures and "thread_extent" in str(e.value)
+    assert "no fallback for `opencl`" in str(e.value) and "fallback=True" not in str(e.value)
