@@ -76,7 +76,7 @@ fn c_string(s: &str) -> CString {
 }
 
 /// Runs `f`: its value, or -1 with the error (or the panic) kept for `last_error`.
-fn guarded(what: &str, f: impl FnOnce() -> DeviceResult<i32>) -> i32 {
+fn guarded<E: std::fmt::Display>(what: &str, f: impl FnOnce() -> Result<i32, E>) -> i32 {
     let message = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(rc)) => return rc,
         Ok(Err(e)) => format!("kiln {what}: {e}"),
@@ -100,7 +100,7 @@ unsafe extern "C" fn attr(
     out_int: *mut i64,
     out_str: *mut *const c_char,
 ) -> i32 {
-    guarded("device attribute", || {
+    guarded("device attribute", || -> DeviceResult<i32> {
         let dev = device(ty, id);
         let api = get(dev.device_type)?;
         if kind == 0 {
@@ -140,7 +140,7 @@ unsafe extern "C" fn alloc(
     hint: DLDataType,
     out: *mut *mut c_void,
 ) -> i32 {
-    guarded("allocation", || {
+    guarded("allocation", || -> DeviceResult<i32> {
         let dev = device(ty, id);
         let api = get(dev.device_type)?;
         // TVM allocates zero bytes for empty tensors; kiln's backends refuse a zero size, so
@@ -155,7 +155,7 @@ unsafe extern "C" fn alloc(
 }
 
 unsafe extern "C" fn free(ty: i32, id: i32, ptr: *mut c_void) -> i32 {
-    guarded("free", || {
+    guarded("free", || -> DeviceResult<i32> {
         let dev = device(ty, id);
         get(dev.device_type)?.free_data_space(dev, DevicePtr::from_raw(ptr))?;
         Ok(0)
@@ -163,7 +163,7 @@ unsafe extern "C" fn free(ty: i32, id: i32, ptr: *mut c_void) -> i32 {
 }
 
 unsafe extern "C" fn copy(from: *const DLTensor, to: *const DLTensor, stream: *mut c_void) -> i32 {
-    guarded("copy", || {
+    guarded("copy", || -> DeviceResult<i32> {
         if from.is_null() || to.is_null() {
             return Err(kiln::device_api::DeviceError::InvalidTensor(
                 "a NULL tensor was passed to copy".into(),
@@ -179,7 +179,7 @@ unsafe extern "C" fn copy(from: *const DLTensor, to: *const DLTensor, stream: *m
 }
 
 unsafe extern "C" fn sync(ty: i32, id: i32, stream: *mut c_void) -> i32 {
-    guarded("stream sync", || {
+    guarded("stream sync", || -> DeviceResult<i32> {
         let dev = device(ty, id);
         get(dev.device_type)?.sync_stream(dev, StreamHandle::from_raw(stream as u64))?;
         Ok(0)
@@ -202,29 +202,22 @@ unsafe extern "C" fn attach(
     use kiln::runtime::{load_device_module, DeviceModule};
 
     static MODULES: Mutex<Option<HashMap<String, Arc<DeviceModule>>>> = Mutex::new(None);
-    guarded("device module", || {
-        let bad = |what: &str| kiln::device_api::DeviceError::InvalidTensor(what.to_owned());
+    guarded("device module", || -> Result<i32, String> {
         if meta.is_null() || launch_slot.is_null() || module_slot.is_null() {
-            return Err(bad("attach_device_module was passed a NULL pointer"));
+            return Err("attach_device_module was passed a NULL pointer".to_owned());
         }
         // SAFETY: the caller (an exported library's host code) passes its NUL-terminated
         // constant `__kiln_device_meta`.
         let text = unsafe { std::ffi::CStr::from_ptr(meta) }
             .to_str()
-            .map_err(|_| bad("the library's device metadata is not UTF-8"))?
+            .map_err(|_| "the library's device metadata is not UTF-8".to_owned())?
             .to_owned();
-        kiln::runtime::launch::register_runtime_symbols();
-        let launch = kiln::packed_func::context::context_symbols()
-            .into_iter()
-            .find(|(n, _)| n == "__KilnDeviceLaunch")
-            .map(|(_, a)| a)
-            .ok_or_else(|| bad("kiln's launch service is not registered (a kiln bug)"))?;
         let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
         let cache = cache.get_or_insert_with(HashMap::new);
         let dm = match cache.get(&text) {
             Some(dm) => dm.clone(),
             None => {
-                let dm = load_device_module(&text).map_err(|e| bad(&e))?;
+                let dm = load_device_module(&text)?;
                 cache.insert(text, dm.clone());
                 dm
             }
@@ -236,8 +229,10 @@ unsafe extern "C" fn attach(
         unsafe {
             (*(module_slot as *const AtomicPtr<c_void>))
                 .store(Arc::as_ptr(&dm) as *mut c_void, Ordering::Release);
-            (*(launch_slot as *const AtomicPtr<c_void>))
-                .store(launch as *mut c_void, Ordering::Release);
+            (*(launch_slot as *const AtomicPtr<c_void>)).store(
+                kiln::runtime::launch::kiln_device_launch as *const () as *mut c_void,
+                Ordering::Release,
+            );
         }
         Ok(0)
     })
@@ -283,5 +278,37 @@ mod tests {
                 -1
             );
         }
+    }
+
+    #[test]
+    fn attaching_a_bad_device_module_is_an_error_that_leaves_the_slots_empty() {
+        let t = &TABLE;
+        let mut launch: *mut c_void = std::ptr::null_mut();
+        let mut module: *mut c_void = std::ptr::null_mut();
+        let (ls, ms) = (
+            std::ptr::addr_of_mut!(launch).cast::<c_void>(),
+            std::ptr::addr_of_mut!(module).cast::<c_void>(),
+        );
+        let message = || {
+            // SAFETY: the table's last error is a NUL-terminated string of this thread.
+            unsafe { std::ffi::CStr::from_ptr((t.last_error)()) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        // SAFETY: NULL or NUL-terminated metadata and two writable pointer slots.
+        unsafe {
+            assert_eq!((t.attach)(std::ptr::null(), ls, ms), -1);
+            assert_eq!(
+                message(),
+                "kiln device module: attach_device_module was passed a NULL pointer"
+            );
+            assert_eq!((t.attach)(c"not metadata".as_ptr(), ls, ms), -1);
+        }
+        assert!(
+            message().starts_with("kiln device module: "),
+            "{}",
+            message()
+        );
+        assert!(launch.is_null() && module.is_null());
     }
 }
