@@ -78,15 +78,10 @@ def _device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     nests become kernels, `kiln::schedule::auto::device_default`)."""
     from tvm.relax import pipeline as p
 
+    legalize = [q for q in p.legalize_passes(target) if q.info.name != "ApplyDefaultSchedule"]
     passes = (
         p.library_dispatch_passes(target)
-        + [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-        ]
+        + legalize
         + p.dataflow_lower_passes(target)
         + p.finalize_passes(target)
     )
