@@ -40,6 +40,12 @@ def assert_close(got, want, rtol=1e-5):
         assert err <= rtol, f"max relative error {err:.3g} > {rtol}"
 
 
+def run_python(*args):
+    """`python *args` in a new process that imports this process's kiln (its `sys.path`)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+
+
 @pytest.fixture(scope="module", params=sorted(models.MODELS))
 def model(request):
     name = request.param
@@ -208,10 +214,9 @@ def test_a_model_tuned_by_kiln_tune_model_is_built_with_its_records(tmp_path):
     ir = tmp_path / "mlp.json"
     ir.write_text(json.dumps(ex.kiln_ir))
     db = tmp_path / "mlp.jsonl"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-m", "kiln", "tune", str(ir), "--model", "--trials", "6",
-                        "--target", kiln.tvm._kiln_target(tvm.target.Target(TARGET)),
-                        "--db", str(db), "-q"], capture_output=True, text=True, env=env)
+    r = run_python("-m", "kiln", "tune", str(ir), "--model", "--trials", "6",
+                   "--target", kiln.tvm._kiln_target(tvm.target.Target(TARGET)),
+                   "--db", str(db), "-q")
     assert r.returncode == 0, r.stderr
     assert "| function |" in r.stdout, r.stdout
     tuned = kiln.tvm.compile(mod, TARGET, db=db)
@@ -337,8 +342,7 @@ err = float(np.abs(out.numpy() - want).max() / np.abs(want).max())
 assert err <= 1e-5, err
 print("ok", err)
 """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    r = run_python("-c", script)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
@@ -351,10 +355,8 @@ def test_kiln_tune_model_on_opencl_then_compile_with_the_records(tmp_path, cpu_r
     ir = tmp_path / "mlp_cl.json"
     ir.write_text(json.dumps(ex.kiln_ir))
     db = tmp_path / "mlp_cl.jsonl"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-m", "kiln", "tune", str(ir), "--model", "--trials", "3",
-                        "--target", "opencl", "--db", str(db), "-q"],
-                       capture_output=True, text=True, env=env)
+    r = run_python("-m", "kiln", "tune", str(ir), "--model", "--trials", "3",
+                   "--target", "opencl", "--db", str(db), "-q")
     assert r.returncode == 0, r.stderr
     tuned = kiln.tvm.compile(mod, "opencl", db=db)
     notes = tuned.kiln_report["tuning"]
@@ -376,8 +378,7 @@ except RuntimeError as e:
     assert "another runtime" in str(e), e
     print("refused")
 """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    r = run_python("-c", script)
     assert r.returncode == 0 and "refused" in r.stdout, r.stdout + r.stderr
 
 
