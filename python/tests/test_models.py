@@ -396,3 +396,21 @@ def test_an_opencl_primfunc_kiln_cannot_build_is_an_error_without_a_fallback():
         kiln.tvm.compile(mod, "opencl")
     assert "sort" in e.value.failures and "thread_extent" in str(e.value)
     assert "no fallback for `opencl`" in str(e.value) and "fallback=True" not in str(e.value)
+
+
+def test_without_a_cxx_compiler_registering_says_what_is_missing(tmp_path):
+    """kiln's TVM DeviceAPI is compiled on first use: with no C++ compiler (and nothing
+    cached) registering is an error naming the compiler, not a crash."""
+    script = f"""
+import os
+os.environ["CXX"] = {str(tmp_path / "no-such-cxx")!r}
+os.environ["KILN_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+import kiln.tvm
+try:
+    kiln.tvm.register_device_api("opencl")
+except RuntimeError as e:
+    assert "C++ compiler" in str(e) and "no-such-cxx" in str(e) and "not found" in str(e), e
+    print("refused")
+"""
+    r = run_python("-c", script)
+    assert r.returncode == 0 and "refused" in r.stdout, r.stdout + r.stderr
