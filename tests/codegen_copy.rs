@@ -168,6 +168,7 @@ fn nests_outside_the_rule_stay_loops() {
             Expr::Cast {
                 dtype: t,
                 value: Box::new(x.load(vec![i])),
+                saturate: true,
             },
         )
     });

@@ -3,7 +3,8 @@
 //! 1. Every run of `tests/ir/run/*.json` (the interpreter's hand-checked oracle files) is run
 //!    again on JIT-compiled code, which must give the same outputs, return values and errors —
 //!    except out-of-bounds accesses, which generated code does not check (as in TVM; the IR
-//!    author guarantees bounds).
+//!    author guarantees bounds), and unsaturated casts of values out of range, where generated
+//!    code must return normally with some value.
 //! 2. `tests/codegen/*.json` add a target and patterns the generated assembly must (not) contain:
 //!
 //! ```json

@@ -344,3 +344,22 @@ fn the_host_attribute_round_trips_and_prints() {
     let plain = IRModule::from_json_str(&vadd_text()).unwrap();
     assert!(!plain.functions[0].attrs.host && !plain.to_json_string().contains("\"host\""));
 }
+
+#[test]
+fn an_unsaturated_cast_round_trips_and_its_flag_is_checked() {
+    // `all_constructs` holds one saturating and one unsaturated float -> int32 cast.
+    let m = IRModule::from_functions(vec![all_constructs()]);
+    let v: serde_json::Value = serde_json::from_str(&m.to_json_string()).unwrap();
+    let text = v.to_string();
+    assert_eq!(text.matches(r#""saturate":false"#).count(), 1, "{text}");
+    assert!(
+        !text.contains(r#""saturate":true"#),
+        "the default is not written"
+    );
+    let back = IRModule::from_json_str(&text).unwrap();
+    assert_eq!(back.to_json_string(), m.to_json_string());
+    assert!(m.to_string().contains("int32_unsaturated("), "{m}");
+    let (path, msg) = json_error(&text.replace(r#""saturate":false"#, r#""saturate":0"#));
+    assert!(path.ends_with(".saturate"), "{path}");
+    assert_eq!(msg, "expected a boolean, found a number");
+}

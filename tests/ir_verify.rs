@@ -176,6 +176,26 @@ case!(
     "cast target has type handle"
 );
 case!(
+    only_float_to_int_casts_may_skip_saturation,
+    func_with(|_, x| eval(Expr::Cast {
+        dtype: DataType::i8(),
+        value: Box::new(x.clone()),
+        saturate: false,
+    })),
+    ".body.value.saturate",
+    "`\"saturate\": false` applies to a float → integer cast; this one converts int32 to int8"
+);
+case!(
+    an_unsaturated_cast_to_a_float_is_rejected,
+    func_with(|a, _| eval(Expr::Cast {
+        dtype: DataType::f64(),
+        value: Box::new(a.load(&[i64c(0)])),
+        saturate: false,
+    })),
+    ".body.value.saturate",
+    "converts float32 to float64"
+);
+case!(
     stores_must_match_the_buffer_type,
     func_with(|a, _| a.store(&[i64c(0)], 1.0f64)),
     ".body.value",

@@ -140,6 +140,11 @@ def to_kiln(mod_or_func):
     return {"format": "kiln-ir/1", "functions": functions}
 
 
+def _is_float(t):
+    """Whether the type name `t` is a floating-point type."""
+    return t.startswith(("float", "bfloat"))
+
+
 def _ty(e):
     """The type name of a TIR expression (`int32`, `float32`, ...)."""
     t = getattr(e, "ty", None)
@@ -424,7 +429,14 @@ class _Function:
                 "indices": [self.at(f"indices[{i}]", self.expr, x) for i, x in enumerate(e.indices)],
             }
         if k == "Cast":
-            return {"op": "cast", "dtype": self.dt(_ty(e)), "args": [self.at("value", self.expr, e.value)]}
+            to = self.dt(_ty(e))
+            cast = {"op": "cast", "dtype": to, "args": [self.at("value", self.expr, e.value)]}
+            if _is_float(_ty(e.value)) and to.startswith(("int", "uint")):
+                # TVM's float -> integer conversion is C's: a value out of range has no defined
+                # result there. kiln's unsaturated cast gives some value of the type instead
+                # (never undefined behaviour), at TVM's cost: one instruction on x86.
+                cast["saturate"] = False
+            return cast
         if k in BINARY:
             return {"op": BINARY[k], "args": [self.at("a", self.expr, e.a), self.at("b", self.expr, e.b)]}
         if k == "Not":

@@ -138,9 +138,10 @@ def compile(  # noqa: A001 - tvm.compile's name, on purpose
     `ex.export_library(path)` compiles them again into the `.so`.
 
     Raises `kiln.UnsupportedFunctionError` (a `kiln.BridgeError`) naming every PrimFunc kiln
-    cannot build and why, unless `fallback=True`; `NotImplementedError` for a device target
-    (kiln builds the CPU's PrimFuncs here; OpenCL and CUDA kernels for TVM's VM are not done
-    yet); `ValueError` for `exec_mode="compiled"`.
+    cannot build and why, unless `fallback=True` (never available for `opencl`, whose kernels
+    and tensors are kiln's); `NotImplementedError` for a target kind other than `llvm` and
+    `opencl` (kiln's CUDA kernels never ran in TVM's VM); `ValueError` for
+    `exec_mode="compiled"`.
     """
     args = dict(
         target=target,

@@ -163,6 +163,42 @@ def test_kiln_build_takes_a_primfunc_and_an_irmodule():
     assert ir["format"] == "kiln-ir/1" and ir["functions"][0]["name"] == "relu"
 
 
+def _casts(node):
+    """Every `cast` node of a kiln IR expression tree (a dict), in order."""
+    if isinstance(node, dict):
+        here = [node] if node.get("op") == "cast" else []
+        return here + [c for v in node.values() for c in _casts(v)]
+    if isinstance(node, list):
+        return [c for v in node for c in _casts(v)]
+    return []
+
+
+def test_tvm_float_to_int_casts_keep_tvms_semantics_without_undefined_behaviour():
+    # TVM's float -> integer `Cast` is C's (no defined result out of range); the bridge writes it
+    # as kiln's unsaturated cast, and every other cast as before.
+    A = te.placeholder((64, 48), name="A")
+    I32 = te.placeholder((64, 48), name="I", dtype="int32")
+    fi = te.create_prim_func([A, topi.cast(A, "int32")]).with_attr("global_symbol", "f2i")
+    i_f = te.create_prim_func([I32, topi.cast(I32, "float32")]).with_attr("global_symbol", "i2f")
+    (c,) = _casts(kiln.to_kiln(fi))
+    assert c["dtype"] == "int32" and c["saturate"] is False
+    (c,) = _casts(kiln.to_kiln(i_f))
+    assert "saturate" not in c
+    # In range it agrees with TVM's build; out of range (and NaN) it gives some int32 and never
+    # fails or crashes, as TVM's does.
+    x = ((np.random.rand(64, 48) - 0.5) * 2e6).astype("float32")
+    out = tvm.runtime.tensor(np.empty((64, 48), "int32"))
+    tvm.compile(fi, TARGET)["f2i"](tvm.runtime.tensor(x), out)
+    want = out.numpy()
+    mod = kiln.build(fi)
+    got = np.empty_like(want)
+    mod.f2i(x, got)
+    np.testing.assert_array_equal(got, want)
+    x[0, :4] = [np.nan, np.inf, -np.inf, 3e9]
+    mod.f2i(x, got)
+    np.testing.assert_array_equal(got[1:], want[1:])
+
+
 def test_kiln_build_refuses_relax_and_unsupported_tir():
     mod, _, _ = models.export("mlp")
     with pytest.raises(TypeError, match="kiln.tvm.compile"):

@@ -209,7 +209,7 @@ impl Analysis {
                 let (x, y) = (self.expr(t), self.expr(f));
                 Some(hull(x?, y?))
             }
-            Expr::Cast { dtype, value } => {
+            Expr::Cast { dtype, value, .. } => {
                 let x = self.expr(value);
                 let from = value.dtype();
                 if from.lanes != 1 || dtype.lanes != 1 {

@@ -182,11 +182,24 @@ impl Expr {
     pub fn reinterpret(self, dtype: DataType) -> Expr {
         reinterpret(dtype, self)
     }
-    /// Converts to `dtype`.
+    /// Converts to `dtype` (a float → integer conversion saturates: [`Expr::Cast`]).
     pub fn cast(self, dtype: DataType) -> Expr {
         Expr::Cast {
             dtype,
             value: Box::new(self),
+            saturate: true,
+        }
+    }
+    /// Converts a float to the integer type `dtype`, truncating toward zero, where a value
+    /// out of the type's range or NaN gives an unspecified value of the type instead of
+    /// saturating (TVM's and C's conversion; see [`Expr::Cast`]). Other casts are as
+    /// [`Expr::cast`]'s.
+    pub fn cast_unsaturated(self, dtype: DataType) -> Expr {
+        let saturate = !(dtype.is_int() && self.dtype().is_float());
+        Expr::Cast {
+            dtype,
+            value: Box::new(self),
+            saturate,
         }
     }
 }

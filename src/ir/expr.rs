@@ -451,12 +451,18 @@ pub enum Expr {
         /// Value if false (same type as `t`).
         f: Box<Expr>,
     },
-    /// Type conversion. Float to int saturates (NaN gives 0); int to int wraps; to bool is `!= 0`.
+    /// Type conversion. Float to int saturates (NaN gives 0) unless `saturate` is false; int to
+    /// int wraps; to bool is `!= 0`.
     Cast {
         /// Target type.
         dtype: DataType,
         /// The value to convert.
         value: Box<Expr>,
+        /// For a float → integer cast: whether a value out of the integer type's range (or NaN)
+        /// saturates (`true`, the default), or gives an unspecified value of the type (`false`:
+        /// TVM's and C's conversion, one instruction on x86, never undefined behaviour; the
+        /// interpreter reports such a value as an error). Always `true` for other casts.
+        saturate: bool,
     },
     /// An element of a buffer; one index per dimension.
     Load {

@@ -594,12 +594,23 @@ impl Reader {
                 })
             }
             "cast" => {
-                let m = self.object(v, path, &["op", "dtype", "args"])?;
+                let m = self.object(v, path, &["op", "dtype", "args", "saturate"])?;
                 let dtype = self.dtype(self.field(m, "dtype", path)?, &p("dtype"))?;
+                let saturate = match m.get("saturate") {
+                    None => true,
+                    Some(Value::Bool(b)) => *b,
+                    Some(other) => {
+                        return Err(jerr(
+                            &p("saturate"),
+                            format!("expected a boolean, found {}", kind_of(other)),
+                        ))
+                    }
+                };
                 let [value] = self.args::<1>(m, op, path)?;
                 Ok(Expr::Cast {
                     dtype,
                     value: Box::new(value),
+                    saturate,
                 })
             }
             "not" => {
@@ -995,8 +1006,13 @@ impl Writer {
             Expr::Not(_) => json!({"op": "not", "args": args}),
             Expr::Select { .. } => json!({"op": "select", "args": args}),
             Expr::IfThenElse { .. } => json!({"op": "if_then_else", "args": args}),
+            Expr::Cast {
+                dtype,
+                saturate: true,
+                ..
+            } => json!({"op": "cast", "dtype": dtype.to_string(), "args": args}),
             Expr::Cast { dtype, .. } => {
-                json!({"op": "cast", "dtype": dtype.to_string(), "args": args})
+                json!({"op": "cast", "dtype": dtype.to_string(), "saturate": false, "args": args})
             }
             Expr::Reinterpret { dtype, .. } => {
                 json!({"op": "reinterpret", "dtype": dtype.to_string(), "args": args})

@@ -212,8 +212,18 @@ impl<'a> Printer<'a> {
                 self.expr(f)?;
                 self.out.write_str(")")
             }
-            Expr::Cast { dtype, value } => {
-                write!(self.out, "{dtype}(")?;
+            Expr::Cast {
+                dtype,
+                value,
+                saturate,
+            } => {
+                // An unsaturated float → integer conversion prints as `int32_unsaturated(x)`,
+                // so the two kinds never print alike.
+                if *saturate {
+                    write!(self.out, "{dtype}(")?;
+                } else {
+                    write!(self.out, "{dtype}_unsaturated(")?;
+                }
                 self.expr(value)?;
                 self.out.write_str(")")
             }

@@ -37,9 +37,14 @@ pub(crate) fn rw_expr(r: &mut dyn Rewriter, e: &Expr) -> Expr {
             t: b(r, t),
             f: b(r, f),
         },
-        Expr::Cast { dtype, value } => Expr::Cast {
+        Expr::Cast {
+            dtype,
+            value,
+            saturate,
+        } => Expr::Cast {
             dtype: *dtype,
             value: b(r, value),
+            saturate: *saturate,
         },
         Expr::Load { buffer, indices } => Expr::Load {
             buffer: buffer.clone(),
@@ -283,6 +288,7 @@ impl Lin {
                 term = Expr::Cast {
                     dtype: t,
                     value: Box::new(term),
+                    saturate: true,
                 };
             }
             if *k != 1 {
@@ -312,7 +318,7 @@ pub(crate) fn linear(e: &Expr) -> Option<Lin> {
             terms: vec![(v.clone(), 1)],
             c: 0,
         }),
-        Expr::Cast { dtype, value } if is_int(*dtype) && is_int(value.dtype()) => {
+        Expr::Cast { dtype, value, .. } if is_int(*dtype) && is_int(value.dtype()) => {
             if value.dtype().bits <= dtype.bits {
                 linear(value)
             } else {

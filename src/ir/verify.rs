@@ -849,10 +849,21 @@ impl<'a> Verifier<'a> {
                 }
                 tt
             }
-            Expr::Cast { dtype, value } => {
+            Expr::Cast {
+                dtype,
+                value,
+                saturate,
+            } => {
                 let t = self.at(".args[0]", |s| s.expr(value));
                 self.value_type(*dtype, "cast target");
-                let _ = t;
+                if !*saturate && !(t.is_float() && dtype.is_int()) {
+                    self.at(".saturate", |s| {
+                        s.err(format!(
+                            "`\"saturate\": false` applies to a float → integer cast; this one \
+                             converts {t} to {dtype}"
+                        ))
+                    });
+                }
                 *dtype
             }
             Expr::Load { buffer, indices } => {

@@ -123,6 +123,7 @@ pub fn all_constructs() -> PrimFunc {
     let maths = Stmt::Seq(vec![
         Stmt::Evaluate(exp(f(1.0)) + log(f(2.0)) + sqrt(f(4.0)) + rsqrt(f(4.0))),
         Stmt::Evaluate(tanh(f(0.5)) + sigmoid(f(0.5)) + pow(f(2.0), f(3.0)) + abs(f(-1.5))),
+        Stmt::Evaluate(f(2.5).cast(DataType::i32()) + f(-2.5).cast_unsaturated(DataType::i32())),
         Stmt::Evaluate(
             floor(f(1.5))
                 + ceil(f(1.5))

@@ -161,6 +161,7 @@ pub fn span_elements(b: &Buffer) -> Expr {
             Expr::Cast {
                 dtype: DataType::i64(),
                 value: Box::new(e.clone()),
+                saturate: true,
             }
         }
     };

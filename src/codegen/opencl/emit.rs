@@ -205,7 +205,7 @@ impl Kernel<'_> {
         match e {
             Expr::IntImm { value, dtype } => !dtype.is_bool() && i32::try_from(*value).is_ok(),
             Expr::Var(v) => v.dtype.is_int() && (v.dtype.bits <= 32 || self.narrow.contains(&v.id)),
-            Expr::Cast { value, dtype } => dtype.is_int() && self.fits32(value),
+            Expr::Cast { value, dtype, .. } => dtype.is_int() && self.fits32(value),
             Expr::Binary { op, a, b } => {
                 matches!(
                     op,
@@ -240,7 +240,7 @@ impl Kernel<'_> {
         match e {
             Expr::IntImm { value, .. } => *value >= 0,
             Expr::Var(v) => self.nonneg.contains(&v.id),
-            Expr::Cast { value, dtype } => dtype.is_int() && self.non_negative(value),
+            Expr::Cast { value, dtype, .. } => dtype.is_int() && self.non_negative(value),
             Expr::Binary { op, a, b } => {
                 matches!(
                     op,
@@ -700,11 +700,14 @@ impl Kernel<'_> {
                 let b = self.expr(f, pre)?;
                 format!("({c} ? {a} : {b})")
             }
-            Expr::Cast { dtype, value } if self.int_index && dtype.is_int() => {
+            Expr::Cast { dtype, value, .. } if self.int_index && dtype.is_int() => {
                 // Every value fits 32 bits here (`fits32`): the conversion is the identity.
                 self.expr(value, pre)?
             }
-            Expr::Cast { dtype, value } => {
+            // A cast that does not saturate may give any value out of range: OpenCL C's
+            // plain conversion is implementation-defined there (clang's is LLVM's poison), so
+            // both kinds use the saturating one, whose value is one such.
+            Expr::Cast { dtype, value, .. } => {
                 let from = value.dtype();
                 let v = self.expr(value, pre)?;
                 let to = self.ty(*dtype)?;

@@ -1,7 +1,7 @@
 //! Expression evaluation, and the bounds-checked addressing of buffer elements.
 
 use super::value::{read_scalar, Scalar};
-use super::{binary, cast, intrinsic, reinterpret, Interp};
+use super::{binary, cast, fits_int, intrinsic, reinterpret, Interp};
 use crate::ir::error::IrResult;
 use crate::ir::expr::Expr;
 use crate::ir::func::{Buffer, StorageScope};
@@ -65,7 +65,25 @@ impl Interp<'_> {
                     y
                 }
             }
-            Expr::Cast { dtype, value } => cast(*dtype, self.expr(value)?),
+            Expr::Cast {
+                dtype,
+                value,
+                saturate,
+            } => {
+                let v = self.expr(value)?;
+                if !*saturate {
+                    if let Scalar::Float(_, f) = v {
+                        if !fits_int(*dtype, f) {
+                            return Err(self.error(format!(
+                                "cast of {f} to {dtype} has no specified result: the value is out \
+                                 of the type's range or NaN, and the cast does not saturate \
+                                 (`\"saturate\": false`, TVM's conversion)"
+                            )));
+                        }
+                    }
+                }
+                cast(*dtype, v)
+            }
             Expr::Load { buffer, indices } => {
                 let off = self.offset(buffer, indices)?;
                 if buffer.scope == StorageScope::Shared {

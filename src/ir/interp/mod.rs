@@ -76,7 +76,7 @@ use super::func::{Param, PrimFunc};
 use simt::Block;
 
 pub use math::{erf, intrinsic};
-pub use ops::{binary, cast, reinterpret};
+pub use ops::{binary, cast, fits_int, reinterpret};
 pub use value::{round_to, Element, HostBuffer, InterpArg, Scalar};
 
 /// The largest allocation (in bytes) the interpreter makes for one `allocate`.

@@ -31,6 +31,26 @@ pub fn cast(t: DataType, v: Scalar) -> Scalar {
     }
 }
 
+/// Whether the float `f` converts to the integer type `t` without saturating: it is not NaN
+/// and its truncation toward zero lies in the type's range.
+pub fn fits_int(t: DataType, f: f64) -> bool {
+    if !t.is_int() {
+        return true;
+    }
+    if f.is_nan() {
+        return false;
+    }
+    let (lo, hi): (f64, f64) = if t.is_uint() {
+        (0.0, 2f64.powi(i32::from(t.bits)))
+    } else {
+        let h = 2f64.powi(i32::from(t.bits) - 1);
+        (-h, h)
+    };
+    // Truncation toward zero: (lo - 1, hi) exclusive holds exactly the values that fit (`lo`
+    // itself named, for 64 bits, where `lo - 1` rounds to `lo`).
+    (f > lo - 1.0 || f == lo) && f < hi
+}
+
 /// The bits of `v` read as `t`, a type of the same size (NaN payloads may be quieted: the
 /// interpreter holds floats as `f64`).
 pub fn reinterpret(t: DataType, v: Scalar) -> Scalar {

@@ -67,6 +67,7 @@ pub(super) fn flat_offset(buffer: &Buffer, indices: &[Expr]) -> Expr {
             Expr::Cast {
                 dtype: DataType::i64(),
                 value: Box::new(e),
+                saturate: true,
             }
         }
     };

@@ -62,18 +62,31 @@ impl Emitter<'_> {
                     format!("select i1 {}, {}, {}", c.v, x.typed(), y.typed()),
                 )
             }
-            Expr::Cast { dtype, value } => {
+            Expr::Cast {
+                dtype,
+                value,
+                saturate,
+            } => {
                 let from = value.dtype();
                 let x = self.expr(value)?;
-                if self.in_range_casts.contains(&(e as *const Expr as usize)) {
-                    // Provably in range and not NaN (`codegen::bounds`): nothing saturates.
+                let in_range = self.in_range_casts.contains(&(e as *const Expr as usize));
+                if in_range || !*saturate {
                     let op = if is_signed(*dtype) {
                         "fptosi"
                     } else {
                         "fptoui"
                     };
                     let tt = reg_ty(*dtype);
-                    return Ok(self.assign(&tt, format!("{op} {} to {tt}", x.typed())));
+                    let c = self.assign(&tt, format!("{op} {} to {tt}", x.typed()));
+                    if in_range {
+                        // Provably in range and not NaN (`codegen::bounds`): nothing saturates.
+                        return Ok(c);
+                    }
+                    // Unsaturated (the verifier allows it only float → integer): the
+                    // conversion's poison out of range or at NaN is frozen into some value of
+                    // the type, so no later use is undefined. One `cvttps2dq` on x86, one
+                    // `cvt.rzi` (which saturates) on NVPTX.
+                    return Ok(self.assign(&tt, format!("freeze {}", c.typed())));
                 }
                 self.cast(from, *dtype, x)
             }

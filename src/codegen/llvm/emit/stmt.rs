@@ -722,7 +722,7 @@ fn folds_when_unrolled(kind: ForKind, extent: Option<i64>, var: &Var, body: &Stm
     }
     impl Visitor for Scan<'_> {
         fn expr(&mut self, e: &Expr) {
-            if let Expr::Cast { dtype, value } = e {
+            if let Expr::Cast { dtype, value, .. } = e {
                 if matches!(dtype.code, TypeCode::Float | TypeCode::BFloat)
                     && dtype.lanes == 1
                     && value.mentions(self.var)

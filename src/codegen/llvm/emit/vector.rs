@@ -71,7 +71,7 @@ pub(super) fn lane_coef(e: &Expr, id: VarId) -> Option<i64> {
         // 32-bit range, outside any buffer such an index addresses. Without this, a packed
         // copy of `B` in TVM's form was scalarized lane by lane: 13 700 lines of IR that
         // LLVM took 1.3 s to fold back into the vector code of 2 100.
-        Expr::Cast { dtype, value }
+        Expr::Cast { dtype, value, .. }
             if matches!(dtype.code, TypeCode::Int | TypeCode::UInt)
                 && matches!(value.dtype().code, TypeCode::Int | TypeCode::UInt)
                 && (dtype.bits >= value.dtype().bits || dtype.bits >= 32) =>
