@@ -467,10 +467,12 @@ class _Function:
         """`tanh(x)` as TVM's LLVM backend legalizes `tir.tanh` (its `LowerIntrin` rule):
         `x >= 0 ? (1 - exp(-2x)) / (1 + exp(-2x)) : (exp(2x) - 1) / (exp(2x) + 1)`, so kiln's
         build of a TVM function computes what TVM's does, at TVM's speed (two `exp`s instead
-        of libm's `tanh`). kiln's own `tanh` intrinsic keeps libm's accuracy."""
+        of libm's `tanh`). kiln's own `tanh` intrinsic keeps libm's accuracy. Each `exp` is
+        bound once, as TVM's rule shares the node between its two uses (written out twice,
+        each inline `exp` reached LLVM twice, for its CSE to merge)."""
         d = self.dt(dtype)
-        name = self.fresh("tanh_x")
-        v = {"var": name}
+        name, neg_name, pos_name = self.fresh("tanh_x"), self.fresh("exp_neg2x"), self.fresh("exp_2x")
+        v, e_neg, e_pos = {"var": name}, {"var": neg_name}, {"var": pos_name}
 
         def c(x):
             return {"const": x, "dtype": d}
@@ -478,16 +480,20 @@ class _Function:
         def op(o, *a):
             return {"op": o, "args": list(a)}
 
-        e_neg = op("exp", op("mul", c(-2.0), v))
-        e_pos = op("exp", op("mul", c(2.0), v))
+        def let(var, value, body):
+            return {"op": "let", "var": {"name": var, "dtype": d}, "value": value, "body": body}
+
         pos = op("div", op("sub", c(1.0), e_neg), op("add", c(1.0), e_neg))
         neg = op("div", op("sub", e_pos, c(1.0)), op("add", e_pos, c(1.0)))
-        return {
-            "op": "let",
-            "var": {"name": name, "dtype": d},
-            "value": x,
-            "body": op("select", op("ge", v, c(0.0)), pos, neg),
-        }
+        return let(
+            name,
+            x,
+            let(
+                neg_name,
+                op("exp", op("mul", c(-2.0), v)),
+                let(pos_name, op("exp", op("mul", c(2.0), v)), op("select", op("ge", v, c(0.0)), pos, neg)),
+            ),
+        )
 
     def call(self, e):
         op = e.op.name if hasattr(e.op, "name") else str(e.op)

@@ -856,7 +856,8 @@ impl<'a> Verifier<'a> {
             } => {
                 let t = self.at(".args[0]", |s| s.expr(value));
                 self.value_type(*dtype, "cast target");
-                if !*saturate && !(t.is_float() && dtype.is_int()) {
+                let float_to_int = t.is_float() && dtype.is_int();
+                if !*saturate && !float_to_int {
                     self.at(".saturate", |s| {
                         s.err(format!(
                             "`\"saturate\": false` applies to a float → integer cast; this one \
