@@ -348,6 +348,33 @@ fn integer_division_in_a_kernel_has_no_error_path() {
     common::ptxas_check(&code.source).unwrap();
 }
 
+#[test]
+fn an_unsaturated_cast_in_a_kernel_is_one_conversion() {
+    // TVM's float -> int32 cast (`"saturate": false`): PTX's `cvt.rzi.s32.f32` (which
+    // saturates, one value the cast allows), no compare-and-select fix-ups; ptxas accepts it.
+    let a = Buffer::new("A", DataType::f32(), vec![Expr::from(32i64)]);
+    let b = Buffer::new("B", DataType::i32(), vec![Expr::from(32i64)]);
+    let body = thread_for("bx", 1i64, ThreadTag::Block(0), |_| {
+        thread_for("tx", 32i64, ThreadTag::Thread(0), |tx| {
+            b.store([tx.clone()], a.load([tx]).cast_unsaturated(DataType::i32()))
+        })
+    });
+    let m = IRModule::from_functions(vec![PrimFunc::new(
+        "cast",
+        vec![Param::Buffer(a), Param::Buffer(b)],
+        body,
+    )]);
+    let code = cuda::device_code(&m, &target("sm_80")).unwrap();
+    assert_eq!(
+        code.source.matches("cvt.rzi.s32.f32").count(),
+        1,
+        "{}",
+        code.source
+    );
+    assert!(!code.source.contains("selp"), "{}", code.source);
+    common::ptxas_check(&code.source).unwrap();
+}
+
 /// Float `%` in a kernel is libdevice's exact `fmod`: LLVM 14's NVPTX backend would expand
 /// `frem` as `x - trunc(x / y) * y` (`div.rn`, `cvt.rzi`, `mul`, `sub`), which loses digits and
 /// the sign of a zero result (found on an H100 by the conformance suite: `fmod(-x, -x)` gave
