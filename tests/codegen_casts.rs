@@ -44,7 +44,9 @@ fn value() -> impl Strategy<Value = f64> {
         Just(1.8446744073709552e19),
     ];
     prop_oneof![
-        4 => -1000.0f64..1000.0,
+        // Small values fit every integer type but for unsigned negatives: about 38 of each
+        // case's 67 draws, half of them fitting even `uint8`.
+        4 => -100.0f64..100.0,
         2 => (limit, -2.0f64..2.0, any::<bool>())
             .prop_map(|(l, d, neg)| if neg { -l + d } else { l + d }),
         1 => prop_oneof![
@@ -107,8 +109,8 @@ proptest! {
                 "{} -> {}: element {} ({})", from, to, i, x.as_f64()
             );
         }
-        // Most draws fit (the small ones always do).
-        prop_assert!(fitting > 0 || xs.iter().all(|v| v.abs() >= 1000.0 || v.is_nan()));
+        // Every case compares some values (the small ones fit).
+        prop_assert!(fitting > 0, "no value of the case fits {}", to);
     }
 }
 
