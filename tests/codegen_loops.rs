@@ -278,8 +278,9 @@ fn a_short_row_stores_at_most_a_register_at_a_time() {
 }
 
 /// `C[i, j] = A[i, clamp(floor((j + 0.5) * 0.8 - 0.5))]`: the source column of a resize of
-/// `A[., 16]` to 20 columns, computed from `float(j)`.
-fn resize_rows(cols: i64) -> PrimFunc {
+/// `A[., 16]` to `cols` columns, computed from `float(j)`; `weighted`, the element is scaled by
+/// the coordinate's fraction, as a linear resize weighs its neighbours.
+fn resize_rows(cols: i64, weighted: bool) -> PrimFunc {
     use kiln::ir::builder::{floor, for_range};
     use kiln::ir::{Buffer, DataType, Expr, ForKind, Param};
     let t = DataType::f32();
@@ -288,8 +289,14 @@ fn resize_rows(cols: i64) -> PrimFunc {
     let body = for_range("i", Expr::from(8i64), ForKind::Serial, |i| {
         for_range("j", Expr::from(cols), ForKind::Serial, |j| {
             let x = (j.clone().cast(t) + 0.5f32) * 0.8f32 - 0.5f32;
-            let col = floor(x).cast(DataType::i64()).min(15i64).max(0i64);
-            c.store(vec![i.clone(), j], a.load(vec![i, col]))
+            let col = floor(x.clone()).cast(DataType::i64()).min(15i64).max(0i64);
+            let v = a.load(vec![i.clone(), col]);
+            let v = if weighted {
+                v * (x.clone() - floor(x))
+            } else {
+                v
+            };
+            c.store(vec![i, j], v)
         })
     });
     PrimFunc::new(
@@ -303,19 +310,27 @@ fn resize_rows(cols: i64) -> PrimFunc {
 /// A short loop (at most 32 iterations) that converts its variable to a float (a resize's
 /// source coordinate) is unrolled fully: each iteration's coordinate folds to a constant
 /// (`resize_bilinear` of TVM's corpus: 3.5x TVM's time unrolled on a Zen 3, 1.06x as a loop).
+/// Where the row only gathers (a nearest-neighbour resize), it is vector code with no loop:
+/// one load of the source row's window and a constant shuffle (`tests/codegen_windows.rs`).
 /// A longer one stays a loop. Results equal the interpreter's.
 #[test]
 fn a_short_loop_that_converts_its_variable_to_a_float_is_unrolled() {
-    let short = resize_rows(20);
+    let short = resize_rows(20, true);
     assert!(ir(&short).contains("\"llvm.loop.unroll.full\""));
     let ll = optimized_ir_for(&short, "haswell");
     assert!(
         !ll.contains("llvm.floor"),
         "the coordinates did not fold:\n{ll}"
     );
-    let long = resize_rows(40);
+    let gather = resize_rows(20, false);
+    let text = ir(&gather);
+    assert!(
+        text.contains("shufflevector <16 x float>") && !text.contains("llvm.loop.unroll.full"),
+        "{text}"
+    );
+    let long = resize_rows(40, true);
     assert!(!ir(&long).contains("\"llvm.loop.unroll.full\""));
-    for (f, cols) in [(short, 20), (long, 40)] {
+    for (f, cols) in [(short, 20), (gather, 20), (long, 40)] {
         let shapes = [vec![8, 16], vec![8, cols]];
         assert_eq!(
             jit_last(&f, &shapes, &CodegenOptions::host()),

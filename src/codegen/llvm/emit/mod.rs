@@ -350,6 +350,9 @@ pub(crate) struct Emitter<'m> {
     /// The constant extent of the serial loop `counted_loop` is about to emit, if known (set
     /// by `serial_for`, taken by `counted_loop`).
     next_extent: Option<i64>,
+    /// In a vector piece of a loop that starts at a constant (`vector.rs`): the loop variable
+    /// and its value in lane 0, so that an index computed from it alone is known per lane.
+    lane_base: Option<(VarId, i64)>,
     /// In an NVPTX kernel whose shared memory is dynamic: each `shared` allocation's byte
     /// offset in it (`kernel.rs`).
     dyn_shared: Option<HashMap<VarId, u64>>,
@@ -396,6 +399,7 @@ impl<'m> Emitter<'m> {
             md_next,
             stream_buf: None,
             next_extent: None,
+            lane_base: None,
             dyn_shared: None,
             in_range_casts: Arc::default(),
             noalias: false,

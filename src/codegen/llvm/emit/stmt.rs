@@ -109,6 +109,7 @@ impl Emitter<'_> {
                 ForKind::Parallel => self.parallel_for(var, min, extent, body)?,
                 ForKind::Vectorized if self.vector_for(var, min, extent, body)? => {}
                 ForKind::Unrolled if self.unrolled_for(var, min, extent, body)? => {}
+                ForKind::Serial if self.window_row(var, min, extent, body)? => {}
                 _ => self.serial_for(var, min, extent, *kind, body)?,
             },
         }
@@ -745,7 +746,7 @@ fn folds_when_unrolled(kind: ForKind, extent: Option<i64>, var: &Var, body: &Stm
 }
 
 /// Whether `s` holds a loop.
-fn has_loop(s: &Stmt) -> bool {
+pub(super) fn has_loop(s: &Stmt) -> bool {
     let mut found = false;
     crate::ir::visit::for_each_loop(s, |_, _, _| found = true);
     found

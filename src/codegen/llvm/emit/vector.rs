@@ -196,11 +196,64 @@ impl Emitter<'_> {
                 self.restore(var.id, old);
                 r?;
             } else {
-                self.vstmt(var, &at, piece, body)?;
+                let outer = self.lane_base.take();
+                self.lane_base = min.as_int().map(|b| (var.id, b + done));
+                let r = self.vstmt(var, &at, piece, body);
+                self.lane_base = outer;
+                r?;
             }
             done += piece;
         }
         Ok(true)
+    }
+
+    /// A short serial row that gathers from a row of constant columns (a nearest-neighbour
+    /// resize: `Y[.., x] = X[.., int32(floor(0.8 * float32(x)))]`) as vector code
+    /// ([`Self::window_load`]); `false`, and nothing emitted, for any other loop. The loop
+    /// starts at a constant and has 2 to [`MAX_EMIT_LANES`] iterations, its body is
+    /// lane-wise ([`vec_body_ok`]), its variable appears only in indices, each of its stores
+    /// is contiguous in it, each load contiguous or a window in every vector piece, and at
+    /// least one load is a window. Left as a loop, LLVM unrolls it, folds each column to a
+    /// constant and loads and inserts element by element.
+    pub(super) fn window_row(
+        &mut self,
+        var: &Var,
+        min: &Expr,
+        extent: &Expr,
+        body: &Stmt,
+    ) -> R<bool> {
+        let (Some(base), Some(n)) = (min.as_int(), extent.as_int()) else {
+            return Ok(false);
+        };
+        if self.opts.nvptx
+            || self.opts.device_host
+            || !(2..=MAX_EMIT_LANES).contains(&n)
+            || super::stmt::has_loop(body)
+            || !vec_body_ok(body, var.id)
+        {
+            return Ok(false);
+        }
+        // The vector pieces `vector_for` cuts the row into (a power of two each, widest first).
+        let mut pieces = Vec::new();
+        let mut done = 0;
+        while done < n {
+            let piece = 1_i64 << (63 - (n - done).leading_zeros());
+            if piece > 1 {
+                pieces.push((base + done, piece));
+            }
+            done += piece;
+        }
+        let mut scan = RowScan {
+            var,
+            pieces: &pieces,
+            ok: true,
+            windows: 0,
+        };
+        scan.stmt(body);
+        if !scan.ok || scan.windows == 0 {
+            return Ok(false);
+        }
+        self.vector_for(var, min, extent, body)
     }
 
     fn vty(n: i64, ty: &str) -> String {
@@ -336,6 +389,60 @@ impl Emitter<'_> {
         Ok(Some(v))
     }
 
+    /// Lanes of a load whose last index is a function of the loop variable alone, known in
+    /// every lane at compile time (a nearest-neighbour resize's column `int32(floor(0.8 *
+    /// float32(x)))`, a reversal, a repeat), the other indices the same in every lane: one
+    /// vector load of the row's elements the lanes read (a power of two of them, inside the
+    /// row) and one `shufflevector` with the lanes' offsets as its constant mask (`vpermps`).
+    /// Lane by lane it was a load and an insert each: a resize's row of 20 from 16 took six
+    /// stores and as many shuffles and inserts with AVX2, now two permutes and three stores.
+    /// `None` when the loop does not start at a constant or the access is not of that form
+    /// ([`window`]).
+    fn window_load(
+        &mut self,
+        var: &Var,
+        n: i64,
+        buffer: &Buffer,
+        indices: &[Expr],
+    ) -> R<Option<Val>> {
+        let Some(base) = self
+            .lane_base
+            .and_then(|(id, b)| (id == var.id).then_some(b))
+        else {
+            return Ok(None);
+        };
+        let Some(w) = window(buffer, indices, var, base, n) else {
+            return Ok(None);
+        };
+        let (outer, last) = (&indices[..indices.len() - 1], &indices[indices.len() - 1]);
+        let mut at = outer.to_vec();
+        at.push(Expr::IntImm {
+            dtype: last.dtype(),
+            value: w.start,
+        });
+        let addr = self.address_at(buffer, &at, &[])?;
+        let mt = mem_ty(buffer.dtype);
+        let wt = Self::vty(w.width, &mt);
+        let align = buffer.dtype.bytes().max(1);
+        let p = self.assign(&format!("{wt}*"), format!("bitcast {mt}* {addr} to {wt}*"));
+        let row = self.assign(&wt, format!("load {wt}, {wt}* {}, align {align}", p.v));
+        let mask: Vec<String> = w
+            .lanes
+            .iter()
+            .map(|c| format!("i32 {}", c - w.start))
+            .collect();
+        let vt = Self::vty(n, &mt);
+        let v = self.assign(
+            &vt,
+            format!(
+                "shufflevector {wt} {}, {wt} undef, <{n} x i32> <{}>",
+                row.v,
+                mask.join(", ")
+            ),
+        );
+        Ok(Some(v))
+    }
+
     fn vexpr(&mut self, var: &Var, lo: &Val, n: i64, e: &Expr) -> R<Lanes> {
         if !expr_uses(e, var.id) {
             return Ok(Lanes::Uniform(self.expr(e)?));
@@ -354,6 +461,9 @@ impl Emitter<'_> {
                     return Ok(Lanes::Vector(v));
                 }
                 if let Some(v) = self.stride_two_load(var, lo, n, buffer, indices)? {
+                    return Ok(Lanes::Vector(v));
+                }
+                if let Some(v) = self.window_load(var, n, buffer, indices)? {
                     return Ok(Lanes::Vector(v));
                 }
                 self.scalarize(var, lo, n, e)
@@ -512,5 +622,249 @@ impl Emitter<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The elements a [`Emitter::window_load`] reads for lanes `base .. base + n` of `var`.
+#[derive(Debug, PartialEq)]
+pub(super) struct Window {
+    /// The last index of the first element loaded.
+    pub start: i64,
+    /// Elements loaded: a power of two, all inside the row.
+    pub width: i64,
+    /// Each lane's last index.
+    pub lanes: Vec<i64>,
+}
+
+/// The window of `buffer[indices]` over lanes `base .. base + n` of `var`, where the indices
+/// other than the last do not change with `var` and the last is computed from `var` and
+/// constants alone ([`eval_in_lane`]), inside the row (`0 ..` its constant extent) in every
+/// lane. The window is the smallest power of two of elements that holds them, moved left
+/// where it would end past the row, so every element it reads is one of the row's, which lies
+/// between two elements the lanes read or at most the window's width from one.
+pub(super) fn window(
+    buffer: &Buffer,
+    indices: &[Expr],
+    var: &Var,
+    base: i64,
+    n: i64,
+) -> Option<Window> {
+    let (last, outer) = indices.split_last()?;
+    if buffer.strides.is_some()
+        || buffer.dtype.lanes != 1
+        || buffer.dtype.code == TypeCode::Bool
+        || buffer.shape.len() != indices.len()
+        || !expr_uses(last, var.id)
+        || outer.iter().any(|i| expr_uses(i, var.id))
+    {
+        return None;
+    }
+    let extent = buffer.shape.last()?.as_int()?;
+    let mut lanes = Vec::with_capacity(usize::try_from(n).ok()?);
+    for l in 0..n {
+        let c = eval_in_lane(last, var, base.checked_add(l)?)?;
+        if !matches!(c.dtype().code, TypeCode::Int | TypeCode::UInt)
+            || !(0..extent).contains(&c.as_i64())
+        {
+            return None;
+        }
+        lanes.push(c.as_i64());
+    }
+    let (lo, hi) = (*lanes.iter().min()?, *lanes.iter().max()?);
+    let width = u64::try_from(hi - lo + 1).ok()?.next_power_of_two();
+    let width = i64::try_from(width).ok()?;
+    if width > extent || width > MAX_EMIT_LANES {
+        return None;
+    }
+    Some(Window {
+        start: lo.min(extent - width),
+        width,
+        lanes,
+    })
+}
+
+/// The value of `e` where `var` is `value`, when `e` is computed from `var` and constants
+/// alone, by the interpreter's rules (`ir::interp`), which are the compiled code's: integer
+/// and float arithmetic, each operation rounded (as LLVM folds constants), casts, `floor`,
+/// `ceil`, `round`, `abs` and selects. `None` for anything else, and where the value is not
+/// specified (a division by zero, an unsaturated cast out of range).
+pub(super) fn eval_in_lane(e: &Expr, var: &Var, value: i64) -> Option<crate::ir::interp::Scalar> {
+    use crate::ir::interp::{binary, cast, fits_int, intrinsic, Scalar};
+    Some(match e {
+        Expr::IntImm { dtype, value } => Scalar::from_int(*dtype, i128::from(*value)),
+        Expr::FloatImm { dtype, value } => Scalar::from_float(*dtype, *value),
+        Expr::Var(v) if v.id == var.id => {
+            if !matches!(v.dtype.code, TypeCode::Int | TypeCode::UInt) || v.dtype.lanes != 1 {
+                return None;
+            }
+            Scalar::from_int(v.dtype, i128::from(value))
+        }
+        Expr::Binary { op, a, b } => binary(
+            *op,
+            eval_in_lane(a, var, value)?,
+            eval_in_lane(b, var, value)?,
+        )
+        .ok()?,
+        Expr::Cast {
+            dtype,
+            value: x,
+            saturate,
+        } => {
+            if dtype.lanes != 1 {
+                return None;
+            }
+            let v = eval_in_lane(x, var, value)?;
+            if let Scalar::Float(_, f) = v {
+                if !*saturate && !fits_int(*dtype, f) {
+                    return None;
+                }
+            }
+            cast(*dtype, v)
+        }
+        Expr::Call { op, args }
+            if matches!(
+                op,
+                Intrinsic::Floor | Intrinsic::Ceil | Intrinsic::Round | Intrinsic::Abs
+            ) && args.len() == 1 =>
+        {
+            intrinsic(*op, &[eval_in_lane(&args[0], var, value)?])
+        }
+        Expr::Select { cond, t, f } => {
+            let c = eval_in_lane(cond, var, value)?.as_bool();
+            let (x, y) = (eval_in_lane(t, var, value)?, eval_in_lane(f, var, value)?);
+            if c {
+                x
+            } else {
+                y
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Checks a row's body for [`Emitter::window_row`]: where its variable appears, and how many
+/// of its loads are windows.
+struct RowScan<'a> {
+    var: &'a Var,
+    pieces: &'a [(i64, i64)],
+    ok: bool,
+    windows: usize,
+}
+
+impl RowScan<'_> {
+    fn stmt(&mut self, s: &Stmt) {
+        match s {
+            Stmt::Seq(v) => v.iter().for_each(|s| self.stmt(s)),
+            Stmt::Store {
+                buffer,
+                indices,
+                value,
+            } => {
+                self.ok &= unit_stride(buffer, indices, self.var.id);
+                self.expr(value);
+            }
+            Stmt::Let { value, body, .. } => {
+                self.ok &= !expr_uses(value, self.var.id);
+                self.stmt(body);
+            }
+            Stmt::IfThenElse {
+                cond,
+                then_case,
+                else_case,
+            } => {
+                self.ok &= !expr_uses(cond, self.var.id);
+                self.stmt(then_case);
+                if let Some(e) = else_case {
+                    self.stmt(e);
+                }
+            }
+            _ => self.ok = false,
+        }
+    }
+
+    fn expr(&mut self, e: &Expr) {
+        if !self.ok || !expr_uses(e, self.var.id) {
+            return;
+        }
+        match e {
+            Expr::Load { buffer, indices } => {
+                if unit_stride(buffer, indices, self.var.id) {
+                    return;
+                }
+                if self
+                    .pieces
+                    .iter()
+                    .all(|&(b, n)| window(buffer, indices, self.var, b, n).is_some())
+                {
+                    self.windows += 1;
+                } else {
+                    self.ok = false;
+                }
+            }
+            Expr::Binary { a, b, .. } => {
+                self.expr(a);
+                self.expr(b);
+            }
+            Expr::Not(a) | Expr::Cast { value: a, .. } | Expr::Reinterpret { value: a, .. } => {
+                self.expr(a)
+            }
+            Expr::Select { cond, t, f } => {
+                self.expr(cond);
+                self.expr(t);
+                self.expr(f);
+            }
+            Expr::Call { args, .. } => args.iter().for_each(|a| self.expr(a)),
+            // The variable itself as a value, or in a `let`: computed lane by lane.
+            _ => self.ok = false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every window lies inside its row, is a power of two wide, and holds every lane's
+    /// element, for the columns of rows reversed, repeated and resized.
+    #[test]
+    fn windows_hold_their_lanes_inside_the_row() {
+        let x = Var::new("x", DataType::i32());
+        for extent in 1..=40i64 {
+            let b = Buffer::new(
+                "X",
+                DataType::f32(),
+                vec![Expr::from(3i64), Expr::from(extent)],
+            );
+            let columns = [
+                Expr::from(extent as i32 - 1) - Expr::Var(x.clone()),
+                Expr::Var(x.clone()).floordiv(Expr::from(3i32)),
+                (Expr::Var(x.clone()) * Expr::from(2i32)).min(Expr::from(extent as i32 - 1)),
+            ];
+            for col in &columns {
+                for (base, n) in [(0, 2), (0, 4), (3, 8), (16, 16), (1, 32), (0, 64)] {
+                    let idx = [Expr::from(1i64), col.clone()];
+                    let Some(w) = window(&b, &idx, &x, base, n) else {
+                        continue;
+                    };
+                    assert!(w.width.count_ones() == 1 && w.width <= extent);
+                    assert!(
+                        w.start >= 0 && w.start + w.width <= extent,
+                        "{w:?} of {extent}"
+                    );
+                    assert!(w
+                        .lanes
+                        .iter()
+                        .all(|c| (w.start..w.start + w.width).contains(c)));
+                    assert_eq!(w.lanes.len() as i64, n);
+                }
+            }
+        }
+        // An index outside the row in some lane is no window.
+        let b = Buffer::new("X", DataType::f32(), vec![Expr::from(8i64)]);
+        assert_eq!(window(&b, &[Expr::Var(x.clone())], &x, 4, 8), None);
+        // Nor one that reads anything but the variable and constants.
+        let y = Var::new("y", DataType::i32());
+        let idx = [Expr::Var(x.clone()) + Expr::Var(y)];
+        assert_eq!(window(&b, &idx, &x, 0, 4), None);
     }
 }
