@@ -199,6 +199,36 @@ def test_tvm_float_to_int_casts_keep_tvms_semantics_without_undefined_behaviour(
     np.testing.assert_array_equal(got[1:], want[1:])
 
 
+def test_tvms_tanh_is_one_exp_with_the_two_exp_rules_bits():
+    # The bridge writes `tir.tanh` as TVM's legalization rule computes it, with one `exp` of
+    # -2|x| instead of the rule's two: the same bits as the rule written out in TVM's own
+    # expressions (both built by kiln, so both take kiln's `exp`), at every value.
+    n = 4096
+    X = te.placeholder((n,), name="X")
+    one = tvm.tirx.const(1.0, "float32")
+
+    def rule(x):
+        e_neg, e_pos = te.exp(x * -2.0), te.exp(x * 2.0)
+        return tvm.tirx.Select(x >= 0.0, (one - e_neg) / (one + e_neg), (e_pos - one) / (e_pos + one))
+
+    tanh = te.create_prim_func([X, topi.tanh(X)]).with_attr("global_symbol", "f")
+    two_exp = te.create_prim_func([X, te.compute((n,), lambda i: rule(X[i]))]).with_attr(
+        "global_symbol", "f")
+    exps = [c for c in json.dumps(kiln.to_kiln(tanh)).split('"op": ')[1:] if c.startswith('"exp"')]
+    assert len(exps) == 1
+    edges = [0.0, -0.0, 1e-45, -1e-45, 1e-30, -1e-30, 9.0, -9.0, 50.0, -50.0, 100.0, -100.0,
+             np.inf, -np.inf, np.nan]
+    x = np.concatenate([edges, np.random.default_rng(0).standard_normal(n - len(edges)) * 4])
+    x = x.astype("float32")
+    for target in [None, {"kind": "llvm", "mcpu": "haswell"}]:
+        got, want = np.empty_like(x), np.empty_like(x)
+        kiln.build(tanh, target).f(x, got)
+        kiln.build(two_exp, target).f(x, want)
+        same = (got.view("int32") == want.view("int32")) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (x[~same][:4], got[~same][:4], want[~same][:4])
+        assert np.abs(got[len(edges):] - np.tanh(x[len(edges):].astype("float64"))).max() < 1e-6
+
+
 def test_kiln_build_refuses_relax_and_unsupported_tir():
     mod, _, _ = models.export("mlp")
     with pytest.raises(TypeError, match="kiln.tvm.compile"):

@@ -213,10 +213,14 @@ impl Emitter<'_> {
     }
 
     /// `!llvm.loop` metadata that keeps LLVM's loop vectorizer off a loop (width 1), and
-    /// unrolls it `unroll` times when given (else LLVM's unroller decides).
+    /// unrolls it `unroll` times when given (else LLVM's unroller decides; `Some(1)`: never).
     fn unvectorized_metadata(&mut self, unroll: Option<i64>) -> String {
         let w = self.md(|n| format!("!{n} = !{{!\"llvm.loop.vectorize.width\", i32 1}}"));
         let count = match unroll {
+            Some(1) => {
+                let c = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.disable\"}}"));
+                format!(", !{c}")
+            }
             Some(k) => {
                 let c = self.md(|n| format!("!{n} = !{{!\"llvm.loop.unroll.count\", i32 {k}}}"));
                 format!(", !{c}")
@@ -360,7 +364,9 @@ impl Emitter<'_> {
             // access strides by a row: with AVX-512, LLVM 14 takes gathers and scatters for
             // that (a row copy of `split` ran at 0.22x TVM's time); the inner loops' own
             // vectorization (or SLP's) is what such a nest wants.
-            self.unvectorized_metadata(None)
+            self.unvectorized_metadata(holds_long_loop(body).then_some(1))
+        } else if kind == ForKind::Serial && holds_long_loop(body) {
+            self.unvectorized_metadata(Some(1))
         } else if let Some((width, interleave)) =
             short_loop_width(kind, extent, var, body, self.opts.vector_bits)
         {
@@ -743,6 +749,74 @@ fn folds_when_unrolled(kind: ForKind, extent: Option<i64>, var: &Var, body: &Stm
     let mut s = Scan { var, found: false };
     s.stmt(body);
     s.found
+}
+
+/// The most iterations of an inner loop that may still become straight code (the emitter's
+/// unrolling and vectorized rows, a short row of a few vector steps).
+const STRAIGHT_LOOP: i64 = 64;
+
+/// Whether `s` holds a serial or vectorized loop that stays a loop (longer than
+/// [`STRAIGHT_LOOP`] or of unknown length) and is big ([`code_size`]). An outer loop around
+/// one is kept a loop (not unrolled): unrolled, it only copies the inner loop, which multiplies
+/// the code and the compile time. LLVM's full unroller, which runs before the vectorizer,
+/// copied TVM's `tanh` of 4 x 128 (one inline `exp` a row element) four times, one vectorized
+/// loop each: 67 against 26.5 ms to compile (`kiln build`). Small bodies are left to LLVM:
+/// a transpose's outer loop kept a loop ran 0.85x as fast.
+fn holds_long_loop(s: &Stmt) -> bool {
+    use crate::ir::visit::{walk_stmt, Visitor};
+    struct Scan(bool);
+    impl Visitor for Scan {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::For {
+                extent,
+                kind: ForKind::Serial | ForKind::Vectorized,
+                ..
+            } = s
+            {
+                self.0 |= extent.as_int().is_none_or(|n| n > STRAIGHT_LOOP);
+            }
+            walk_stmt(self, s);
+        }
+        fn expr(&mut self, _: &Expr) {}
+    }
+    let mut scan = Scan(false);
+    scan.stmt(s);
+    scan.0 && code_size(s) >= BIG_BODY
+}
+
+/// The size, in [`code_size`]'s units, of a loop body whose copies cost compile time.
+const BIG_BODY: usize = 32;
+
+/// A rough size of the code `s` becomes: one per expression node, [`BIG_BODY`] per
+/// transcendental call (kiln's inline `exp`, `erf` and `sigmoid` are polynomials of a few dozen
+/// instructions; the others call libm).
+fn code_size(s: &Stmt) -> usize {
+    use crate::ir::visit::{walk_expr, Visitor};
+    struct Size(usize);
+    impl Visitor for Size {
+        fn expr(&mut self, e: &Expr) {
+            self.0 += match e {
+                Expr::Call { op, .. }
+                    if !matches!(
+                        op,
+                        crate::ir::Intrinsic::Abs
+                            | crate::ir::Intrinsic::Floor
+                            | crate::ir::Intrinsic::Ceil
+                            | crate::ir::Intrinsic::Round
+                            | crate::ir::Intrinsic::Fma
+                            | crate::ir::Intrinsic::Sqrt
+                    ) =>
+                {
+                    BIG_BODY
+                }
+                _ => 1,
+            };
+            walk_expr(self, e);
+        }
+    }
+    let mut size = Size(0);
+    size.stmt(s);
+    size.0
 }
 
 /// Whether `s` holds a loop.
