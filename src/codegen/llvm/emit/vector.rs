@@ -182,9 +182,7 @@ impl Emitter<'_> {
         // another width is legalized by widening it; as the value of a loop-carried phi (a
         // register tile's accumulators) LLVM 14 then takes it apart lane by lane on every
         // iteration: a 4 x 24 matmul tile ran at a fifth of a 4 x 16 tile's speed.
-        let mut done = 0;
-        while done < n {
-            let piece = 1_i64 << (63 - (n - done).leading_zeros());
+        for (done, piece) in vector_pieces(n) {
             let at = if done == 0 {
                 lo.clone()
             } else {
@@ -202,7 +200,6 @@ impl Emitter<'_> {
                 self.lane_base = outer;
                 r?;
             }
-            done += piece;
         }
         Ok(true)
     }
@@ -233,16 +230,11 @@ impl Emitter<'_> {
         {
             return Ok(false);
         }
-        // The vector pieces `vector_for` cuts the row into (a power of two each, widest first).
-        let mut pieces = Vec::new();
-        let mut done = 0;
-        while done < n {
-            let piece = 1_i64 << (63 - (n - done).leading_zeros());
-            if piece > 1 {
-                pieces.push((base + done, piece));
-            }
-            done += piece;
-        }
+        // The vector pieces `vector_for` cuts the row into, by their first lane's value.
+        let pieces: Vec<(i64, i64)> = vector_pieces(n)
+            .filter(|&(_, piece)| piece > 1)
+            .map(|(done, piece)| (base + done, piece))
+            .collect();
         let mut scan = RowScan {
             var,
             pieces: &pieces,
@@ -623,6 +615,19 @@ impl Emitter<'_> {
         }
         Ok(())
     }
+}
+
+/// The pieces `vector_for` emits `n` lanes in, as (first lane, lanes): a power of two each,
+/// widest first (24: 16 and 8; 7: 4, 2 and 1).
+fn vector_pieces(n: i64) -> impl Iterator<Item = (i64, i64)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        (done < n).then(|| {
+            let piece = 1_i64 << (63 - (n - done).leading_zeros());
+            done += piece;
+            (done - piece, piece)
+        })
+    })
 }
 
 /// The elements a [`Emitter::window_load`] reads for lanes `base .. base + n` of `var`.
