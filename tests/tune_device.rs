@@ -260,10 +260,12 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         env!("CARGO_MANIFEST_DIR"),
         "/examples/kernels/plain/softmax_256x1024.json"
     );
-    // Six candidates usually hold a winner; under the load of parallel tests (PoCL's threads
-    // share the two cores with them) all six can lose (a CI run: 0.53-0.99x the default), so
-    // another seed gets two more tries before the test gives up.
-    let mut tries = Vec::new();
+    // Six candidates usually hold a winner, but under the load of parallel tests (PoCL's threads
+    // share the two cores with them) all of them can lose (CI runs: 0.53-0.99x the default, and
+    // once three seeds in a row). Both outcomes are a search that worked and both leave a record,
+    // so the test checks each one's record and its application, and asks for a winner only of
+    // the timing it cannot control: up to three seeds are tried to see the winning path.
+    let mut won = false;
     for seed in ["0", "1", "2"] {
         let out = Command::new(kiln)
             .args([
@@ -280,7 +282,7 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         assert!(out.status.success(), "{so}\n{se}");
         assert!(se.contains("on opencl: "), "{se}");
         if so.contains("best:") && so.contains("record written") {
-            tries.clear();
+            won = true;
             break;
         }
         // A losing search still leaves its answer: a record that keeps the default build.
@@ -288,13 +290,7 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         let text = std::fs::read_to_string(&db).unwrap();
         let r: Record = serde_json::from_str(text.lines().last().unwrap()).unwrap();
         assert!(r.steps.is_empty(), "{text}");
-        tries.push(format!("{so}\n{se}"));
     }
-    assert!(
-        tries.is_empty(),
-        "no winner in three searches:\n{}",
-        tries.join("\n")
-    );
     let text = std::fs::read_to_string(&db).unwrap();
     let r: Record = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert!(r.device.starts_with("opencl: "), "{}", r.device);
@@ -313,15 +309,25 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         String::from_utf8_lossy(&run.stderr),
     );
     assert!(run.status.success(), "{so}\n{se}");
-    // The winner was paired against the default after the search: applied when it was faster
-    // in the median round, else the default build is kept and the build says why (under the
-    // load of parallel tests, a winner of a few candidates can lose its pairing).
-    let p = r.paired.expect("the last record is the paired winner");
-    assert_eq!(p.rounds, 5);
-    if p.speedup > 1.0 {
-        assert!(se.contains("tuning record applied"), "{p:?}\n{se}");
+    if won {
+        // The winner was paired against the default after the search: applied when it was
+        // faster in the median round, else the default build is kept and the build says why
+        // (under load, a winner of a few candidates can lose its pairing).
+        let p = r.paired.expect("the last record is the paired winner");
+        assert_eq!(p.rounds, 5);
+        assert!(!r.steps.is_empty(), "{text}");
+        if p.speedup > 1.0 {
+            assert!(se.contains("tuning record applied"), "{p:?}\n{se}");
+        } else {
+            assert!(se.contains("the default build is kept"), "{p:?}\n{se}");
+        }
     } else {
-        assert!(se.contains("the default build is kept"), "{p:?}\n{se}");
+        // The record of a search with no winner is read and keeps the default build, saying so.
+        assert!(
+            se.contains("beat the default build when tuned")
+                && se.contains("the default build is kept"),
+            "{se}"
+        );
     }
     assert!(so.contains("max abs difference"), "{so}");
     // Remote measuring is for CPUs: a clear error, not a wrong record.
