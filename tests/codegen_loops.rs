@@ -105,6 +105,52 @@ fn a_row_strided_outer_loop_is_kept_from_the_vectorizer() {
     );
 }
 
+/// `C[i, j] = X[i] * float(j)` over `C[10, 12]`: TOPI's `one_hot` nest (`select(I[i] == j,
+/// ...)`), whose outer loop reads `X` contiguously but stores rows apart.
+fn row_of_a_broadcast() -> PrimFunc {
+    let inner = json!({ "stmt": "for", "var": { "name": "j", "dtype": "int64" },
+        "min": { "const": 0, "dtype": "int64" }, "extent": { "const": 12, "dtype": "int64" },
+        "kind": "serial", "body": { "stmt": "store", "buffer": "C", "indices": [v("i"), v("j")],
+            "value": { "op": "mul", "args": [
+                { "op": "load", "buffer": "X", "indices": [v("i")] },
+                { "op": "cast", "dtype": "float32", "args": [v("j")] }] } } });
+    let body = json!({ "stmt": "for", "var": { "name": "i", "dtype": "int64" },
+        "min": { "const": 0, "dtype": "int64" }, "extent": { "const": 10, "dtype": "int64" },
+        "kind": "serial", "body": inner });
+    let m = json!({ "format": "kiln-ir/1", "functions": [{ "name": "f",
+        "params": [
+            { "kind": "buffer", "name": "X", "dtype": "float32", "shape": [10] },
+            { "kind": "buffer", "name": "C", "dtype": "float32", "shape": [10, 12] }],
+        "attrs": { "global_symbol": "f", "noalias": true }, "body": body }] });
+    let m = IRModule::from_json_str(&m.to_string()).unwrap();
+    m.verify().unwrap();
+    m.functions[0].clone()
+}
+
+#[test]
+fn an_outer_loop_that_stores_rows_apart_is_kept_from_the_vectorizer() {
+    // Its load `X[i]` is contiguous in `i`, its store is not: vectorized across `i` (LLVM 14,
+    // AVX-512) each of the 12 columns was one scatter of 10 lanes.
+    let f = row_of_a_broadcast();
+    assert_eq!(width_one_loops(&f), 1);
+    let o = CodegenOptions::from_target(
+        &kiln::target::Target::parse(r#"{"kind": "llvm", "mcpu": "skylake-avx512"}"#).unwrap(),
+    )
+    .unwrap()
+    .resolved();
+    let m = kiln::codegen::llvm::LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &o)
+        .unwrap();
+    m.wait_optimized().unwrap();
+    use kiln::packed_func::Module;
+    let asm = m.get_source("asm").unwrap();
+    assert!(!asm.contains("vscatter"), "scatters:\n{asm}");
+    let shapes = [vec![10], vec![10, 12]];
+    assert_eq!(
+        jit_last(&f, &shapes, &CodegenOptions::host()),
+        interp_last(&f, &shapes)
+    );
+}
+
 #[test]
 fn an_outer_loop_that_walks_a_row_is_left_to_llvm() {
     let f = copy_nest(true);
