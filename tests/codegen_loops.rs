@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{interp_last, jit_last};
+use common::{interp_last, jit_last, target_opts};
 use kiln::codegen::llvm::{generate_ir, CodegenOptions, Linkage};
 use kiln::ir::{IRModule, PrimFunc};
 use serde_json::{json, Value};
@@ -133,11 +133,7 @@ fn an_outer_loop_that_stores_rows_apart_is_kept_from_the_vectorizer() {
     // AVX-512) each of the 12 columns was one scatter of 10 lanes.
     let f = row_of_a_broadcast();
     assert_eq!(width_one_loops(&f), 1);
-    let o = CodegenOptions::from_target(
-        &kiln::target::Target::parse(r#"{"kind": "llvm", "mcpu": "skylake-avx512"}"#).unwrap(),
-    )
-    .unwrap()
-    .resolved();
+    let o = target_opts(r#"{"kind": "llvm", "mcpu": "skylake-avx512"}"#);
     let m = kiln::codegen::llvm::LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &o)
         .unwrap();
     m.wait_optimized().unwrap();

@@ -2,13 +2,15 @@
 //! `vmovntps` on x86, nothing else does, and the streaming form of a loop computes exactly what
 //! the ordinary loop computes, for every alignment of the output.
 
+mod common;
+
+use common::target_opts;
 use kiln::codegen::llvm::{stream, CodegenOptions, LlvmModule};
 use kiln::ir::builder::for_range;
 use kiln::ir::interp::{self, HostBuffer, InterpArg};
 use kiln::ir::{kernels, Buffer, DataType, Expr, ForKind, IRModule, Param, PrimFunc, Stmt, Var};
 use kiln::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
 use kiln::packed_func::{AnyView, DLDataType, DLDevice, DLTensor, Module};
-use kiln::target::Target;
 
 fn x86_host() -> bool {
     cfg!(target_arch = "x86_64")
@@ -25,12 +27,6 @@ fn asm(f: PrimFunc, o: &CodegenOptions) -> String {
     let m = LlvmModule::jit(&IRModule::from_functions(vec![f]), o).unwrap();
     m.wait_optimized().unwrap();
     m.get_source("asm").unwrap()
-}
-
-fn target_opts(t: &str) -> CodegenOptions {
-    CodegenOptions::from_target(&Target::parse(t).unwrap())
-        .unwrap()
-        .resolved()
 }
 
 /// `C[i, j] = A[i, j] * 0.5 + B[j]` over rows in parallel, columns serial, `C` written from

@@ -7,12 +7,12 @@
 
 use proptest::prelude::*;
 
+use common::target_opts;
 use kiln::codegen::llvm::{CodegenOptions, LlvmModule};
 use kiln::ir::builder::call;
 use kiln::ir::interp::{self, HostBuffer, InterpArg};
 use kiln::ir::{Buffer, DataType, Expr, ForKind, IRModule, Intrinsic, Param, PrimFunc, Stmt, Var};
 use kiln::packed_func::{AnyView, Module};
-use kiln::target::Target;
 
 mod common;
 
@@ -87,12 +87,6 @@ fn gather(
         body,
     )
     .with_noalias(true)
-}
-
-fn target_opts(t: &str) -> CodegenOptions {
-    CodegenOptions::from_target(&Target::parse(t).unwrap())
-        .unwrap()
-        .resolved()
 }
 
 fn compiled(f: &PrimFunc, o: &CodegenOptions) -> LlvmModule {

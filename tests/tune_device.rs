@@ -263,8 +263,8 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
     // Six candidates usually hold a winner, but under the load of parallel tests (PoCL's threads
     // share the two cores with them) all of them can lose (CI runs: 0.53-0.99x the default, and
     // once three seeds in a row). Both outcomes are a search that worked and both leave a record,
-    // so the test checks each one's record and its application, and asks for a winner only of
-    // the timing it cannot control: up to three seeds are tried to see the winning path.
+    // so the test checks whichever record it got and how `kiln run` applies it; up to three seeds
+    // are tried so that the winning path is usually the one checked.
     let mut won = false;
     for seed in ["0", "1", "2"] {
         let out = Command::new(kiln)

@@ -297,6 +297,13 @@ pub fn interp_last(f: &kiln::ir::PrimFunc, shapes: &[Vec<i64>]) -> Vec<f32> {
     args.last().unwrap().to_vec::<f32>().unwrap()
 }
 
+/// The code generator's options for the target JSON or string `t`, `native` resolved.
+pub fn target_opts(t: &str) -> kiln::codegen::llvm::CodegenOptions {
+    kiln::codegen::llvm::CodegenOptions::from_target(&kiln::target::Target::parse(t).unwrap())
+        .unwrap()
+        .resolved()
+}
+
 /// Runs `f` JIT-compiled with `opts` on [`schedule_inputs`]; returns the last buffer.
 pub fn jit_last(
     f: &kiln::ir::PrimFunc,

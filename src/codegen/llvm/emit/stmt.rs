@@ -497,7 +497,7 @@ impl Emitter<'_> {
 /// would gather that load or scatter that store. A load that uses `var` only in its last
 /// dimension does not make the loop a good one to vectorize: TOPI's `one_hot` (`out[i, j] =
 /// select(I[i] == j, ...)`, 10 x 12) reads `I[i]` contiguously, and LLVM 14 made its `i` loop
-/// twelve AVX-512 scatters of ten lanes, 0.2x TVM's speed on a Zen 4.
+/// twelve AVX-512 scatters of ten lanes: 0.06 us, 0.01 us with the rule (AMD EPYC Zen 5).
 fn strided_outer_loop(var: &Var, body: &Stmt) -> bool {
     use crate::ir::visit::{walk_expr, walk_stmt, Visitor};
     struct Scan<'v> {
