@@ -248,10 +248,19 @@ impl HostArray {
 /// Compiles `f` alone for the host (JIT, its optimized tier), calls it on copies of the buffers
 /// `bufs` (one per parameter, in order) and returns each buffer's bytes after the call.
 pub fn run_jit(f: &kiln::ir::PrimFunc, bufs: &[kiln::ir::interp::HostBuffer]) -> Vec<Vec<u8>> {
+    run_jit_with(f, bufs, &kiln::codegen::llvm::CodegenOptions::host())
+}
+
+/// [`run_jit`] with code built with `opts` (a CPU the host can run).
+pub fn run_jit_with(
+    f: &kiln::ir::PrimFunc,
+    bufs: &[kiln::ir::interp::HostBuffer],
+    opts: &kiln::codegen::llvm::CodegenOptions,
+) -> Vec<Vec<u8>> {
     use kiln::packed_func::Module;
     let m = kiln::codegen::llvm::LlvmModule::jit(
         &kiln::ir::IRModule::from_functions(vec![f.clone()]),
-        &kiln::codegen::llvm::CodegenOptions::host(),
+        opts,
     )
     .unwrap();
     m.wait_optimized().unwrap();

@@ -47,6 +47,10 @@ struct TransposeNest<'s> {
     b: &'s Var,
     dst: (&'s crate::ir::Buffer, &'s [Expr]),
     src: (&'s crate::ir::Buffer, &'s [Expr]),
+    /// Elements from one row of the source's tile to the next (the coefficient of `b` in
+    /// its flat offset), and from one row of the destination's to the next (of `a`).
+    src_row: i64,
+    dst_row: i64,
 }
 
 fn word(dtype: DataType) -> bool {
@@ -57,13 +61,11 @@ fn word(dtype: DataType) -> bool {
 
 /// The shuffles of an 8 x 8 transpose, by stage: each `(x, y, mask)` makes a vector of lanes
 /// of the stage's inputs `x` and `y` (`mask` indexes `x` then `y`, as `shufflevector` does).
-const STAGES: [[(usize, usize, [u8; 8]); 8]; 3] = {
+const STAGES: [[(usize, usize, [u8; 8]); 8]; 2] = {
     const LO: [u8; 8] = [0, 8, 1, 9, 4, 12, 5, 13];
     const HI: [u8; 8] = [2, 10, 3, 11, 6, 14, 7, 15];
     const PAIR_LO: [u8; 8] = [0, 1, 8, 9, 4, 5, 12, 13];
     const PAIR_HI: [u8; 8] = [2, 3, 10, 11, 6, 7, 14, 15];
-    const HALF_LO: [u8; 8] = [0, 1, 2, 3, 8, 9, 10, 11];
-    const HALF_HI: [u8; 8] = [4, 5, 6, 7, 12, 13, 14, 15];
     [
         // Rows interleaved in pairs within each 128-bit half.
         [
@@ -76,7 +78,8 @@ const STAGES: [[(usize, usize, [u8; 8]); 8]; 3] = {
             (6, 7, LO),
             (6, 7, HI),
         ],
-        // Pairs of pairs: lanes k and k + 4 of rows 0-3 (and of rows 4-7).
+        // Pairs of pairs: column c of the tile is output c (each 128-bit half a 4 x 4
+        // transpose, of rows 0-3 in the low half and rows 4-7 in the high one).
         [
             (0, 2, PAIR_LO),
             (0, 2, PAIR_HI),
@@ -86,17 +89,6 @@ const STAGES: [[(usize, usize, [u8; 8]); 8]; 3] = {
             (4, 6, PAIR_HI),
             (5, 7, PAIR_LO),
             (5, 7, PAIR_HI),
-        ],
-        // The halves joined: column c of the tile is output c.
-        [
-            (0, 4, HALF_LO),
-            (1, 5, HALF_LO),
-            (2, 6, HALF_LO),
-            (3, 7, HALF_LO),
-            (0, 4, HALF_HI),
-            (1, 5, HALF_HI),
-            (2, 6, HALF_HI),
-            (3, 7, HALF_HI),
         ],
     ]
 };
@@ -136,10 +128,13 @@ impl Emitter<'_> {
         if a.id == b.id {
             return None;
         }
+        let (src_row, dst_row) = (lane_coef(&sflat, b.id)?, lane_coef(&dflat, a.id)?);
         Some(TransposeNest {
             loops,
             a,
             b,
+            src_row,
+            dst_row,
             dst: (dst, di),
             src: (src, si),
         })
@@ -178,56 +173,183 @@ impl Emitter<'_> {
         })
     }
 
+    /// Pointers (as `<width x mt>*`) to the 8 rows of one side of the tile, rows `step`
+    /// elements apart, from its element at `(a0, b0)`: the first element's address computed
+    /// once and each row a constant number of elements past it, so that the rows of a tile
+    /// are one base register and constant displacements.
+    fn tile_rows(
+        &mut self,
+        t: &TransposeNest<'_>,
+        (buffer, indices): (&Buffer, &[Expr]),
+        (a0, b0): (&Val, &Val),
+        step: i64,
+        width: i64,
+    ) -> R<Vec<Val>> {
+        let mt = mem_ty(buffer.dtype);
+        let first = self.address_at(buffer, indices, &[(t.a, a0.clone()), (t.b, b0.clone())])?;
+        let vt = format!("<{width} x {mt}>");
+        let mut rows = Vec::with_capacity(TILE as usize);
+        for k in 0..TILE {
+            let p = if k == 0 {
+                first.clone()
+            } else {
+                let ty = Self::ptr(&mt);
+                self.assign(
+                    &ty,
+                    format!(
+                        "getelementptr inbounds {mt}, {ty} {first}, i64 {}",
+                        k * step
+                    ),
+                )
+                .v
+            };
+            rows.push(self.assign(
+                &format!("{vt}*"),
+                format!("bitcast {} {p} to {vt}*", Self::ptr(&mt)),
+            ));
+        }
+        Ok(rows)
+    }
+
     /// One tile: rows `b0 .. b0 + 8` of the source from column `a0`, transposed into rows
-    /// `a0 .. a0 + 8` of the destination from column `b0`.
+    /// `a0 .. a0 + 8` of the destination from column `b0`. The four 4 x 4 quarters are
+    /// transposed in the 128-bit halves of 256-bit registers: rows `r` and `r + 4` of the
+    /// tile are loaded a half at a time into the two halves of one vector (the one in slot
+    /// `r` holds columns 0-3, the one in slot `r + 4` columns 4-7). A half joined to a vector
+    /// is a load (`vinsertf128` from memory on x86), not a shuffle, so no lane-crossing
+    /// shuffle is emitted: 16 shuffles a tile.
     fn transpose_tile(&mut self, t: &TransposeNest<'_>, a0: &Val, b0: &Val) -> R<()> {
-        let (a, b) = (t.a, t.b);
+        if self.opts.vector_bits >= 512 {
+            return self.transpose_tile_512(t, a0, b0);
+        }
         let mt = mem_ty(t.dst.0.dtype);
         let vt = format!("<{TILE} x {mt}>");
-        let at_offset = |e: &mut Self, base: &Val, var: &Var, k: i64| -> Val {
-            if k == 0 {
-                base.clone()
-            } else {
-                let ty = reg_ty(var.dtype);
-                e.assign(&ty, format!("add nsw {ty} {}, {k}", base.v))
+        let half = format!("<{} x {mt}>", TILE / 2);
+        let src = self.tile_rows(t, t.src, (a0, b0), t.src_row, TILE / 2)?;
+        let mut halves = Vec::with_capacity(2 * TILE as usize);
+        for p in &src {
+            let second = self.assign(
+                &format!("{half}*"),
+                format!("getelementptr inbounds {half}, {half}* {}, i64 1", p.v),
+            );
+            for q in [p, &second] {
+                halves.push(self.assign(&half, format!("load {half}, {half}* {}, align 4", q.v)));
             }
-        };
+        }
+        let join = lanes(0..TILE);
         let mut rows = Vec::with_capacity(TILE as usize);
-        // A row of the tile: its first element's address as a pointer to the vector.
-        let row =
-            |e: &mut Self, (buffer, indices): (&Buffer, &[Expr]), av: Val, bv: Val| -> R<Val> {
-                let addr = e.address_at(buffer, indices, &[(a, av), (b, bv)])?;
-                Ok(e.assign(
-                    &format!("{vt}*"),
-                    format!("bitcast {} {addr} to {vt}*", Self::ptr(&mt)),
-                ))
-            };
-        for r in 0..TILE {
-            let bv = at_offset(self, b0, b, r);
-            let p = row(self, t.src, a0.clone(), bv)?;
-            rows.push(self.assign(&vt, format!("load {vt}, {vt}* {}, align 4", p.v)));
+        for h in 0..2 {
+            for r in 0..TILE as usize / 2 {
+                let (lo, hi) = (&halves[2 * r + h], &halves[2 * (r + 4) + h]);
+                rows.push(self.assign(
+                    &vt,
+                    format!("shufflevector {half} {}, {half} {}, {join}", lo.v, hi.v),
+                ));
+            }
         }
         for stage in &STAGES {
             rows = stage
                 .iter()
                 .map(|(x, y, mask)| {
-                    let m: Vec<String> = mask.iter().map(|k| format!("i32 {k}")).collect();
+                    let m = lanes(mask.iter().map(|&k| i64::from(k)));
                     self.assign(
                         &vt,
                         format!(
-                            "shufflevector {vt} {}, {vt} {}, <{TILE} x i32> <{}>",
-                            rows[*x].v,
-                            rows[*y].v,
-                            m.join(", ")
+                            "shufflevector {vt} {}, {vt} {}, {m}",
+                            rows[*x].v, rows[*y].v
                         ),
                     )
                 })
                 .collect();
         }
-        for (c, col) in rows.iter().enumerate() {
-            let av = at_offset(self, a0, a, c as i64);
-            let p = row(self, t.dst, av, b0.clone())?;
+        let dst = self.tile_rows(t, t.dst, (a0, b0), t.dst_row, TILE)?;
+        for (col, p) in rows.iter().zip(&dst) {
             self.line(format!("store {vt} {}, {vt}* {}, align 4", col.v, p.v));
+        }
+        Ok(())
+    }
+
+    /// One tile with 512-bit registers: rows `2i` and `2i + 1` of the source joined into one
+    /// 16-lane vector (a load joined to a load: `vinsertf64x4` from memory on x86), and
+    /// rows `2j` and `2j + 1` of the destination made of two two-source permutes of them
+    /// (`vpermt2ps`) and a blend: 8 permutes a tile where 256-bit registers need 16
+    /// shuffles, and the shuffle port is what bounds a transpose. Where the destination's
+    /// rows are 8 elements apart, its two rows are one 16-lane store.
+    fn transpose_tile_512(&mut self, t: &TransposeNest<'_>, a0: &Val, b0: &Val) -> R<()> {
+        let mt = mem_ty(t.dst.0.dtype);
+        let vt = format!("<{TILE} x {mt}>");
+        let wide = format!("<{} x {mt}>", 2 * TILE);
+        let src = self.tile_rows(t, t.src, (a0, b0), t.src_row, TILE)?;
+        let rows: Vec<Val> = src
+            .iter()
+            .map(|p| self.assign(&vt, format!("load {vt}, {vt}* {}, align 4", p.v)))
+            .collect();
+        let join = lanes(0..2 * TILE);
+        let pairs: Vec<Val> = rows
+            .chunks(2)
+            .map(|xy| {
+                self.assign(
+                    &wide,
+                    format!("shufflevector {vt} {}, {vt} {}, {join}", xy[0].v, xy[1].v),
+                )
+            })
+            .collect();
+        let dst = self.tile_rows(t, t.dst, (a0, b0), t.dst_row, TILE)?;
+        let adjacent = t.dst_row == TILE;
+        // Lane `l` of the destination's rows `2j` and `2j + 1` is element `c = 2j + l / 8`
+        // of source row `r = l % 8`: lane `(r % 2) * 8 + c` of pair `r / 2`, which is lane
+        // `(r % 4) * 8 + c` of the 32 of pairs 0 and 1 (rows 0-3) or of pairs 2 and 3.
+        let half = TILE / 2;
+        for j in 0..half {
+            let at = |l: i64| (l % TILE, 2 * j + l / TILE);
+            let from = |first: i64| -> String {
+                lanes_or_undef((0..2 * TILE).map(|l| {
+                    let (r, c) = at(l);
+                    (r / half == first).then_some((r % half) * TILE + c)
+                }))
+            };
+            let (p, q) = (&pairs[..2], &pairs[2..]);
+            let lo = self.assign(
+                &wide,
+                format!(
+                    "shufflevector {wide} {}, {wide} {}, {}",
+                    p[0].v,
+                    p[1].v,
+                    from(0)
+                ),
+            );
+            let hi = self.assign(
+                &wide,
+                format!(
+                    "shufflevector {wide} {}, {wide} {}, {}",
+                    q[0].v,
+                    q[1].v,
+                    from(1)
+                ),
+            );
+            let blend = lanes((0..2 * TILE).map(|l| if at(l).0 < half { l } else { 2 * TILE + l }));
+            let both = self.assign(
+                &wide,
+                format!("shufflevector {wide} {}, {wide} {}, {blend}", lo.v, hi.v),
+            );
+            let row = 2 * j as usize;
+            if adjacent {
+                let p = self.assign(
+                    &format!("{wide}*"),
+                    format!("bitcast {vt}* {} to {wide}*", dst[row].v),
+                );
+                self.line(format!("store {wide} {}, {wide}* {}, align 4", both.v, p.v));
+                continue;
+            }
+            for k in 0..2 {
+                let part = lanes(k * TILE..(k + 1) * TILE);
+                let col = self.assign(
+                    &vt,
+                    format!("shufflevector {wide} {}, {wide} undef, {part}", both.v),
+                );
+                let p = &dst[row + k as usize];
+                self.line(format!("store {vt} {}, {vt}* {}, align 4", col.v, p.v));
+            }
         }
         Ok(())
     }
@@ -263,4 +385,17 @@ impl Emitter<'_> {
         self.start_block(&exit);
         Ok(())
     }
+}
+
+/// A `shufflevector` mask of these lanes.
+fn lanes(ks: impl Iterator<Item = i64>) -> String {
+    lanes_or_undef(ks.map(Some))
+}
+
+/// A `shufflevector` mask of these lanes, `undef` where there is none.
+fn lanes_or_undef(ks: impl Iterator<Item = Option<i64>>) -> String {
+    let m: Vec<String> = ks
+        .map(|k| k.map_or_else(|| "i32 undef".to_owned(), |k| format!("i32 {k}")))
+        .collect();
+    format!("<{} x i32> <{}>", m.len(), m.join(", "))
 }
