@@ -208,10 +208,14 @@ fn tile_shuffles(f: &PrimFunc) -> usize {
     lines_with(f, "shufflevector <8 x ") + lines_with(f, "shufflevector <16 x ")
 }
 
+/// Code generation options for an x86 CPU by its LLVM name.
+fn cpu_opts(cpu: &str) -> CodegenOptions {
+    common::target_opts(&format!(r#"{{"kind": "llvm", "mcpu": "{cpu}"}}"#))
+}
+
 /// `f`'s x86 assembly for CPU `cpu`.
 fn asm_for(f: &PrimFunc, cpu: &str) -> String {
-    let o = common::target_opts(&format!(r#"{{"kind": "llvm", "mcpu": "{cpu}"}}"#));
-    let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &o).unwrap();
+    let m = LlvmModule::jit(&IRModule::from_functions(vec![f.clone()]), &cpu_opts(cpu)).unwrap();
     m.get_source("asm").unwrap()
 }
 
@@ -326,8 +330,7 @@ fn transposes_are_tiled_in_registers() {
                 ),
             ] {
                 if has {
-                    let o = common::target_opts(&format!(r#"{{"kind": "llvm", "mcpu": "{cpu}"}}"#));
-                    same_as_interpreter_with(&f, &o);
+                    same_as_interpreter_with(&f, &cpu_opts(cpu));
                 }
             }
         }

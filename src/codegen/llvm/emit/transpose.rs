@@ -308,25 +308,19 @@ impl Emitter<'_> {
                     (r / half == first).then_some((r % half) * TILE + c)
                 }))
             };
-            let (p, q) = (&pairs[..2], &pairs[2..]);
-            let lo = self.assign(
-                &wide,
-                format!(
-                    "shufflevector {wide} {}, {wide} {}, {}",
-                    p[0].v,
-                    p[1].v,
-                    from(0)
-                ),
-            );
-            let hi = self.assign(
-                &wide,
-                format!(
-                    "shufflevector {wide} {}, {wide} {}, {}",
-                    q[0].v,
-                    q[1].v,
-                    from(1)
-                ),
-            );
+            // Rows 0-3 of the tile from pairs 0 and 1, rows 4-7 from pairs 2 and 3.
+            let [lo, hi] = [0, 1].map(|first| {
+                let p = &pairs[2 * first as usize..][..2];
+                self.assign(
+                    &wide,
+                    format!(
+                        "shufflevector {wide} {}, {wide} {}, {}",
+                        p[0].v,
+                        p[1].v,
+                        from(first)
+                    ),
+                )
+            });
             let blend = lanes((0..2 * TILE).map(|l| if at(l).0 < half { l } else { 2 * TILE + l }));
             let both = self.assign(
                 &wide,
