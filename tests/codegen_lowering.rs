@@ -298,17 +298,21 @@ fn a_guard_that_is_not_the_first_iteration_stays() {
 
 #[test]
 fn a_reduction_nest_moves_outside_the_spatial_loop() {
+    // Five rows, which no jam of 2, 3 or 4 rows divides: the nest moves, the rows stay apart.
     for (cols, k, want) in [
-        // 40 columns: 5 vectors of 8, for the initialization and in the reduction loop.
+        // 40 columns: 2 vectors of 16 and one of the other 8, for the initialization and in
+        // the reduction loop.
         (
             40,
             5,
             &[
-                "j_init_o:serial:5",
-                "j_init_v:vectorized:8",
+                "j_init_o:serial:2",
+                "j_init_v:vectorized:16",
+                "j_init_t:vectorized:8",
                 "k:serial:5",
-                "j_o:serial:5",
-                "j_v:vectorized:8",
+                "j_o:serial:2",
+                "j_v:vectorized:16",
+                "j_t:vectorized:8",
             ][..],
         ),
         // 16 columns: one vector, no loop over vectors.
@@ -323,28 +327,130 @@ fn a_reduction_nest_moves_outside_the_spatial_loop() {
             5,
             &["j_init:vectorized:6", "k:serial:5", "j:vectorized:6"][..],
         ),
-        // 55 columns: 6 vectors of 8 and one of the other 7.
+        // 55 columns: 3 vectors of 16 and one of the other 7.
         (
             55,
             3,
             &[
-                "j_init_o:serial:6",
-                "j_init_v:vectorized:8",
+                "j_init_o:serial:3",
+                "j_init_v:vectorized:16",
                 "j_init_t:vectorized:7",
                 "k:serial:3",
-                "j_o:serial:6",
-                "j_v:vectorized:8",
+                "j_o:serial:3",
+                "j_v:vectorized:16",
                 "j_t:vectorized:7",
             ][..],
         ),
     ] {
-        let f = matmul(4, cols, k, false);
+        let f = matmul(5, cols, k, false);
         let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
-        let mut full = vec!["i:serial:4".to_string()];
+        let mut full = vec!["i:serial:5".to_string()];
         full.extend(want.iter().map(|w| w.to_string()));
         assert_eq!(loops(&body), full, "{cols} columns");
     }
     // Windows of two reduction loops: `a_window_moves_and_agrees_with_the_interpreter`.
+}
+
+#[test]
+fn short_rows_are_jammed_into_the_reduction() {
+    for (rows, cols, want) in [
+        // 16 rows of 16 columns: 4 rows (64 elements) side by side in the reduction loop.
+        (
+            16,
+            16,
+            &[
+                "i_o:serial:4",
+                "i_r_init:serial:4",
+                "j_init:vectorized:16",
+                "k:serial:5",
+                "i_r:unrolled:4",
+                "j:vectorized:16",
+            ][..],
+        ),
+        // Rows of 20 (TOPI's batch_matmul): 2 rows at a time; the vectors of a row unrolled.
+        (
+            16,
+            20,
+            &[
+                "i_o:serial:8",
+                "i_r_init:serial:2",
+                "j_init_o:serial:1",
+                "j_init_v:vectorized:16",
+                "j_init_t:vectorized:4",
+                "k:serial:5",
+                "i_r:unrolled:2",
+                "j_o:unrolled:1",
+                "j_v:vectorized:16",
+                "j_t:vectorized:4",
+            ][..],
+        ),
+        // 9 rows of 6: 3 at a time.
+        (
+            9,
+            6,
+            &[
+                "i_o:serial:3",
+                "i_r_init:serial:3",
+                "j_init:vectorized:6",
+                "k:serial:5",
+                "i_r:unrolled:3",
+                "j:vectorized:6",
+            ][..],
+        ),
+    ] {
+        let f = matmul(rows, cols, 5, false);
+        let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+        assert_eq!(loops(&body), want, "{rows} x {cols}");
+    }
+    // Rows of 48 (3 vectors of 16) are wide enough alone: 2 of them would be 96 elements.
+    let f = matmul(4, 48, 5, false);
+    let body = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+    assert_eq!(loops(&body)[0], "i:serial:4");
+}
+
+#[test]
+fn rows_that_share_their_elements_are_not_jammed() {
+    // `C[j] += A[i, k] * B[k, j]` over rows `i` and `k`: every row updates the same elements, so
+    // jamming rows would reorder the updates of one element. The inner nest still moves.
+    let (a, b, c) = (buf("A", &[4, 5]), buf("B", &[5, 16]), buf("C", &[16]));
+    let (i, j, k) = (var("i"), var("j"), var("k"));
+    let e = |v: &Var| Expr::Var(v.clone());
+    let update = c.store(
+        vec![e(&j)],
+        c.load(vec![e(&j)]) + a.load(vec![e(&i), e(&k)]) * b.load(vec![e(&k), e(&j)]),
+    );
+    let body = for_(&i, int(4), for_(&j, int(16), for_(&k, int(5), update)));
+    let f = PrimFunc::new(
+        "f",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+    .with_noalias(true);
+    let moved = interchange_reductions(&f, &f.body);
+    assert_eq!(
+        loops(&moved),
+        ["i:serial:4", "k:serial:5", "j:vectorized:16"],
+    );
+    assert_same_bits(&f, &[vec![4, 5], vec![5, 16], vec![16]]);
+    // A strided accumulator: rows 4 elements apart overlap, so they are not jammed either.
+    let (a, b) = (buf("A", &[4, 5]), buf("B", &[5, 16]));
+    let c = buf("C", &[4, 16]).with_strides(vec![int(4), int(1)]);
+    let update = tvm_reduction(
+        &k,
+        int(5),
+        &c,
+        vec![e(&i), e(&j)],
+        a.load(vec![e(&i), e(&k)]) * b.load(vec![e(&k), e(&j)]),
+    );
+    let body = for_(&i, int(4), for_(&j, int(16), update));
+    let f = PrimFunc::new(
+        "f",
+        vec![Param::Buffer(a), Param::Buffer(b), Param::Buffer(c)],
+        body,
+    )
+    .with_noalias(true);
+    let moved = interchange_reductions(&f, &hoist_first_iteration_guards(&f.body));
+    assert_eq!(loops(&moved)[0], "i:serial:4");
 }
 
 #[test]
@@ -383,14 +489,25 @@ fn a_nest_that_breaks_the_rule_stays() {
 
 #[test]
 fn compiled_lowered_reductions_agree_with_the_interpreter_bit_for_bit() {
-    for (m, n, k) in [(4, 40, 5), (3, 16, 7), (5, 6, 3), (2, 48, 33), (1, 1, 1)] {
+    // Jammed rows among them: 3 x 16 (3 rows at a time), 16 x 20 and 8 x 20 (2 at a time),
+    // 4 x 6 (4 at a time).
+    for (m, n, k) in [
+        (4, 40, 5),
+        (3, 16, 7),
+        (5, 6, 3),
+        (2, 48, 33),
+        (1, 1, 1),
+        (16, 20, 24),
+        (8, 20, 7),
+        (4, 6, 9),
+    ] {
         for transposed in [false, true] {
             let f = matmul(m, n, k, transposed);
             let b = if transposed { vec![n, k] } else { vec![k, n] };
             assert_same_bits(&f, &[vec![m, k], b, vec![m, n]]);
         }
     }
-    for (ch, h, w) in [(2, 4, 8), (3, 5, 16), (1, 3, 7)] {
+    for (ch, h, w) in [(2, 4, 8), (3, 5, 16), (1, 3, 7), (2, 16, 16)] {
         let f = depthwise(ch, h, w);
         assert_same_bits(
             &f,
@@ -432,16 +549,19 @@ fn a_transposed_operand_is_copied_so_the_nest_moves() {
         ..f.clone()
     }])
     .to_string();
-    // B (16 x 5) copied to B_t[k, j] in front of the row loop, then the nest interchanged.
+    // B (16 x 5) copied to B_t[k, j] in front of the row loop, then the nest interchanged
+    // and its 4 rows jammed.
     assert!(printed.contains("B_t"), "{printed}");
     assert_eq!(
         loops(&body),
         [
             "B_t_k:serial:5",
             "B_t_j:serial:16",
-            "i:serial:4",
+            "i_o:serial:1",
+            "i_r_init:serial:4",
             "j_init:vectorized:16",
             "k:serial:5",
+            "i_r:unrolled:4",
             "j:vectorized:16"
         ],
         "{printed}"
@@ -745,8 +865,9 @@ fn an_unrolled_row_of_constant_columns_loads_at_displacements() {
 
 /// A convolution window of two reduction loops, and a sum or a max over a stride-2 window,
 /// move outside the output's columns (a stride-2 vector loads them as two vectors and a
-/// shuffle, `emit/vector.rs`); the stride-2 windows give the interpreter's bits: rows of 8,
-/// 16, 7 (pieces of 4 + 2 + 1) and 19 (two vectors of 8 and one of 3) outputs
+/// shuffle, `emit/vector.rs`), 4 rows of 8 outputs jammed; the stride-2 windows give the
+/// interpreter's bits: rows of 8, 16, 7 (pieces of 4 + 2 + 1) and 19 (a vector of 16 and one
+/// of 3) outputs
 /// (`tests/codegen_reduce.rs` has a strided max over NaN and signed zeros).
 #[test]
 fn a_window_moves_and_agrees_with_the_interpreter() {
@@ -757,10 +878,12 @@ fn a_window_moves_and_agrees_with_the_interpreter() {
             loops(&body),
             [
                 "c:serial:2",
-                "y:serial:4",
+                "y_o:serial:1",
+                "y_r_init:serial:4",
                 "x_init:vectorized:8",
                 "r:serial:3",
                 "s:serial:3",
+                "y_r:unrolled:4",
                 "x:vectorized:8"
             ]
         );

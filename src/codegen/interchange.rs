@@ -28,6 +28,10 @@
 //!   stride 2 in `j` (a stride-2 window: two vector loads and a shuffle, `emit/vector.rs`);
 //! - `X` is allocated in the function, or the function is `noalias` (so no load reads an alias
 //!   of `X`, whose values the new order would change).
+//!
+//! A moved nest inside a row loop whose rows are short (one or two vectors) also has its rows
+//! jammed: a few rows go through the reduction side by side, so that the chains of dependent
+//! adds of several rows interleave (`jammed`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -38,7 +42,7 @@ use crate::ir::{BinOp, Buffer, Expr, ForKind, PrimFunc, Stmt, Var, VarId};
 pub const MIN_LANES: i64 = 4;
 
 /// `body` (of `f`) with every reduction nest that follows the rule (module docs) moved inside
-/// out.
+/// out, and the short rows around such nests jammed (module docs).
 pub fn interchange_reductions(f: &PrimFunc, body: &Stmt) -> Stmt {
     let mut allocated = HashSet::new();
     collect_allocations(body, &mut allocated);
@@ -57,6 +61,9 @@ fn collect_allocations(s: &Stmt, out: &mut HashSet<VarId>) {
 }
 
 fn rewrite(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Stmt {
+    if let Some(r) = jammed(s, unaliased) {
+        return r;
+    }
     if let Some(r) = interchanged(s, unaliased) {
         return r;
     }
@@ -201,17 +208,161 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
     Some(Stmt::Seq(vec![init_loop, inner]))
 }
 
+/// The most elements of the accumulator `X` that the rows jammed by `jammed` keep in
+/// registers across the reduction loops: 64 `float32` are 4 AVX-512 registers or 8 AVX2 ones.
+pub const JAM_ELEMENTS: i64 = 64;
+
+/// `s` with its rows jammed into the reduction, if it is a serial loop `for i` around a spatial
+/// loop that follows the rule (module docs) and whose store `X[I]` uses `i` in one index other
+/// than the last (as `i` plus a term without `i`):
+///
+/// ```text
+/// for i in [a, a + m) { for j { X[.., i, .., j] = init; for k.. { X[.., i, .., j] += e } } }
+///     ==  for i_o in [0, m / u) {
+///             for i_r in [0, u) { for j' { X[.., i, .., j'] = init } }
+///             for k.. { for i_r in [0, u) unrolled { for j { X[.., i, .., j] += e } } }
+///         }   (i = a + u i_o + i_r)
+/// ```
+///
+/// One row's reduction is a chain of dependent adds (or FMAs) per vector, one per iteration
+/// of `k`: a row of one or two vectors leaves the FMA units waiting on the chain's latency (TOPI's
+/// `batch_matmul` rows of 20 columns, a depthwise convolution's rows of 16). `u` rows side by side
+/// are `u` times as many independent chains. Each element still gets its initial value and then
+/// the same updates in the same order of `k`; only updates of different elements interleave, as
+/// in [`interchanged`]. `u` is the largest of 4, 3 and 2 that divides `m` with `u` rows of at
+/// most [`JAM_ELEMENTS`] elements. `X` must have no explicit strides, so that different `(i,
+/// j)` are different elements, and the nest's bounds must not use `i`.
+fn jammed(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
+    let Stmt::For {
+        var: i,
+        min: row_min,
+        extent: rows,
+        kind: ForKind::Serial,
+        body,
+    } = s
+    else {
+        return None;
+    };
+    let (Some(a), Some(m)) = (row_min.as_int(), rows.as_int()) else {
+        return None;
+    };
+    let Nest {
+        j,
+        min,
+        extent,
+        init,
+        loops,
+        update,
+        contiguous,
+    } = analyze(body, unaliased)?;
+    let n = extent.as_int()?;
+    let u = [4, 3, 2]
+        .into_iter()
+        .find(|&u| m % u == 0 && u * n <= JAM_ELEMENTS)?;
+    let Stmt::Store {
+        buffer: x, indices, ..
+    } = update
+    else {
+        return None;
+    };
+    let (last, outer) = indices.split_last()?;
+    let with_i: Vec<&Expr> = outer.iter().filter(|e| e.mentions(i)).collect();
+    if !contiguous
+        || x.strides.is_some()
+        || last.mentions(i)
+        || with_i.len() != 1
+        || !unit_stride(with_i[0], i)
+        || loops
+            .iter()
+            .any(|(_, lo, n, _)| lo.mentions(i) || n.mentions(i))
+    {
+        return None;
+    }
+    let t = i.dtype;
+    let c = |v: i64| Expr::IntImm { dtype: t, value: v };
+    let outer_var = Var::new(&format!("{}_o", i.name), t);
+    // Row `a + u i_o + r` for the jammed loop's variable `r`.
+    let row = |r: &Var| {
+        let mut e = Expr::binary(
+            BinOp::Add,
+            Expr::binary(BinOp::Mul, Expr::Var(outer_var.clone()), c(u)),
+            Expr::Var(r.clone()),
+        );
+        if a != 0 {
+            e = Expr::binary(BinOp::Add, c(a), e);
+        }
+        HashMap::from([(i.id, e)])
+    };
+    let jam = Var::new(&format!("{}_r", i.name), t);
+    let mut nest = Stmt::For {
+        var: jam.clone(),
+        min: c(0),
+        extent: c(u),
+        kind: ForKind::Unrolled,
+        body: Box::new(spatial_loop_of(
+            j,
+            min,
+            extent,
+            &crate::ir::rewrite::subst_stmt(update, &row(&jam)),
+            ForKind::Unrolled,
+        )),
+    };
+    for (var, lo, n, kind) in loops.iter().rev() {
+        nest = Stmt::For {
+            var: (*var).clone(),
+            min: (*lo).clone(),
+            extent: (*n).clone(),
+            kind: *kind,
+            body: Box::new(nest),
+        };
+    }
+    let mut items = Vec::with_capacity(2);
+    if let Some(init) = init {
+        let (j2, r2) = (
+            Var::new(&format!("{}_init", j.name), j.dtype),
+            Var::new(&format!("{}_init", jam.name), t),
+        );
+        let mut map = row(&r2);
+        map.insert(j.id, Expr::Var(j2.clone()));
+        items.push(Stmt::For {
+            var: r2,
+            min: c(0),
+            extent: c(u),
+            kind: ForKind::Serial,
+            body: Box::new(spatial_loop(
+                &j2,
+                min,
+                extent,
+                &crate::ir::rewrite::subst_stmt(init, &map),
+            )),
+        });
+    }
+    items.push(nest);
+    Some(Stmt::For {
+        var: outer_var,
+        min: c(0),
+        extent: c(m / u),
+        kind: ForKind::Serial,
+        body: Box::new(Stmt::Seq(items)),
+    })
+}
+
 /// The widest vector the spatial loop is split for: 16 lanes, one AVX-512 register of
 /// `float32` (two AVX2 ones).
 pub const MAX_LANES: i64 = 16;
 
-/// `for j in [min, min + extent) { update }` as the innermost loop of the new nest: when a
-/// power of two `w` of 4 to [`MAX_LANES`] lanes divides the extent (the largest such), a
-/// vectorized loop of `w` lanes (inside a serial loop over the `extent / w` vectors, where
-/// there are several), which kiln's emitter writes as vector code, so the updates of one
-/// vector stay in registers across the unrolled reduction loops; else a serial loop for LLVM's
-/// vectorizer.
+/// `for j in [min, min + extent) { update }` as the innermost loop of the new nest, written by
+/// kiln's emitter as vector code so that the updates of a vector stay in registers across the
+/// reduction loops: an extent of 4 to [`MAX_LANES`] is one vectorized loop (in power-of-two
+/// pieces); a longer one is a loop over vectors of [`MAX_LANES`] lanes and a vectorized loop
+/// of the rest (fewer, wider vectors than the largest power of two dividing the extent: a
+/// row of 20 is 16 + 4, not 5 x 4); a shorter one stays a serial loop.
 fn spatial_loop(j: &Var, min: &Expr, extent: &Expr, update: &Stmt) -> Stmt {
+    spatial_loop_of(j, min, extent, update, ForKind::Serial)
+}
+
+/// [`spatial_loop`] with the loop over the vectors (where there are several) of kind `over`.
+fn spatial_loop_of(j: &Var, min: &Expr, extent: &Expr, update: &Stmt, over: ForKind) -> Stmt {
     let n = extent.as_int().unwrap_or(0);
     let t = j.dtype;
     let c = |v: i64| Expr::IntImm { dtype: t, value: v };
@@ -236,10 +387,10 @@ fn spatial_loop(j: &Var, min: &Expr, extent: &Expr, update: &Stmt) -> Stmt {
             body: Box::new(update.clone()),
         };
     }
-    // Vectors of the largest power of two dividing `n` (at most `MAX_LANES`), or of 8 lanes
-    // and a vector of the rest (55: 6 x 8 + 7).
-    let w = (1i64 << n.trailing_zeros()).min(MAX_LANES);
-    let w = if w >= MIN_LANES { w } else { 8 };
+    // Vectors of `MAX_LANES` and a vector of the rest (55: 3 x 16 + 7). With the largest
+    // power of two dividing `n`, TOPI's batch_matmul rows of 20 were 5 vectors of 4: 5 FMAs
+    // a step of `k` where 16 + 4 lanes take 2 (3 with AVX2).
+    let w = MAX_LANES;
     let at = |base: Expr, lane: &Var| {
         let mut index = Expr::binary(BinOp::Add, base, Expr::Var(lane.clone()));
         if min.as_int() != Some(0) {
@@ -253,7 +404,7 @@ fn spatial_loop(j: &Var, min: &Expr, extent: &Expr, update: &Stmt) -> Stmt {
         var: outer.clone(),
         min: c(0),
         extent: c(n / w),
-        kind: ForKind::Serial,
+        kind: over,
         body: Box::new(Stmt::For {
             var: lane.clone(),
             min: c(0),
