@@ -281,9 +281,9 @@ fn nchw_to_nhwc(n: i64, c: i64, h: i64, w: i64, t: DataType) -> PrimFunc {
     .with_noalias(true)
 }
 
-/// Transposes whose two inner extents are multiples of 8 are emitted as 8 x 8 register tiles,
-/// in either loop order, for 32-bit floats and integers, with loops outside them; each gives
-/// the interpreter's bytes.
+/// Transposes whose two inner extents are at least 8 are emitted as 8 x 8 register tiles (and
+/// plain loops for the rows and columns past the last whole tile), in either loop order, for
+/// 32-bit floats and integers, with loops outside them; each gives the interpreter's bytes.
 #[test]
 fn transposes_are_tiled_in_registers() {
     for (f, tiles) in [
@@ -293,6 +293,12 @@ fn transposes_are_tiled_in_registers() {
         (transpose_rect(16, 40, DataType::u32(), true), 1),
         (nchw_to_nhwc(2, 8, 16, 16, DataType::f32()), 1),
         (nchw_to_nhwc(1, 16, 3, 8, DataType::i32()), 1),
+        // Extents that are not multiples of 8: whole tiles, then strips of the rest.
+        (transpose_rect(12, 16, DataType::f32(), false), 1),
+        (transpose_rect(16, 20, DataType::f32(), true), 1),
+        (transpose_rect(20, 24, DataType::f32(), false), 1),
+        (transpose_rect(9, 9, DataType::i32(), true), 1),
+        (nchw_to_nhwc(2, 12, 3, 10, DataType::f32()), 1),
     ] {
         let shuffles = tile_shuffles(&f);
         assert!(
@@ -346,8 +352,8 @@ fn transposes_outside_the_tile_rule_stay_loops() {
         f.with_noalias(false)
     };
     for f in [
-        transpose_rect(12, 16, DataType::f32(), false),
-        transpose_rect(16, 20, DataType::f32(), true),
+        transpose_rect(7, 16, DataType::f32(), false),
+        transpose_rect(16, 5, DataType::f32(), true),
         transpose_rect(16, 16, DataType::f64(), false),
         transpose_rect(16, 16, DataType::f16(), false),
         nchw_to_nhwc(2, 3, 8, 8, DataType::f32()),

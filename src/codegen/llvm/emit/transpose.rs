@@ -23,12 +23,13 @@
 //!   their coefficients, each is the product of the extents before it), so every iteration
 //!   stores a different element and their order is free;
 //! - one loop (`b`) has coefficient 1 in the destination's flat offset, another (`a`)
-//!   coefficient 1 in the source's, and both extents are multiples of 8.
+//!   coefficient 1 in the source's, and both extents are at least 8.
 //!
 //! The loops keep their order; `a` and `b` step by tiles, and each iteration of the innermost
-//! one is a tile.
+//! one is a tile. Where an extent is not a multiple of 8, the elements past its last whole
+//! tile are copied by plain loops after the tiles (a strip of `n % 8` rows or columns).
 
-use crate::ir::{Buffer, DataType, Expr, Stmt, TypeCode, Var};
+use crate::ir::{BinOp, Buffer, DataType, Expr, ForKind, Stmt, TypeCode, Var};
 
 use super::copy::{flat_offset, ElementCopy};
 use super::vector::lane_coef;
@@ -121,7 +122,7 @@ impl Emitter<'_> {
         let unit = |flat: &Expr| {
             let mut it = loops
                 .iter()
-                .filter(|(v, n)| *n % TILE == 0 && lane_coef(flat, v.id) == Some(1));
+                .filter(|(v, n)| *n >= TILE && lane_coef(flat, v.id) == Some(1));
             it.next().map(|&(v, _)| v)
         };
         let (a, b) = (unit(&sflat)?, unit(&dflat)?);
@@ -170,7 +171,53 @@ impl Emitter<'_> {
             let r = e.transpose_outer(t, depth + 1);
             e.restore(var.id, old);
             r
-        })
+        })?;
+        if n % TILE != 0 {
+            let strip = self.transpose_strip(t, depth, n);
+            self.stmt(&strip)?;
+        }
+        Ok(())
+    }
+
+    /// The part of the nest past the last whole tile along the loop at `depth` (`a` or `b`,
+    /// of extent `n`), as plain loops: that loop over `[n - n % 8, n)` around the loops inside
+    /// it as written. Where the other of `a` and `b` is outside it, that one is bound to its
+    /// tile's first index here, so the strip also runs over the tile's 8 values of it.
+    fn transpose_strip(&self, t: &TransposeNest<'_>, depth: usize, n: i64) -> Stmt {
+        let (var, _) = t.loops[depth];
+        let outer_tiled = t.loops[..depth]
+            .iter()
+            .map(|&(v, _)| v)
+            .find(|v| v.id == t.a.id || v.id == t.b.id);
+        let c = |dtype, value| Expr::IntImm { dtype, value };
+        let mut s = t
+            .dst
+            .0
+            .store(t.dst.1.to_vec(), t.src.0.load(t.src.1.to_vec()));
+        let offset = outer_tiled.map(|o| Var::new(&format!("{}_in_tile", o.name), o.dtype));
+        if let (Some(o), Some(off)) = (outer_tiled, &offset) {
+            let map = std::collections::HashMap::from([(
+                o.id,
+                Expr::binary(BinOp::Add, Expr::Var(o.clone()), Expr::Var(off.clone())),
+            )]);
+            s = crate::ir::rewrite::subst_stmt(&s, &map);
+        }
+        let serial = |var: &Var, min: Expr, extent: Expr, body: Stmt| Stmt::For {
+            var: var.clone(),
+            min,
+            extent,
+            kind: ForKind::Serial,
+            body: Box::new(body),
+        };
+        for &(v, m) in t.loops[depth + 1..].iter().rev() {
+            s = serial(v, c(v.dtype, 0), c(v.dtype, m), s);
+        }
+        let whole = n - n % TILE;
+        s = serial(var, c(var.dtype, whole), c(var.dtype, n % TILE), s);
+        if let Some(off) = offset {
+            s = serial(&off, c(off.dtype, 0), c(off.dtype, TILE), s);
+        }
+        s
     }
 
     /// Pointers (as `<width x mt>*`) to the 8 rows of one side of the tile, rows `step`
