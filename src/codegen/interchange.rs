@@ -180,16 +180,7 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
         return None;
     }
     // The new nest: the reduction loops around the spatial loop around the update.
-    let mut inner = spatial_loop(j, min, extent, update);
-    for (var, lo, n, kind) in loops.iter().rev() {
-        inner = Stmt::For {
-            var: (*var).clone(),
-            min: (*lo).clone(),
-            extent: (*n).clone(),
-            kind: *kind,
-            body: Box::new(inner),
-        };
-    }
+    let inner = nest_around(&loops, spatial_loop(j, min, extent, update));
     let Some(init) = init else {
         return Some(inner);
     };
@@ -206,6 +197,20 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
         &crate::ir::rewrite::subst_stmt(init, &map),
     );
     Some(Stmt::Seq(vec![init_loop, inner]))
+}
+
+/// `inner` inside the reduction loops `loops` (outermost first), as they were.
+fn nest_around(loops: &[NestLoop<'_>], inner: Stmt) -> Stmt {
+    loops
+        .iter()
+        .rev()
+        .fold(inner, |body, (var, min, extent, kind)| Stmt::For {
+            var: (*var).clone(),
+            min: (*min).clone(),
+            extent: (*extent).clone(),
+            kind: *kind,
+            body: Box::new(body),
+        })
 }
 
 /// The most elements of the accumulator `X` that the rows jammed by `jammed` keep in
@@ -294,28 +299,22 @@ fn jammed(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
         HashMap::from([(i.id, e)])
     };
     let jam = Var::new(&format!("{}_r", i.name), t);
-    let mut nest = Stmt::For {
-        var: jam.clone(),
-        min: c(0),
-        extent: c(u),
-        kind: ForKind::Unrolled,
-        body: Box::new(spatial_loop_of(
-            j,
-            min,
-            extent,
-            &crate::ir::rewrite::subst_stmt(update, &row(&jam)),
-            ForKind::Unrolled,
-        )),
-    };
-    for (var, lo, n, kind) in loops.iter().rev() {
-        nest = Stmt::For {
-            var: (*var).clone(),
-            min: (*lo).clone(),
-            extent: (*n).clone(),
-            kind: *kind,
-            body: Box::new(nest),
-        };
-    }
+    let nest = nest_around(
+        &loops,
+        Stmt::For {
+            var: jam.clone(),
+            min: c(0),
+            extent: c(u),
+            kind: ForKind::Unrolled,
+            body: Box::new(spatial_loop_of(
+                j,
+                min,
+                extent,
+                &crate::ir::rewrite::subst_stmt(update, &row(&jam)),
+                ForKind::Unrolled,
+            )),
+        },
+    );
     let mut items = Vec::with_capacity(2);
     if let Some(init) = init {
         let (j2, r2) = (

@@ -194,14 +194,13 @@ impl Emitter<'_> {
             .dst
             .0
             .store(t.dst.1.to_vec(), t.src.0.load(t.src.1.to_vec()));
-        let offset = outer_tiled.map(|o| Var::new(&format!("{}_in_tile", o.name), o.dtype));
-        if let (Some(o), Some(off)) = (outer_tiled, &offset) {
-            let map = std::collections::HashMap::from([(
-                o.id,
-                Expr::binary(BinOp::Add, Expr::Var(o.clone()), Expr::Var(off.clone())),
-            )]);
-            s = crate::ir::rewrite::subst_stmt(&s, &map);
-        }
+        // The outer one of `a` and `b` at `o + o_in_tile`, `o` its tile's first index.
+        let offset = outer_tiled.map(|o| {
+            let off = Var::new(&format!("{}_in_tile", o.name), o.dtype);
+            let at = Expr::binary(BinOp::Add, Expr::Var(o.clone()), Expr::Var(off.clone()));
+            s = crate::ir::rewrite::subst_stmt(&s, &std::collections::HashMap::from([(o.id, at)]));
+            off
+        });
         let serial = |var: &Var, min: Expr, extent: Expr, body: Stmt| Stmt::For {
             var: var.clone(),
             min,
