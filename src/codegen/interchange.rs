@@ -188,15 +188,29 @@ fn interchanged(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
     // update is: vectors stored the width they are loaded (a wide load of narrower stores
     // cannot be forwarded from the store buffer; with LLVM's 256-bit stores of the zeros and
     // kiln's 512-bit loads of the sums, a grouped convolution ran at a third of the speed).
+    Some(Stmt::Seq(vec![
+        init_loop(j, min, extent, init, HashMap::new()),
+        inner,
+    ]))
+}
+
+/// The initialization `init` of the spatial loop `j` as a loop of its own over a fresh
+/// variable `j_init` (vectorized as the update is), with `map`'s substitutions as well.
+fn init_loop(
+    j: &Var,
+    min: &Expr,
+    extent: &Expr,
+    init: &Stmt,
+    mut map: HashMap<VarId, Expr>,
+) -> Stmt {
     let j2 = Var::new(&format!("{}_init", j.name), j.dtype);
-    let map = HashMap::from([(j.id, Expr::Var(j2.clone()))]);
-    let init_loop = spatial_loop(
+    map.insert(j.id, Expr::Var(j2.clone()));
+    spatial_loop(
         &j2,
         min,
         extent,
         &crate::ir::rewrite::subst_stmt(init, &map),
-    );
-    Some(Stmt::Seq(vec![init_loop, inner]))
+    )
 }
 
 /// `inner` inside the reduction loops `loops` (outermost first), as they were.
@@ -317,23 +331,14 @@ fn jammed(s: &Stmt, unaliased: &dyn Fn(&Buffer) -> bool) -> Option<Stmt> {
     );
     let mut items = Vec::with_capacity(2);
     if let Some(init) = init {
-        let (j2, r2) = (
-            Var::new(&format!("{}_init", j.name), j.dtype),
-            Var::new(&format!("{}_init", jam.name), t),
-        );
-        let mut map = row(&r2);
-        map.insert(j.id, Expr::Var(j2.clone()));
+        let r2 = Var::new(&format!("{}_init", jam.name), t);
+        let body = init_loop(j, min, extent, init, row(&r2));
         items.push(Stmt::For {
             var: r2,
             min: c(0),
             extent: c(u),
             kind: ForKind::Serial,
-            body: Box::new(spatial_loop(
-                &j2,
-                min,
-                extent,
-                &crate::ir::rewrite::subst_stmt(init, &map),
-            )),
+            body: Box::new(body),
         });
     }
     items.push(nest);
