@@ -120,6 +120,16 @@ impl DeviceMemoryApi for CudaDeviceApi {
         } else {
             base.next_multiple_of(align as u64)
         };
+        // The address is live on this device now: freeing it on another device that once
+        // had it (the driver reuses virtual addresses across devices) is a foreign pointer
+        // there, not a double free. One device's table locked at a time.
+        if let Ok(r) = self.runtime() {
+            for other in &r.devices {
+                if !std::ptr::eq(other, d) {
+                    lock(&other.mem).freed.remove(&addr);
+                }
+            }
+        }
         let mut mem = lock(&d.mem);
         mem.freed.remove(&addr);
         mem.live.insert(
