@@ -120,16 +120,6 @@ impl DeviceMemoryApi for CudaDeviceApi {
         } else {
             base.next_multiple_of(align as u64)
         };
-        // The address is live on this device now: freeing it on another device that once
-        // had it (the driver reuses virtual addresses across devices) is a foreign pointer
-        // there, not a double free. One device's table locked at a time.
-        if let Ok(r) = self.runtime() {
-            for other in &r.devices {
-                if !std::ptr::eq(other, d) {
-                    lock(&other.mem).freed.remove(&addr);
-                }
-            }
-        }
         let mut mem = lock(&d.mem);
         mem.freed.remove(&addr);
         mem.live.insert(
@@ -147,26 +137,37 @@ impl DeviceMemoryApi for CudaDeviceApi {
     fn raw_free(&self, dev: Device, ptr: DevicePtr) -> DeviceResult<()> {
         let d = self.dev(dev)?;
         let drv = self.drv(dev)?;
-        let a = {
+        let key = ptr.0 as u64;
+        let (a, freed_here) = {
             let mut mem = lock(&d.mem);
-            let key = ptr.0 as u64;
             match mem.live.remove(&key) {
                 Some(a) => {
                     mem.in_use -= a.size;
                     mem.freed.insert(key);
-                    a
+                    (Some(a), false)
                 }
-                None if mem.freed.contains(&key) => {
-                    return Err(DeviceError::DoubleFree { device: dev, ptr })
-                }
-                None => {
-                    return Err(DeviceError::UnknownPointer {
-                        device: dev,
-                        ptr,
-                        what: "the cuda backend".to_owned(),
-                    })
-                }
+                None => (None, mem.freed.contains(&key)),
             }
+        };
+        let Some(a) = a else {
+            // An address this device freed may be live on another device since (the driver
+            // reuses virtual addresses across devices): then it is a foreign pointer here, not
+            // a double free. Checked after this device's table is unlocked, one table at a time.
+            let live_elsewhere = freed_here
+                && self.runtime().is_ok_and(|r| {
+                    r.devices
+                        .iter()
+                        .any(|o| !std::ptr::eq(o, d) && lock(&o.mem).live.contains_key(&key))
+                });
+            return Err(if freed_here && !live_elsewhere {
+                DeviceError::DoubleFree { device: dev, ptr }
+            } else {
+                DeviceError::UnknownPointer {
+                    device: dev,
+                    ptr,
+                    what: "the cuda backend".to_owned(),
+                }
+            });
         };
         d.call(dev, || {
             // SAFETY: `a.base` came from `cuMemAlloc` in this device's context (the table holds
