@@ -1,7 +1,8 @@
 //! The JIT's rare error paths, made to happen by `kiln::codegen::llvm::fault` (the test-only
 //! `fault-injection` feature, which kiln's dev-dependency on itself turns on): the tier-up
 //! worker's compilation failing or panicking, its thread not starting, a job scheduled while
-//! the process exits, and the argument checkers failing to compile. In every case the module
+//! the process exits, the argument checkers failing to compile, and the quick wrappers'
+//! decoder handing every call to the checker. In every case the module
 //! keeps working with its quick code, `wait_optimized` says why there is no optimized code, a
 //! wrong call still raises a clear error, and nothing crashes.
 //!
@@ -237,4 +238,40 @@ fn a_module_built_while_the_process_exits_runs_its_quick_code() {
     let m = vadd(Tiering::Background);
     m.wait_optimized().unwrap();
     check_vadd(&m.require_function("vadd").unwrap(), 8);
+}
+
+/// Every call refused by the quick wrappers' decoder goes to the checker, which raises the
+/// precise error or, finding none, has the arguments decoded again without checks: the same
+/// results and errors as the decoder's own fast path.
+#[test]
+fn calls_the_quick_decoder_refuses_are_checked_and_decoded_again() {
+    let _serial = serial();
+    let fast = vadd(Tiering::QuickOnly);
+    let f = fast.require_function("vadd").unwrap();
+    let expected = wrong_call(&f);
+    let armed = fault::arm(Fault::QuickDecodeRejects);
+    let before = fault::hits(Fault::QuickDecodeRejects);
+    for m in [fast, vadd(Tiering::QuickOnly)] {
+        let f = m.require_function("vadd").unwrap();
+        check_vadd(&f, 1003);
+        check_vadd(&f, 1);
+        check_vadd(&f, 0);
+        assert_eq!(wrong_call(&f), expected);
+        // A shape that disagrees: the checker's message.
+        let (mut ta, mut tb, mut tc) = (
+            HostArray::f32(&[4], &[1.0; 4]),
+            HostArray::f32(&[5], &[1.0; 5]),
+            HostArray::f32(&[4], &[0.0; 4]),
+        );
+        let (da, db, dc) = (ta.dl(), tb.dl(), tc.dl());
+        let e = f
+            .call(&[AnyView::from(&da), AnyView::from(&db), AnyView::from(&dc)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Mismatched B.shape[0]"), "{e}");
+        assert_eq!(tc.to_f32(), vec![0.0; 4], "nothing written on an error");
+    }
+    // Five calls on each module, each refused by the decoder.
+    assert_eq!(fault::hits(Fault::QuickDecodeRejects) - before, 10);
+    drop(armed);
 }

@@ -136,8 +136,15 @@ def to_kiln(mod_or_func):
             raise BridgeError(
                 f"{gv.name_hint}: only PrimFuncs convert, found {type(func).__name__}"
             )
-        functions.append(_Function(gv.name_hint, func).convert())
+        functions.append(convert_lowered(gv.name_hint, func))
     return {"format": "kiln-ir/1", "functions": functions}
+
+
+def convert_lowered(name, func):
+    """A PrimFunc that went through `lower` as one kiln function (a dict)."""
+    if not isinstance(func, tirx.PrimFunc):
+        raise BridgeError(f"{name}: only PrimFuncs convert, found {type(func).__name__}")
+    return _Function(name, func).convert()
 
 
 def _is_float(t):

@@ -24,6 +24,9 @@ pub enum Fault {
     ProcessExiting,
     /// Compiling a JIT module's argument checkers (on its first wrong call) fails.
     CheckersCompile,
+    /// The quick wrappers' argument decoder (`quick.rs`) rejects every call, so that each goes
+    /// through the checker and is decoded again in trusted mode.
+    QuickDecodeRejects,
 }
 
 impl Fault {
@@ -62,10 +65,25 @@ pub fn disarm(fault: Fault) {
     ARMED.fetch_and(!fault.bit(), Ordering::SeqCst);
 }
 
+/// How many times each fault was hit.
+#[cfg(feature = "fault-injection")]
+static HITS: [AtomicU32; 32] = [const { AtomicU32::new(0) }; 32];
+
 /// Whether `fault` is armed: where kiln asks, it then fails as it would for real.
 #[cfg(feature = "fault-injection")]
 pub fn hit(fault: Fault) -> bool {
-    ARMED.load(Ordering::SeqCst) & fault.bit() != 0
+    let armed = ARMED.load(Ordering::SeqCst) & fault.bit() != 0;
+    if armed {
+        HITS[fault as usize].fetch_add(1, Ordering::SeqCst);
+    }
+    armed
+}
+
+/// How many times `fault` has been hit in this process (a test's proof that the path it
+/// means to cover was taken).
+#[cfg(feature = "fault-injection")]
+pub fn hits(fault: Fault) -> u32 {
+    HITS[fault as usize].load(Ordering::SeqCst)
 }
 
 /// Whether `fault` is armed: never, without the `fault-injection` feature.

@@ -16,12 +16,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use super::{CodegenError, R};
 
-type Task = Box<dyn FnOnce() -> R<Vec<u8>> + Send>;
+type Task = Box<dyn FnOnce() -> R<Vec<Vec<u8>>> + Send>;
 
 enum State {
     Queued(Task),
     Running,
-    Done(R<Vec<u8>>),
+    Done(R<Vec<Vec<u8>>>),
     /// Taken back by its owner, or its result collected.
     Gone,
 }
@@ -55,7 +55,7 @@ impl Handoff {
     }
 }
 
-fn run_caught(task: Task) -> R<Vec<u8>> {
+fn run_caught(task: Task) -> R<Vec<Vec<u8>>> {
     catch_unwind(AssertUnwindSafe(task)).unwrap_or_else(|_| {
         Err(CodegenError::Llvm(
             "kiln bug: a panic while compiling part of a JIT module".into(),
@@ -106,9 +106,9 @@ fn serve() {
 /// Runs `task` on the helper thread while `here` runs on this one, and returns both results.
 /// `task` runs on this thread, after `here`, when the helper has not picked it up by then.
 pub(crate) fn beside<U>(
-    task: impl FnOnce() -> R<Vec<u8>> + Send + 'static,
+    task: impl FnOnce() -> R<Vec<Vec<u8>>> + Send + 'static,
     here: impl FnOnce() -> U,
-) -> (R<Vec<u8>>, U) {
+) -> (R<Vec<Vec<u8>>>, U) {
     let handoff = Arc::new(Handoff {
         state: Mutex::new(State::Queued(Box::new(task))),
         done: Condvar::new(),

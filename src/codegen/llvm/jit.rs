@@ -18,7 +18,8 @@
 //! - **Code is compiled in two tiers** (`tiering.rs`): quick code first, optimized code
 //!   swapped in by a background thread.
 //!
-//! Every `unsafe` of the JIT is in this file.
+//! Every `unsafe` of the JIT is in this file, and in `quick.rs` (the quick wrappers' argument
+//! decoder, which reads the caller's tensors).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -48,6 +49,7 @@ use inkwell::targets::TargetMachine;
 use crate::ir::IRModule;
 use crate::packed_func::ffi::{set_raised, TVMFFIAny, TVMFFISafeCallType};
 
+use super::quick::QuickSig;
 use super::{CodegenError, CodegenOptions, Linkage, R};
 
 /// The process's LLJIT and its main JITDylib.
@@ -288,11 +290,35 @@ pub(crate) struct LazyChecks {
     opts: CodegenOptions,
     suffix: String,
     compiled: OnceLock<Result<(JitCode, Vec<usize>), String>>,
+    /// The quick wrappers' decoders, by function index (`quick.rs`).
+    quick: Vec<Option<QuickSig>>,
+}
+
+/// The decoder descriptions of `module`'s functions with a global symbol, in module order
+/// (the checkers' indices), as the code generator decides them (`generate_parts`): none for
+/// device host code, whose wrappers keep their checks; a host function of a device module
+/// (`FuncAttrs::host`) takes CPU tensors.
+pub(crate) fn quick_sigs(module: &IRModule, opts: &CodegenOptions) -> Vec<Option<QuickSig>> {
+    module
+        .functions
+        .iter()
+        .filter(|f| f.attrs.global_symbol.is_some())
+        .map(|f| {
+            if f.attrs.host && opts.device_host {
+                QuickSig::new(f, crate::packed_func::DLDeviceType::CPU.0)
+            } else if opts.device_host {
+                None
+            } else {
+                QuickSig::new(f, opts.device_type)
+            }
+        })
+        .collect()
 }
 
 impl LazyChecks {
     pub(crate) fn new(module: Arc<IRModule>, opts: &CodegenOptions, suffix: &str) -> Self {
         LazyChecks {
+            quick: quick_sigs(&module, opts),
             module,
             opts: opts.clone(),
             suffix: suffix.to_owned(),
@@ -310,6 +336,7 @@ impl LazyChecks {
                 kiln_jit_check_args as *const () as usize,
                 self as *const LazyChecks as usize,
             ),
+            quick: kiln_jit_quick_decode as *const () as usize,
             calls,
             entries,
             optimized: false,
@@ -376,6 +403,58 @@ impl LazyChecks {
                 );
                 -1
             }
+        }
+    }
+}
+
+/// The quick wrappers' argument decoder (`quick.rs`): `cx` is the module's [`LazyChecks`],
+/// `index` the function, `slots` its wrapper's array of slots. Returns 1 when the arguments
+/// pass (the slots written), 0 when the checker must look at them; with `trusted` non-zero
+/// (the checker passed them), decodes without checks and returns 1.
+extern "C" fn kiln_jit_quick_decode(
+    cx: *const c_void,
+    index: i32,
+    args: *const TVMFFIAny,
+    num_args: i32,
+    slots: *mut u64,
+    trusted: i32,
+) -> i32 {
+    // SAFETY: as in `kiln_jit_check_args`: `cx` is the calling module's own `LazyChecks`.
+    let checks = unsafe { &*cx.cast::<LazyChecks>() };
+    let Some(Some(sig)) = usize::try_from(index)
+        .ok()
+        .and_then(|i| checks.quick.get(i))
+    else {
+        // No description: the wrapper was not compiled to call here. Let the checker decide
+        // (it raises or passes; a pass decodes nothing, so report a kiln bug then).
+        return if trusted != 0 {
+            set_raised(
+                "InternalError",
+                &format!("kiln: no quick decoder #{index} in this module"),
+            );
+            -1
+        } else {
+            0
+        };
+    };
+    if trusted == 0 && super::fault::hit(super::fault::Fault::QuickDecodeRejects) {
+        return 0;
+    }
+    // SAFETY: the wrapper passes its own `%args` and `%num_args` (the packed API's contract),
+    // and an array of `sig.slots` slots: it was generated from the same description
+    // (`packed::emit_quick`).
+    let ok = catch_unwind(AssertUnwindSafe(|| unsafe {
+        super::quick::decode(sig, args, num_args, slots, trusted != 0)
+    }));
+    match ok {
+        Ok(true) => 1,
+        Ok(false) => 0,
+        Err(_) => {
+            set_raised(
+                "InternalError",
+                "kiln: panic while decoding the arguments of a JIT function",
+            );
+            -1
         }
     }
 }

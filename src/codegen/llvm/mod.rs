@@ -17,6 +17,7 @@ mod jit;
 pub mod nvptx;
 mod options;
 mod packed;
+mod quick;
 pub mod stream;
 mod tiering;
 
@@ -147,7 +148,24 @@ fn generate<const N: usize>(
     o: &CodegenOptions,
     linkage: &Linkage,
 ) -> R<[String; N]> {
-    let split = N == 2;
+    let texts = generate_parts(module, o, linkage, N == 2, 1)?;
+    texts.try_into().map_err(|v: Vec<String>| {
+        CodegenError::Llvm(format!("kiln bug: {} module texts, expected {N}", v.len()))
+    })
+}
+
+/// The LLVM IR of a module as `[wrappers, part 1, ..]` (`split`: a JIT module) or `[all]`:
+/// with `split`, the functions other than the wrappers go into `parts` modules (as many as
+/// there are functions, at most), each PrimFunc's whole in one, balanced by the size of their
+/// text, the wrappers' module counting as half its size more load for the first part (which
+/// `LlvmModule::jit_impl` compiles on the helper thread after the wrappers).
+fn generate_parts(
+    module: &IRModule,
+    o: &CodegenOptions,
+    linkage: &Linkage,
+    split: bool,
+    parts: usize,
+) -> R<Vec<String>> {
     // JIT compute functions are looked up by name to fill the module's table of them (in the
     // quick tier; the optimized tier inlines them into the implementations).
     let jit = matches!(linkage, Linkage::Jit { .. });
@@ -198,10 +216,13 @@ fn generate<const N: usize>(
         device_host: false,
         ..eo.clone()
     };
+    // The range of `mt.functions` that each function's code takes.
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
     for f in &module.functions {
         let Some(symbol) = f.attrs.global_symbol.clone() else {
             continue;
         };
+        let first = mt.functions.len();
         let eo = if f.attrs.host && eo.device_host {
             &host_eo
         } else {
@@ -244,10 +265,12 @@ fn generate<const N: usize>(
         // which halves the cold build of a one-function module. The optimized tier's wrapper
         // is an exported library's, its slow path the lazy checker, and replaces it through
         // the entry stub (`tiering.rs`).
+        let mut decoder = None;
         let (slow, compute_slot, quick) = match linkage {
             Linkage::Jit {
                 check: (entry, cx),
                 calls,
+                quick,
                 ..
             } => (
                 format!(
@@ -257,6 +280,10 @@ fn generate<const N: usize>(
                 if optimized_tier {
                     None
                 } else {
+                    if *quick != 0 && !eo.device_host {
+                        decoder = quick::QuickSig::new(f, eo.device_type)
+                            .map(|q| (q, (*quick, *cx, exported.len())));
+                    }
                     Some(calls + exported.len() * std::mem::size_of::<usize>())
                 },
                 if optimized_tier { "" } else { " noinline optnone" },
@@ -294,10 +321,40 @@ fn generate<const N: usize>(
         } else {
             format!("{}_compute_", f.name)
         };
-        let (wrapper, sig) = {
-            let mut e = Emitter::new(&mut mt, eo, &f.name, &mut metadata, &mut md_next);
-            let sig = packed::emit(f, &mut e, mode, &cname)?;
-            (e.finish(), sig)
+        let (wrapper, sig) = match (&decoder, mode) {
+            (
+                Some((q, at)),
+                packed::Mode::Conjunction {
+                    slow, compute_slot, ..
+                },
+            ) => {
+                // The decoder's wrapper (`quick.rs`); its compute signature must be the
+                // compiled checks' (checked in debug builds: the tests).
+                let mut e = Emitter::new(&mut mt, eo, &f.name, &mut metadata, &mut md_next);
+                let sig = packed::emit_quick(f, &mut e, q, *at, slow, compute_slot, &cname);
+                if cfg!(debug_assertions) {
+                    let (mut smt, mut smd, mut snext) = (ModuleText::default(), Vec::new(), 0);
+                    let mut se = Emitter::new(&mut smt, eo, &f.name, &mut smd, &mut snext);
+                    let compiled = packed::emit(
+                        f,
+                        &mut se,
+                        packed::Mode::Conjunction { slow, compute_slot },
+                        &cname,
+                    )?;
+                    if compiled != sig {
+                        return Err(CodegenError::Llvm(format!(
+                            "kiln bug: the quick decoder's signature of `{}` is {sig:?}, the compiled checks' {compiled:?}",
+                            f.name
+                        )));
+                    }
+                }
+                (e.finish(), sig)
+            }
+            (_, mode) => {
+                let mut e = Emitter::new(&mut mt, eo, &f.name, &mut metadata, &mut md_next);
+                let sig = packed::emit(f, &mut e, mode, &cname)?;
+                (e.finish(), sig)
+            }
         };
         let na = if f.attrs.noalias { "noalias " } else { "" };
         let params = format!("i8* %self, %ffi.any* {na}%args, i32 %num_args, %ffi.any* {na}%ret");
@@ -416,21 +473,29 @@ fn generate<const N: usize>(
             }
         }
         exported.push(symbol);
+        ranges.push(first..mt.functions.len());
     }
     let header = "; generated by kiln\n%ffi.any = type { i32, i32, i64 }\n%dl.tensor = type { i8*, i32, i32, i32, i8, i8, i16, i64*, i64*, i64 }\n\n@__kiln_zero_i64 = private constant i64 0, align 8\n";
-    let mut out = String::from(header);
-    out.push_str(&runtime_glue(
+    let glue = runtime_glue(
         linkage,
         &mt,
         &attrs,
         o.device_meta.as_ref().map(|m| m.len() + 1),
-    ));
-    mt.write_body(&mut out);
-    for m in &metadata {
-        out.push_str(m);
-        out.push('\n');
-    }
-    let mut texts = Vec::with_capacity(2);
+    );
+    // Each part: the header, the runtime glue, globals and declarations (internal or private,
+    // so each part has its own copy), its functions, and the metadata.
+    let part_text = |functions: &mut dyn Iterator<Item = &String>| {
+        let mut out = String::from(header);
+        out.push_str(&glue);
+        mt.write_body_with(&mut out, functions);
+        for m in &metadata {
+            out.push_str(m);
+            out.push('\n');
+        }
+        out
+    };
+    let mut texts = Vec::with_capacity(2 + parts);
+    let wrappers_len: usize = wrapper_fns.iter().map(String::len).sum();
     if split {
         // The wrappers use the branch weights (`!0`, `!1`) and nothing of the runtime glue.
         let mut w = String::from(header);
@@ -444,10 +509,40 @@ fn generate<const N: usize>(
         }
         texts.push(w);
     }
-    texts.push(out);
-    texts.try_into().map_err(|v: Vec<String>| {
-        CodegenError::Llvm(format!("kiln bug: {} module texts, expected {N}", v.len()))
-    })
+    let parts = if split {
+        parts.clamp(1, ranges.len().max(1))
+    } else {
+        1
+    };
+    if parts == 1 {
+        texts.push(part_text(&mut mt.functions.iter()));
+        return Ok(texts);
+    }
+    // Largest first, each to the lightest part; the first part starts with the wrappers.
+    let size = |r: &std::ops::Range<usize>| -> usize {
+        mt.functions[r.clone()].iter().map(String::len).sum()
+    };
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_by_key(|&k| std::cmp::Reverse(size(&ranges[k])));
+    // A byte of the wrappers' text (no passes, mostly calls and loads) took about half the time
+    // of a byte of quick compute code (a Relax LSTM cell on a Zen 4: 20 KB in 7.5 ms, 29 KB in
+    // 20 ms).
+    let mut load = vec![0usize; parts];
+    load[0] = wrappers_len / 2;
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); parts];
+    for k in order {
+        let lightest = (0..parts).min_by_key(|&p| load[p]).unwrap_or(0);
+        load[lightest] += size(&ranges[k]);
+        members[lightest].push(k);
+    }
+    for mut m in members {
+        m.sort_unstable();
+        let mut fns = m
+            .iter()
+            .flat_map(|&k| mt.functions[ranges[k].clone()].iter());
+        texts.push(part_text(&mut fns));
+    }
+    Ok(texts)
 }
 
 /// The global function of kiln's runtime that attaches an exported library's device module.
@@ -818,26 +913,59 @@ impl LlvmModule {
             slots.push(("__kiln_device_module".into(), Arc::as_ptr(d) as usize));
         }
         // The stubs and quick wrappers (`optnone`) take no passes and the lowest code
-        // generation level, as do quick compute functions. They compile on the helper thread
-        // while this one compiles the compute functions: on a 2-core machine the shorter of the
-        // two is hidden. Compiled once at full level, the second module holds the optimized
+        // generation level, as do quick compute functions. The rest is cut into two modules
+        // by PrimFunc: the helper thread compiles the wrappers and then the first, this one the
+        // second, balanced by the size of their text (on a 2-core machine about half the time
+        // of one module). Compiled once at full level, those modules hold the optimized
         // implementations instead.
-        let [wrappers, rest] = generate::<2>(module, &opts, &linkage.optimized(!quick))?;
+        let mut texts = generate_parts(module, &opts, &linkage.optimized(!quick), true, 2)?;
+        let wrappers = texts.remove(0);
+        // One part (one function): this thread compiles it, the helper the wrappers.
+        let first = if texts.len() > 1 {
+            Some(texts.remove(0))
+        } else {
+            None
+        };
+        let others = texts;
         let lowest = CodegenOptions {
             opt_level: 0,
             ..opts.clone()
         };
         let (rest_opts, rest_passes) = if quick {
-            (&lowest, Passes::Quick)
+            (lowest.clone(), Passes::Quick)
         } else {
-            (&opts, Passes::Default)
+            (opts.clone(), Passes::Default)
         };
-        let wrapper_opts = lowest.clone();
-        let (w, r) = helper::beside(
-            move || compile_text(&wrappers, &wrapper_opts, Passes::None, FileType::Object),
-            || compile_text(&rest, rest_opts, rest_passes, FileType::Object),
+        let (helper_opts, helper_passes) = (rest_opts.clone(), rest_passes);
+        let (mut objects, here) = helper::beside(
+            move || {
+                let mut objects = vec![compile_text(
+                    &wrappers,
+                    &lowest,
+                    Passes::None,
+                    FileType::Object,
+                )?];
+                if let Some(first) = first {
+                    objects.push(compile_text(
+                        &first,
+                        &helper_opts,
+                        helper_passes,
+                        FileType::Object,
+                    )?);
+                }
+                Ok(objects)
+            },
+            || {
+                others
+                    .iter()
+                    .map(|t| compile_text(t, &rest_opts, rest_passes, FileType::Object))
+                    .collect::<R<Vec<Vec<u8>>>>()
+            },
         );
-        let objects = [w?, r?];
+        if let Ok(objects) = &mut objects {
+            objects.extend(here?);
+        }
+        let objects = objects?;
         let names = exported_names(module);
         let mut symbols: Vec<String> = names
             .iter()

@@ -772,6 +772,7 @@ fn decode(c: &mut Ctx<'_, '_>, f: &PrimFunc) -> Result<Decoded, CodegenError> {
 }
 
 /// What the packed wrapper passes to the compute function.
+#[derive(Debug, PartialEq, Eq)]
 pub struct ComputeSig {
     /// The compute function's name.
     pub name: String,
@@ -824,4 +825,174 @@ fn bind_or_check(
         }
     }
     Ok(())
+}
+
+/// The quick tier's wrapper of `f` when the decoder describes its signature (`quick.rs`):
+/// one call of the decoder (at address `decode.0`, with the checker context `decode.1` and the
+/// function's index `decode.2`, then `%args`, `%num_args`, the slots and `trusted`), and on a
+/// rejection the
+/// checker (`slow`) and, should it pass the arguments, the decoder again in trusted mode; then
+/// the compute function, through the pointer at `compute_slot`, with the slots converted to
+/// its parameters as [`Mode::Conjunction`]'s wrapper converts the arguments. Returns the same
+/// signature as [`emit`] does for `f`.
+pub(crate) fn emit_quick(
+    f: &PrimFunc,
+    e: &mut Emitter<'_>,
+    q: &super::quick::QuickSig,
+    decode: (usize, usize, usize),
+    slow: &str,
+    compute_slot: usize,
+    cname: &str,
+) -> ComputeSig {
+    let (entry, cx, index) = decode;
+    let n = q.slots;
+    let slots = e.assign("i64*", format!("alloca [{n} x i64], align 8"));
+    let base = e.assign(
+        "i64*",
+        format!(
+            "getelementptr inbounds [{n} x i64], [{n} x i64]* {}, i64 0, i64 0",
+            slots.v
+        ),
+    );
+    let call = |e: &mut Emitter<'_>, trusted: u32| {
+        e.assign(
+            "i32",
+            format!(
+                "call i32 inttoptr (i64 {entry} to i32 (i8*, i32, %ffi.any*, i32, i64*, i32)*)(i8* inttoptr (i64 {cx} to i8*), i32 {index}, %ffi.any* %args, i32 %num_args, i64* {}, i32 {trusted})",
+                base.v
+            ),
+        )
+    };
+    let ok = call(e, 0);
+    let good = e.assign("i1", format!("icmp ne i32 {}, 0", ok.v));
+    e.line(format!(
+        "br i1 {}, label %call, label %slow, !prof !0",
+        good.v
+    ));
+    e.start_block("slow");
+    let r = e.assign("i32", slow);
+    let z = e.assign("i1", format!("icmp eq i32 {}, 0", r.v));
+    e.line(format!("br i1 {}, label %trusted, label %failed", z.v));
+    e.start_block("failed");
+    e.line(format!("ret i32 {}", r.v));
+    e.start_block("trusted");
+    // 1, unless the decoder raised (a kiln bug: it reports it).
+    let t = call(e, 1);
+    let tok = e.assign("i1", format!("icmp eq i32 {}, 1", t.v));
+    e.line(format!("br i1 {}, label %call, label %raised", tok.v));
+    e.start_block("raised");
+    e.line("ret i32 -1");
+    e.start_block("call");
+    let na = if f.attrs.noalias { " noalias" } else { "" };
+    let tensors = f.params.iter().filter_map(|p| match p {
+        Param::Buffer(b) => Some(b),
+        Param::Scalar(_) => None,
+    });
+    let mut params: Vec<String> = Vec::new();
+    let mut buffers: Vec<(VarId, String)> = Vec::new();
+    for b in tensors {
+        let mt = mem_ty(b.dtype);
+        params.push(format!("{mt}*{na} %buf{}", b.data.id.0));
+        buffers.push((b.data.id, format!("{mt}*")));
+    }
+    let mut bound: Vec<(VarId, crate::ir::DataType)> = Vec::new();
+    for p in &f.params {
+        if let Param::Scalar(v) = p {
+            bound.push((v.id, v.dtype));
+        }
+    }
+    for p in &f.params {
+        if let Param::Buffer(b) = p {
+            for x in b.shape.iter().chain(b.strides.iter().flatten()) {
+                if let Expr::Var(v) = x {
+                    if !bound.iter().any(|(id, _)| *id == v.id) {
+                        bound.push((v.id, v.dtype));
+                    }
+                }
+            }
+        }
+    }
+    bound.sort_by_key(|(id, _)| *id);
+    let mut vars: Vec<(VarId, String)> = Vec::new();
+    for (id, dt) in &bound {
+        let ty = reg_ty(*dt);
+        params.push(format!("{ty} %var{}", id.0));
+        vars.push((*id, ty));
+    }
+    let mut args: Vec<String> = Vec::with_capacity(q.args.len() + 1);
+    let slot = |e: &mut Emitter<'_>, k: usize| {
+        let p = e.assign(
+            "i64*",
+            format!("getelementptr inbounds i64, i64* {}, i64 {k}", base.v),
+        );
+        e.assign("i64", format!("load i64, i64* {}, align 8", p.v))
+    };
+    let mut data_params = buffers.iter();
+    for src in &q.args {
+        let v = match src {
+            super::quick::Source::Data { slot: k } => {
+                let raw = slot(e, *k);
+                let ty = data_params
+                    .next()
+                    .map_or("i8*", |(_, t)| t.as_str())
+                    .to_owned();
+                e.assign(&ty, format!("inttoptr i64 {} to {ty}", raw.v))
+            }
+            super::quick::Source::Extent { slot: k, dtype } => {
+                let raw = slot(e, *k);
+                let ty = reg_ty(*dtype);
+                if ty == "i64" {
+                    raw
+                } else {
+                    e.assign(&ty, format!("trunc i64 {} to {ty}", raw.v))
+                }
+            }
+            super::quick::Source::Scalar { slot: k, dtype } => {
+                let raw = slot(e, *k);
+                let ty = reg_ty(*dtype);
+                match dtype.code {
+                    TypeCode::Bool => e.assign("i1", format!("icmp ne i64 {}, 0", raw.v)),
+                    TypeCode::Int | TypeCode::UInt if ty == "i64" => raw,
+                    TypeCode::Int | TypeCode::UInt => {
+                        e.assign(&ty, format!("trunc i64 {} to {ty}", raw.v))
+                    }
+                    TypeCode::Float | TypeCode::BFloat => {
+                        let d = e.assign("double", format!("bitcast i64 {} to double", raw.v));
+                        if ty == "double" {
+                            d
+                        } else {
+                            e.assign(&ty, format!("fptrunc double {} to {ty}", d.v))
+                        }
+                    }
+                    TypeCode::Handle => e.assign("i8*", format!("inttoptr i64 {} to i8*", raw.v)),
+                }
+            }
+        };
+        args.push(v.typed());
+    }
+    let rp = e.assign("i8*", "bitcast %ffi.any* %ret to i8*");
+    args.push(rp.typed());
+    let mut types: Vec<String> = params
+        .iter()
+        .map(|p| {
+            let ty = p.rsplit_once(" %").map_or(p.as_str(), |(ty, _)| ty);
+            ty.trim_end_matches(" noalias").to_owned()
+        })
+        .collect();
+    types.push("i8*".into());
+    let fty = format!("i32 ({})*", types.join(", "));
+    let p = e.assign(
+        "i8*",
+        format!("load atomic i8*, i8** inttoptr (i64 {compute_slot} to i8**) acquire, align 8"),
+    );
+    let callee = e.assign(&fty, format!("bitcast i8* {} to {fty}", p.v));
+    let rc = e.assign("i32", format!("call i32 {}({})", callee.v, args.join(", ")));
+    e.line(format!("ret i32 {}", rc.v));
+    params.push("i8* %ret_slot".into());
+    ComputeSig {
+        name: cname.to_owned(),
+        params: params.join(", "),
+        buffers,
+        vars,
+    }
 }

@@ -84,6 +84,10 @@ pub enum Linkage {
         slots: Vec<(String, usize)>,
         /// The lazy checker entry point and its context.
         check: (usize, usize),
+        /// The quick tier's argument decoder (`jit::kiln_jit_quick_decode`, called with the
+        /// checker's context), or 0: the quick wrappers then compile their checks
+        /// (`quick.rs`).
+        quick: usize,
         /// The address of the module's table of compute functions: one pointer-sized slot per
         /// function with a global symbol, in module order. A quick wrapper loads its compute
         /// function from its slot on every call (`tiering.rs`).
@@ -283,6 +287,11 @@ impl ModuleText {
     /// Appends the module's globals, declarations and functions, one per line, to `out` (the
     /// body of the module's text, between its header and its metadata).
     pub fn write_body(&self, out: &mut String) {
+        self.write_body_with(out, &mut self.functions.iter());
+    }
+
+    /// As [`ModuleText::write_body`], with `functions` instead of all of them.
+    pub fn write_body_with(&self, out: &mut String, functions: &mut dyn Iterator<Item = &String>) {
         for g in &self.globals {
             out.push_str(g);
             out.push('\n');
@@ -292,7 +301,7 @@ impl ModuleText {
             out.push('\n');
         }
         out.push('\n');
-        for f in &self.functions {
+        for f in functions {
             out.push_str(f);
             out.push('\n');
         }
