@@ -243,20 +243,26 @@ pub(crate) unsafe fn decode(
     if !trusted && (usize::try_from(num_args).ok() != Some(n) || (n > 0 && args.is_null())) {
         return false;
     }
-    // 2. Type indices and handles.
-    let mut ok = true;
-    let mut tensors: Vec<(usize, *const DLTensor)> = Vec::new();
-    for (i, kind) in sig.params.iter().enumerate() {
+    // The tensor behind argument `i` (whose type index is 70 or 7).
+    let tensor = |i: usize| -> *const DLTensor {
         // SAFETY: `i < num_args` (checked above, or vouched for by the checker).
         let a = unsafe { &*args.add(i) };
-        let ti = a.type_index.0;
         // SAFETY: every payload is 8 bytes; reading it as an integer reads them as they are.
+        let raw = unsafe { a.value.v_int64 };
+        let off = if a.type_index.0 == 70 { 24 } else { 0 };
+        raw.wrapping_add(off) as usize as *const DLTensor
+    };
+    // 2. Type indices and handles.
+    let mut ok = true;
+    for (i, kind) in sig.params.iter().enumerate() {
+        // SAFETY: as in `tensor`.
+        let a = unsafe { &*args.add(i) };
+        let ti = a.type_index.0;
+        // SAFETY: as in `tensor`.
         let raw = unsafe { a.value.v_int64 };
         let value = match kind {
             Kind::Tensor { .. } => {
                 ok &= (ti == 70 || ti == 7) && raw != 0;
-                let off = if ti == 70 { 24 } else { 0 };
-                tensors.push((i, raw.wrapping_add(off) as usize as *const DLTensor));
                 0
             }
             Kind::Bool => {
@@ -287,37 +293,43 @@ pub(crate) unsafe fn decode(
         return false;
     }
     // 3. ndim, dtype and device type of each tensor.
-    let mut heads: Vec<(usize, DLTensor)> = Vec::with_capacity(tensors.len());
-    for &(i, t) in &tensors {
-        // SAFETY: the handle passed its checks (step 2): a readable DLTensor.
-        let t = unsafe { std::ptr::read(t) };
+    for (i, kind) in sig.params.iter().enumerate() {
         if let Kind::Tensor {
             ndim,
             code,
             bits,
             lanes,
             ..
-        } = &sig.params[i]
+        } = kind
         {
+            // SAFETY: the handle passed its checks (step 2): a readable DLTensor.
+            let t = unsafe { &*tensor(i) };
             ok &= t.ndim == *ndim
                 && t.dtype.code.0 == *code
                 && t.dtype.bits == *bits
                 && t.dtype.lanes == *lanes
                 && t.device.device_type.0 == sig.device_type;
         }
-        heads.push((i, t));
     }
     if !ok && !trusted {
         return false;
     }
-    // 4. Variables bound by scalars, then shapes, strides, device ids and data pointers.
-    let mut values: Vec<Option<u64>> = vec![None; sig.vars.len()];
+    // 4. Variables bound by scalars, then shapes, strides, device ids and data pointers. The
+    // variables' values: on the stack for up to 16 (no allocation on a call).
+    let mut inline = [None::<u64>; 16];
+    let mut heap = Vec::new();
+    let values: &mut [Option<u64>] = if sig.vars.len() <= inline.len() {
+        &mut inline[..sig.vars.len()]
+    } else {
+        heap.resize(sig.vars.len(), None);
+        &mut heap
+    };
     for &(p, k) in &sig.scalar_binds {
         // SAFETY: written in step 2.
         let raw = unsafe { *slots.add(p) } as i64;
         values[k] = Some(low(raw, sig.vars[k].bits));
     }
-    let bind = |d: Dim, actual: i64, values: &mut Vec<Option<u64>>| -> bool {
+    let bind = |d: Dim, actual: i64, values: &mut [Option<u64>]| -> bool {
         match d {
             Dim::Const(c) => actual == c,
             Dim::Var(k) => {
@@ -334,18 +346,18 @@ pub(crate) unsafe fn decode(
             }
         }
     };
-    let first_dev = heads.first().map(|(_, t)| t.device.device_id);
-    for (i, t) in &heads {
-        let Kind::Tensor { shape, strides, .. } = &sig.params[*i] else {
+    let mut first_dev: Option<i32> = None;
+    for (i, kind) in sig.params.iter().enumerate() {
+        let Kind::Tensor { shape, strides, .. } = kind else {
             continue;
         };
+        // SAFETY: as in step 3.
+        let t = unsafe { &*tensor(i) };
         let nd = shape.len();
-        let mut dims = Vec::with_capacity(nd);
+        // SAFETY: `ndim` matched (step 3): `shape` holds `nd` extents.
+        let dim = |k: usize| unsafe { *t.shape.add(k) };
         for (k, d) in shape.iter().enumerate() {
-            // SAFETY: `ndim` matched (step 3): `shape` holds `nd` extents.
-            let x = unsafe { *t.shape.add(k) };
-            dims.push(x);
-            ok &= bind(*d, x, &mut values);
+            ok &= bind(*d, dim(k), values);
         }
         let has = !t.strides.is_null();
         // SAFETY: read only when `strides` is not NULL, below `ndim`.
@@ -356,29 +368,28 @@ pub(crate) unsafe fn decode(
                 let mut compact = true;
                 let mut empty = false;
                 for k in (0..nd).rev() {
-                    compact &= dims[k] == 1 || stride(k) == expect;
-                    expect = expect.wrapping_mul(dims[k]);
-                    empty |= dims[k] == 0;
+                    compact &= dim(k) == 1 || stride(k) == expect;
+                    expect = expect.wrapping_mul(dim(k));
+                    empty |= dim(k) == 0;
                 }
                 ok &= !has || compact || empty;
             }
             Some(sd) => {
-                let mut compact = vec![1i64; nd];
-                for k in (0..nd.saturating_sub(1)).rev() {
-                    compact[k] = compact[k + 1].wrapping_mul(dims[k + 1]);
-                }
+                // The compact stride of dimension `k`: the product of the extents after it.
+                let compact = |k: usize| (k + 1..nd).fold(1i64, |a, j| a.wrapping_mul(dim(j)));
                 for (k, d) in sd.iter().enumerate() {
-                    let actual = if has { stride(k) } else { compact[k] };
-                    ok &= bind(*d, actual, &mut values);
+                    let actual = if has { stride(k) } else { compact(k) };
+                    ok &= bind(*d, actual, values);
                 }
             }
         }
-        ok &= Some(t.device.device_id) == first_dev;
-        let numel = dims.iter().fold(1i64, |a, d| a.wrapping_mul(*d));
+        let dev = t.device.device_id;
+        ok &= *first_dev.get_or_insert(dev) == dev;
+        let numel = (0..nd).fold(1i64, |a, k| a.wrapping_mul(dim(k)));
         ok &= numel == 0 || !t.data.is_null();
         let data = (t.data as u64).wrapping_add(t.byte_offset);
         // SAFETY: the tensor's parameter index is below `sig.slots`.
-        unsafe { *slots.add(*i) = data };
+        unsafe { *slots.add(i) = data };
     }
     ok || trusted
 }
