@@ -260,9 +260,10 @@ fn generate_parts(
         // instructions and branches (issue #16: a C host's call of a 1-element vadd, 7.0 ->
         // 4.8 ns on a Sapphire-Rapids-class Xeon, against 3.6 ns for a C function decoding the
         // same arguments; `docs/performance.md`). In the JIT: the
-        // checker is compiled lazily; the quick tier's wrapper is built for compile speed: LLVM
-        // skips it (`optnone`) and selects its instructions without optimizing (FastISel),
-        // which halves the cold build of a one-function module. The optimized tier's wrapper
+        // checker is compiled lazily; the quick tier's wrapper is built for compile speed: a
+        // call of kiln's argument decoder (`quick.rs`; the compiled conjunction of checks for
+        // device host code), which LLVM skips (`optnone`) and selects without optimizing
+        // (FastISel). The optimized tier's wrapper
         // is an exported library's, its slow path the lazy checker, and replaces it through
         // the entry stub (`tiering.rs`).
         let mut decoder = None;

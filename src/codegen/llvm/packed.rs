@@ -51,7 +51,9 @@ pub enum Mode<'a> {
     /// The checker: every check branches to a block that raises its error; `ret i32 0` when
     /// all pass.
     Checker,
-    /// A JIT module's wrapper, built for compile speed: checks are and-ed without messages; at
+    /// A JIT module's quick wrapper where kiln's decoder does not describe the signature
+    /// (device host code; else [`emit_quick`]), built for compile speed: checks are and-ed
+    /// without messages; at
     /// each barrier (before reading memory the checks so far vouch for) one branch leads to
     /// `slow`, which calls the checker, which raises the precise error; then the compute
     /// function is called through the pointer at `compute_slot`.
