@@ -132,10 +132,6 @@ def to_kiln(mod_or_func):
     lowered = lower(mod_or_func)
     functions = []
     for gv, func in sorted(lowered.functions.items(), key=lambda kv: kv[0].name_hint):
-        if not isinstance(func, tirx.PrimFunc):
-            raise BridgeError(
-                f"{gv.name_hint}: only PrimFuncs convert, found {type(func).__name__}"
-            )
         functions.append(convert_lowered(gv.name_hint, func))
     return {"format": "kiln-ir/1", "functions": functions}
 

@@ -546,15 +546,6 @@ impl Bench {
         )
     }
 
-    /// Builds, checks and times `f` (a scheduled version of the function); see
-    /// [`Bench::time_within`] for `cutoff`.
-    pub fn measure(&self, f: &PrimFunc, target: &Target, cutoff: Option<f64>) -> Outcome {
-        match build(f, target) {
-            Ok(func) => self.check_and_time(f, &func, cutoff),
-            Err(e) => Outcome::Invalid(e),
-        }
-    }
-
     /// Checks and times `func`, the build of `f` (a scheduled version of the function); see
     /// [`Bench::time_within`] for `cutoff`.
     pub fn check_and_time(&self, f: &PrimFunc, func: &PackedFunc, cutoff: Option<f64>) -> Outcome {

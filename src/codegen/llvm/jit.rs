@@ -295,23 +295,13 @@ pub(crate) struct LazyChecks {
 }
 
 /// The decoder descriptions of `module`'s functions with a global symbol, in module order
-/// (the checkers' indices), as the code generator decides them (`generate_parts`): none for
-/// device host code, whose wrappers keep their checks; a host function of a device module
-/// (`FuncAttrs::host`) takes CPU tensors.
-pub(crate) fn quick_sigs(module: &IRModule, opts: &CodegenOptions) -> Vec<Option<QuickSig>> {
+/// (the checkers' indices), by the rule the code generator applies (`quick::describe`).
+fn quick_sigs(module: &IRModule, opts: &CodegenOptions) -> Vec<Option<QuickSig>> {
     module
         .functions
         .iter()
         .filter(|f| f.attrs.global_symbol.is_some())
-        .map(|f| {
-            if f.attrs.host && opts.device_host {
-                QuickSig::new(f, crate::packed_func::DLDeviceType::CPU.0)
-            } else if opts.device_host {
-                None
-            } else {
-                QuickSig::new(f, opts.device_type)
-            }
-        })
+        .map(|f| super::quick::describe(f, opts.device_host, opts.device_type))
         .collect()
 }
 

@@ -281,8 +281,8 @@ fn generate_parts(
                 if optimized_tier {
                     None
                 } else {
-                    if *quick != 0 && !eo.device_host {
-                        decoder = quick::QuickSig::new(f, eo.device_type)
+                    if *quick != 0 {
+                        decoder = quick::describe(f, o.device_host, o.device_type)
                             .map(|q| (q, (*quick, *cx, exported.len())));
                     }
                     Some(calls + exported.len() * std::mem::size_of::<usize>())

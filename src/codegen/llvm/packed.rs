@@ -21,6 +21,7 @@ use crate::ir::{Expr, Param, PrimFunc, TypeCode, VarId};
 
 use super::super::CodegenError;
 use super::emit::{mem_ty, reg_ty, Emitter, Val};
+use super::quick::{QuickSig, Source};
 
 /// The `name(a: Tensor([16], float32), n: int32)` signature used in messages.
 pub fn signature(f: &PrimFunc) -> String {
@@ -840,7 +841,7 @@ fn bind_or_check(
 pub(crate) fn emit_quick(
     f: &PrimFunc,
     e: &mut Emitter<'_>,
-    q: &super::quick::QuickSig,
+    q: &QuickSig,
     decode: (usize, usize, usize),
     slow: &str,
     compute_slot: usize,
@@ -885,42 +886,13 @@ pub(crate) fn emit_quick(
     e.start_block("raised");
     e.line("ret i32 -1");
     e.start_block("call");
+    // The compute function's parameters, and the slots converted to them, in the decoder's
+    // order (each tensor's data, then every bound variable by id: `decode`'s).
     let na = if f.attrs.noalias { " noalias" } else { "" };
-    let tensors = f.params.iter().filter_map(|p| match p {
-        Param::Buffer(b) => Some(b),
-        Param::Scalar(_) => None,
-    });
     let mut params: Vec<String> = Vec::new();
+    let mut types: Vec<String> = Vec::new();
     let mut buffers: Vec<(VarId, String)> = Vec::new();
-    for b in tensors {
-        let mt = mem_ty(b.dtype);
-        params.push(format!("{mt}*{na} %buf{}", b.data.id.0));
-        buffers.push((b.data.id, format!("{mt}*")));
-    }
-    let mut bound: Vec<(VarId, crate::ir::DataType)> = Vec::new();
-    for p in &f.params {
-        if let Param::Scalar(v) = p {
-            bound.push((v.id, v.dtype));
-        }
-    }
-    for p in &f.params {
-        if let Param::Buffer(b) = p {
-            for x in b.shape.iter().chain(b.strides.iter().flatten()) {
-                if let Expr::Var(v) = x {
-                    if !bound.iter().any(|(id, _)| *id == v.id) {
-                        bound.push((v.id, v.dtype));
-                    }
-                }
-            }
-        }
-    }
-    bound.sort_by_key(|(id, _)| *id);
     let mut vars: Vec<(VarId, String)> = Vec::new();
-    for (id, dt) in &bound {
-        let ty = reg_ty(*dt);
-        params.push(format!("{ty} %var{}", id.0));
-        vars.push((*id, ty));
-    }
     let mut args: Vec<String> = Vec::with_capacity(q.args.len() + 1);
     let slot = |e: &mut Emitter<'_>, k: usize| {
         let p = e.assign(
@@ -929,36 +901,37 @@ pub(crate) fn emit_quick(
         );
         e.assign("i64", format!("load i64, i64* {}, align 8", p.v))
     };
-    let mut data_params = buffers.iter();
     for src in &q.args {
-        let v = match src {
-            super::quick::Source::Data { slot: k } => {
-                let raw = slot(e, *k);
-                let ty = data_params
-                    .next()
-                    .map_or("i8*", |(_, t)| t.as_str())
-                    .to_owned();
+        let v = match *src {
+            Source::Data {
+                slot: k,
+                buf,
+                dtype,
+            } => {
+                let ty = format!("{}*", mem_ty(dtype));
+                params.push(format!("{ty}{na} %buf{}", buf.0));
+                buffers.push((buf, ty.clone()));
+                let raw = slot(e, k);
                 e.assign(&ty, format!("inttoptr i64 {} to {ty}", raw.v))
             }
-            super::quick::Source::Extent { slot: k, dtype } => {
-                let raw = slot(e, *k);
-                let ty = reg_ty(*dtype);
-                if ty == "i64" {
-                    raw
-                } else {
-                    e.assign(&ty, format!("trunc i64 {} to {ty}", raw.v))
-                }
+            Source::Extent {
+                slot: k,
+                var,
+                dtype,
             }
-            super::quick::Source::Scalar { slot: k, dtype } => {
-                let raw = slot(e, *k);
-                let ty = reg_ty(*dtype);
+            | Source::Scalar {
+                slot: k,
+                var,
+                dtype,
+            } => {
+                let ty = reg_ty(dtype);
+                params.push(format!("{ty} %var{}", var.0));
+                vars.push((var, ty.clone()));
+                let raw = slot(e, k);
+                let scalar = matches!(src, Source::Scalar { .. });
                 match dtype.code {
-                    TypeCode::Bool => e.assign("i1", format!("icmp ne i64 {}, 0", raw.v)),
-                    TypeCode::Int | TypeCode::UInt if ty == "i64" => raw,
-                    TypeCode::Int | TypeCode::UInt => {
-                        e.assign(&ty, format!("trunc i64 {} to {ty}", raw.v))
-                    }
-                    TypeCode::Float | TypeCode::BFloat => {
+                    TypeCode::Bool if scalar => e.assign("i1", format!("icmp ne i64 {}, 0", raw.v)),
+                    TypeCode::Float | TypeCode::BFloat if scalar => {
                         let d = e.assign("double", format!("bitcast i64 {} to double", raw.v));
                         if ty == "double" {
                             d
@@ -966,21 +939,20 @@ pub(crate) fn emit_quick(
                             e.assign(&ty, format!("fptrunc double {} to {ty}", d.v))
                         }
                     }
-                    TypeCode::Handle => e.assign("i8*", format!("inttoptr i64 {} to i8*", raw.v)),
+                    TypeCode::Handle if scalar => {
+                        e.assign("i8*", format!("inttoptr i64 {} to i8*", raw.v))
+                    }
+                    // Integers (an extent's variable is one).
+                    _ if ty == "i64" => raw,
+                    _ => e.assign(&ty, format!("trunc i64 {} to {ty}", raw.v)),
                 }
             }
         };
+        types.push(v.ty.clone());
         args.push(v.typed());
     }
     let rp = e.assign("i8*", "bitcast %ffi.any* %ret to i8*");
     args.push(rp.typed());
-    let mut types: Vec<String> = params
-        .iter()
-        .map(|p| {
-            let ty = p.rsplit_once(" %").map_or(p.as_str(), |(ty, _)| ty);
-            ty.trim_end_matches(" noalias").to_owned()
-        })
-        .collect();
     types.push("i8*".into());
     let fty = format!("i32 ({})*", types.join(", "));
     let p = e.assign(

@@ -70,13 +70,26 @@ struct VarInfo {
 /// Where a compute argument comes from, for the wrapper's IR.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Source {
-    /// A tensor's data pointer (with its byte offset): `inttoptr` of the slot.
-    Data { slot: usize },
-    /// A scalar parameter's payload (for a float, the value as a double): converted to `ty`
-    /// as the compiled wrapper converts it.
-    Scalar { slot: usize, dtype: DataType },
-    /// A shape or stride extent (an `i64`), truncated to the variable's type.
-    Extent { slot: usize, dtype: DataType },
+    /// A tensor's data pointer (with its byte offset), `inttoptr` of the slot: the compute
+    /// parameter `%buf<buf>`, a pointer to `dtype`.
+    Data {
+        slot: usize,
+        buf: VarId,
+        dtype: DataType,
+    },
+    /// A scalar parameter's payload (for a float, the value as a double), converted to the
+    /// variable's type as the compiled wrapper converts it: the compute parameter `%var<var>`.
+    Scalar {
+        slot: usize,
+        var: VarId,
+        dtype: DataType,
+    },
+    /// A shape or stride extent (an `i64`), truncated to the variable's type: `%var<var>`.
+    Extent {
+        slot: usize,
+        var: VarId,
+        dtype: DataType,
+    },
 }
 
 /// The decoder's description of one function's packed signature.
@@ -93,6 +106,20 @@ pub(crate) struct QuickSig {
     /// The compute function's arguments in order: each tensor's data, then every bound
     /// variable by id (the order of [`super::packed`]'s decode).
     pub(crate) args: Vec<Source>,
+}
+
+/// The description of `f` in a module built with `device_host` for tensors on `device_type`,
+/// as the code generator and the decoder's table both decide it: none for device host code
+/// (its wrappers keep their compiled checks), CPU tensors for a host function of a device
+/// module (`FuncAttrs::host`).
+pub(crate) fn describe(f: &PrimFunc, device_host: bool, device_type: i32) -> Option<QuickSig> {
+    if f.attrs.host && device_host {
+        QuickSig::new(f, crate::packed_func::DLDeviceType::CPU.0)
+    } else if device_host {
+        None
+    } else {
+        QuickSig::new(f, device_type)
+    }
 }
 
 fn int_var(v: &crate::ir::Var) -> bool {
@@ -169,7 +196,11 @@ impl QuickSig {
                             Some(out)
                         }
                     };
-                    args.push(Source::Data { slot: i });
+                    args.push(Source::Data {
+                        slot: i,
+                        buf: b.data.id,
+                        dtype: b.dtype,
+                    });
                     Kind::Tensor {
                         ndim: i32::try_from(b.ndim()).ok()?,
                         code: b.dtype.code as u8,
@@ -194,9 +225,14 @@ impl QuickSig {
             let info = &vars[index[&id]];
             let dtype = types[&id];
             args.push(match info.scalar {
-                Some(slot) => Source::Scalar { slot, dtype },
+                Some(slot) => Source::Scalar {
+                    slot,
+                    var: id,
+                    dtype,
+                },
                 None => Source::Extent {
                     slot: info.slot,
+                    var: id,
                     dtype,
                 },
             });
