@@ -9,12 +9,14 @@
 //! `fast_exp` itself), then, in a second run, for an AVX2-only CPU (`haswell`); with
 //! `KILN_BENCH_MCPU` set, one run for that CPU. They are called through the packed-function ABI
 //! with 64-byte-aligned inputs. TVM builds its kernels for the same target (the CPU name LLVM
-//! resolves `native` to, passed as `KILN_TVM_MCPU`). numpy and TVM (with
-//! its best hand schedules) are timed by `python/bench_tvm.py`, run with `$KILN_PYTHON` (default
-//! `python3`) when it can import numpy (TVM when `tvm` imports too; for an AVX2-only target, with
-//! `OPENBLAS_CORETYPE=Haswell`, so that numpy's matmul is OpenBLAS's AVX2 code); the same script checks kiln's
-//! outputs, written to a temporary directory, against numpy. Times are medians of repeated calls
-//! with the spread (min - max) beside them; ratios are other / kiln (> 1: kiln is faster).
+//! resolves `native` to, passed as `KILN_TVM_MCPU`). numpy and TVM (the fastest of TVM's
+//! strongest schedules for each kernel on this machine: see the script) are timed by
+//! `python/bench_tvm.py`, run with `$KILN_PYTHON` (default `python3`) when it can import numpy
+//! (TVM when `tvm` imports too; for an AVX2-only target, with `OPENBLAS_CORETYPE=Haswell`, so that
+//! numpy's matmul is OpenBLAS's AVX2 code); the same script checks kiln's outputs, written to a
+//! temporary directory, against numpy. Times are medians of repeated calls with the spread (min -
+//! max) beside them; ratios are other / kiln (> 1: kiln is faster), paired by round for numpy
+//! and TVM (the median over interleaved rounds of the two block medians' ratio, with quartiles).
 //!
 //! Last, on the first OpenCL device (PoCL in CI), kiln's OpenCL kernels against hand-written
 //! OpenCL C and a launch against a bare one (`opencl_kernels`, which `cargo bench --bench
@@ -374,7 +376,9 @@ fn run() {
         util::load_average()
     );
     println!("median [min-max] of repeated calls; x = other time / kiln time (> 1: kiln faster): Rust loop vs");
-    println!("kiln JIT; numpy and TVM vs kiln .so through tvm_ffi, timed in interleaved blocks with them\n");
+    println!("kiln JIT; numpy and TVM vs kiln .so through tvm_ffi, timed in interleaved blocks with them, x the median");
+    println!("over rounds of (its block median / kiln's block median in the same round) [quartiles]; TVM: its");
+    println!("fastest schedule of those python/bench_tvm.py builds (named below the table)\n");
     let fmt = |r: &Row, t: (f64, f64, f64)| -> String {
         if r.work > 0.0 {
             format!(
@@ -389,7 +393,7 @@ fn run() {
         }
     };
     println!(
-        "{:<14} {:>7} | {:>28} | {:>28} | {:>28} {:>5} | {:>28} {:>5} | {:>28} {:>5} | check",
+        "{:<14} {:>7} | {:>28} | {:>28} | {:>28} {:>5} | {:>28} {:>16} | {:>28} {:>16} | check",
         "kernel",
         "unit",
         "kiln JIT (Rust call)",
@@ -414,12 +418,22 @@ fn run() {
         // numpy and TVM are compared with kiln called the same way, in the same rounds.
         let kffi = get("kiln_ffi");
         let base = kffi.map_or(r.kiln.0, |t| t.0);
-        let cell = |t: Option<(f64, f64, f64)>| match t {
-            Some(t) => (fmt(r, t), format!("{:.2}", t.0 / base)),
+        // The paired ratio when the script gave one (it does whenever kiln's .so ran), else
+        // the ratio of the two medians.
+        let paired = |who: &str| -> Option<String> {
+            let v = other.get(&k)?.get(who)?;
+            let f = |key: &str| v.get(key).and_then(|x| x.as_f64());
+            Some(format!("{:.2} [{:.2}-{:.2}]", f("x")?, f("x_q1")?, f("x_q3")?))
+        };
+        let cell = |who: &str| match get(who) {
+            Some(t) => (
+                fmt(r, t),
+                paired(who).unwrap_or_else(|| format!("{:.2}", t.0 / base)),
+            ),
             None => ("-".into(), "-".into()),
         };
-        let (np, npx) = cell(get("numpy"));
-        let (tvm, tvmx) = cell(get("tvm"));
+        let (np, npx) = cell("numpy");
+        let (tvm, tvmx) = cell("tvm");
         let err = |key: &str| {
             other
                 .get(&k)
@@ -432,7 +446,7 @@ fn run() {
             _ => format!("max|kiln-Rust| {:.1e}", r.kiln_vs_rust_err),
         };
         println!(
-            "{:<14} {:>7} | {:>28} | {:>28} | {:>28} {:>5} | {:>28} {:>5} | {:>28} {:>5} | {}",
+            "{:<14} {:>7} | {:>28} | {:>28} | {:>28} {:>5} | {:>28} {:>16} | {:>28} {:>16} | {}",
             r.name,
             r.unit,
             fmt(r, r.kiln),
@@ -445,6 +459,27 @@ fn run() {
             tvmx,
             check
         );
+    }
+    for k in ["vadd", "matmul", "rowsum", "softmax"] {
+        if let Some(sched) = other
+            .get(k)
+            .and_then(|v| v.get("tvm_schedule"))
+            .and_then(|v| v.as_str())
+        {
+            let cands = other
+                .get(k)
+                .and_then(|v| v.get("tvm_candidates"))
+                .and_then(|v| v.as_object())
+                .map(|m| {
+                    let list: Vec<String> = m
+                        .iter()
+                        .filter_map(|(n, t)| Some(format!("{n} {:.2} ms", t.as_f64()? * 1e3)))
+                        .collect();
+                    format!(" (fastest of: {})", list.join(", "))
+                })
+                .unwrap_or_default();
+            println!("TVM {k}: {sched}{cands}");
+        }
     }
     println!(
         "\nthread pool ({} threads): vadd n=64 per call {:.2} us [{:.2}-{:.2}] parallel vs {:.2} us serial: launch cost {:.2} us",
