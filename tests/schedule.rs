@@ -1062,6 +1062,49 @@ fn cache_read_refuses_written_buffers_and_missing_accesses() {
     assert!(s.trace().is_empty());
 }
 
+/// A second cache of the same buffer (each row part of a matmul caches its `C` tile, each
+/// column part its slice of `B`) names its copy loops apart from the first one's (`C_c_1r0`):
+/// every loop name of the result is unique, so a later step can name each copy (a record of
+/// the tuner replays steps by loop name). Before, every copy's loops were `C_cw0`, ..., and a
+/// step naming one failed as ambiguous.
+#[test]
+fn second_caches_of_a_buffer_get_loop_names_of_their_own() {
+    let (m, n, k) = (14, 40, 8);
+    let f = kernels::matmul_sized(m, n, k);
+    let tiles = sk::MatmulTiles {
+        mr: 6,
+        nr: 16,
+        mb: 12,
+        kc: 0,
+    };
+    let mut s = sk::matmul_tiled_packing(
+        Schedule::new(f.clone()),
+        &sk::MatmulParts::default(),
+        [m, n, k],
+        tiles,
+        sk::PackB::InTask { panels: 2 },
+        sk::PackA::InPlace,
+    )
+    .unwrap();
+    let text = s.func().to_string();
+    let mut names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("for ")?.split(':').next())
+        .collect();
+    let total = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), total, "a loop name repeats:\n{text}");
+    for l in ["C_cw0", "C_c_1w1", "C_c_2w0", "B_cr0", "B_c_1r0", "B_c_2r1"] {
+        assert!(names.contains(&l), "no loop `{l}`:\n{text}");
+    }
+    // The second copies can be named by a step, and the result still computes the matmul.
+    s.split("C_c_1w0", 1).unwrap();
+    s.split("B_c_1r0", 4).unwrap();
+    let g = s.finish().unwrap();
+    same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+}
+
 /// `B` packed by each parallel task, a pass of `k` (or all of it) at a time: the same results
 /// as the plain matmul for shapes with partial row blocks, narrow column tails and several
 /// passes, and no up-front packing of `B`.

@@ -59,7 +59,10 @@ impl Schedule {
             .ok_or_else(|| self.form(primitive, format!("found no parameter buffer `{buffer}`")))?;
         let cname = self.fresh_buffer(&format!("{buffer}_local"));
         let mut problem: Option<String> = None;
-        let prefix = self.fresh(&format!("{buffer}_c"), &[]);
+        // The copies' loops are `{prefix}r{d}` and `{prefix}w{d}`: a prefix none of whose loop
+        // names is taken yet (a second cache of the same buffer, as in each column part of a
+        // matmul, gets `B_c_1r0`, ...), so that every loop name stays unique.
+        let prefix = self.fresh_prefix(&format!("{buffer}_c"), &["r", "w"]);
         self.edit(at, &mut |s, enc| {
             let (var, min, extent, kind, body) = parts(s);
             // Loops inside `at` with constant bounds.

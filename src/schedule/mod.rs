@@ -365,6 +365,26 @@ impl Schedule {
             .expect("some suffix is free")
     }
 
+    /// A prefix for new loops named `{prefix}{tag}{d}` (a tag of `tags`, `d` a number): `base`,
+    /// else `base_1`, `base_2`, ..., the first with which no loop of the function is named so.
+    fn fresh_prefix(&self, base: &str, tags: &[&str]) -> String {
+        let names = self.names();
+        let clashes = |p: &str| {
+            names.iter().any(|n| {
+                n.strip_prefix(p).is_some_and(|rest| {
+                    tags.iter().any(|t| {
+                        rest.strip_prefix(t)
+                            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                })
+            })
+        };
+        std::iter::once(base.to_owned())
+            .chain((1..).map(|k| format!("{base}_{k}")))
+            .find(|p| !clashes(p))
+            .expect("some suffix is free")
+    }
+
     /// A buffer name free in the function: `base`, else `base1`, `base2`, ... (not a parameter,
     /// an allocation or a loop name).
     fn fresh_buffer(&self, base: &str) -> String {
