@@ -254,18 +254,41 @@ fn kiln_tune_records_and_kiln_build_applies() {
     assert!(text.contains("record written to db.jsonl"), "{text}");
     let db = Database::open(&dir.path().join("db.jsonl")).unwrap();
     assert!(!db.records.is_empty() && db.warnings.is_empty());
-    // The winner, timed against the default in 5 alternating rounds, written again with the
-    // pairing.
+    // The winner, timed against the default in 5 alternating rounds or more (until the
+    // speedup's standard error is 2 % or less, at most 20), written again with the pairing
+    // and the noise it reached.
     assert!(
-        text.contains("paired:  ") && text.contains("over 5 alternating rounds"),
+        text.contains("paired:  ")
+            && text.contains(" alternating rounds (standard error ")
+            && text.contains("% after the most rounds)") == text.contains("over 20 alternating"),
         "{text}"
     );
     let last = db.records.last().unwrap();
     assert!(
-        last.paired
-            .is_some_and(|p| p.rounds == 5 && p.speedup > 1.0),
+        last.paired.is_some_and(|p| (5..=20).contains(&p.rounds)
+            && p.speedup > 1.0
+            && p.se
+                .is_some_and(|se| se >= 0.0 && (se <= 0.02 || p.rounds == 20))),
         "{last:?}"
     );
+    // A bound that is not one is refused before anything is tuned.
+    for bad in ["-0.1", "NaN", "inf"] {
+        let (ok, text) = kiln(
+            &[
+                "tune",
+                "mm.json",
+                "matmul",
+                "--trials",
+                "2",
+                &format!("--pair-se={bad}"),
+            ],
+            dir.path(),
+        );
+        assert!(
+            !ok && text.contains("--pair-se: expected a bound") && !text.contains("candidates"),
+            "{bad}: {text}"
+        );
+    }
     let (ok, text) = kiln(
         &["build", "mm.json", "-o", "mm.so", "--db", "db.jsonl"],
         dir.path(),
@@ -955,6 +978,16 @@ fn pairing_times_the_winner_against_the_default_round_by_round() {
         (t.median - 0.8).abs() < 1e-9 && (t.max - 1.1).abs() < 1e-9,
         "{t:?}"
     );
+    // The ratios 1.25 four times and 1 / 1.1 (the ninth call, the candidate's fifth, is
+    // slow): the standard error of their logarithms' mean.
+    let (a, b) = (1.25f64.ln(), (1.0f64 / 1.1).ln());
+    let mean = (4.0 * a + b) / 5.0;
+    let var = (4.0 * (a - mean).powi(2) + (b - mean).powi(2)) / 4.0;
+    let se = (var / 5.0).sqrt();
+    assert!(
+        p.se.is_some_and(|x| (x - se).abs() < 1e-12),
+        "{p:?} against {se}"
+    );
     let err = tune::pair_with_default(&mut m, &steps, 0).unwrap_err();
     assert!(err.contains("at least one round"), "{err}");
     let mut failing = Alternating {
@@ -963,6 +996,115 @@ fn pairing_times_the_winner_against_the_default_round_by_round() {
     };
     let err = tune::pair_with_default(&mut failing, &steps, 3).unwrap_err();
     assert!(err.contains("the default did not measure"), "{err}");
+}
+
+/// Times with a noise that dies down: the candidate's first `noisy` calls alternate between
+/// 0.7 and 0.9 (the default 1.0 always), then it takes 0.8 every time.
+struct Settling {
+    calls: usize,
+    noisy: usize,
+}
+
+impl Measurer for Settling {
+    fn baseline(&self) -> Timing {
+        flat(1.0)
+    }
+
+    fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
+        if steps.is_empty() {
+            return Outcome::Ok(flat(1.0));
+        }
+        self.calls += 1;
+        let t = match self.calls {
+            c if c <= self.noisy && c % 2 == 1 => 0.7,
+            c if c <= self.noisy => 0.9,
+            _ => 0.8,
+        };
+        Outcome::Ok(flat(t))
+    }
+}
+
+/// Pairing until the noise is under a bound: a steady candidate stops at the rounds asked
+/// for; a noisy one goes on until the standard error is under the bound (as its later rounds
+/// settle), or until the most rounds, the standard error then stated over the bound; a bound of
+/// 0 is exactly the rounds asked for; a bound that is not one is an error.
+#[test]
+fn pairing_goes_on_until_the_speedup_is_known_to_the_bound() {
+    let steps = vec![Step::Kind {
+        loop_: "i".into(),
+        kind: "parallel".into(),
+    }];
+    let plan = tune::PairPlan::new(5, 0.02);
+    assert_eq!(plan.max_rounds, 20);
+    // Steady: 5 rounds, no spread.
+    let mut m = Settling { calls: 0, noisy: 0 };
+    let (p, _) = tune::pair_until(&mut m, &steps, plan).unwrap();
+    assert_eq!((p.rounds, m.calls), (5, 5), "{p:?}");
+    assert!(
+        (p.speedup - 1.25).abs() < 1e-12 && p.se.is_some_and(|se| se < 1e-12),
+        "{p:?}"
+    );
+    // Two noisy rounds (ratios 1 / 0.7 and 1 / 0.9), then steady at 1.25: rounds are added
+    // until the standard error of the ratios' logarithms is at most 2 %.
+    let mut m = Settling { calls: 0, noisy: 2 };
+    let (p, _) = tune::pair_until(&mut m, &steps, plan).unwrap();
+    assert!(p.rounds > 5 && p.rounds < 20, "{p:?}");
+    assert!(p.se.is_some_and(|se| se <= 0.02), "{p:?}");
+    assert!((p.speedup - 1.25).abs() < 1e-12, "{p:?}");
+    // One round fewer would not have been within the bound.
+    let fewer = {
+        let mut ratios = vec![1.0 / 0.7, 1.0 / 0.9];
+        ratios.resize(p.rounds - 1, 1.25);
+        tune::Paired::of(&ratios).unwrap()
+    };
+    assert!(fewer.se.is_some_and(|se| se > 0.02), "{fewer:?}");
+    // Noisy throughout: the most rounds, and the standard error reached, over the bound.
+    let mut m = Settling {
+        calls: 0,
+        noisy: usize::MAX,
+    };
+    let (p, _) = tune::pair_until(&mut m, &steps, plan).unwrap();
+    assert_eq!((p.rounds, m.calls), (20, 20), "{p:?}");
+    assert!(p.se.is_some_and(|se| se > 0.02), "{p:?}");
+    // A bound of 0: exactly the rounds asked for, however noisy.
+    let mut m = Settling {
+        calls: 0,
+        noisy: usize::MAX,
+    };
+    let (p, _) = tune::pair_until(&mut m, &steps, tune::PairPlan::new(5, 0.0)).unwrap();
+    assert_eq!((p.rounds, m.calls), (5, 5), "{p:?}");
+    for bad in [-0.01, f64::NAN, f64::INFINITY] {
+        let err = tune::pair_until(&mut m, &steps, tune::PairPlan::new(5, bad)).unwrap_err();
+        assert!(err.contains("bound on the standard error"), "{bad}: {err}");
+    }
+    // One ratio: no standard error; none: no pairing.
+    assert_eq!(tune::Paired::of(&[1.5]).unwrap().se, None);
+    assert!(tune::Paired::of(&[]).is_none());
+}
+
+/// A record's pairing without a standard error (written by kiln before it had one) still
+/// reads, and one with it keeps it through a write and a read.
+#[test]
+fn paired_records_read_with_and_without_a_standard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = kernels::matmul_sized(32, 32, 32);
+    let cpu = tune::db::host_cpu();
+    let mut r = record(&f, &host(), par("i"), 1.0, &cpu);
+    r.paired = tune::Paired::of(&[1.2, 1.25, 1.3]);
+    let with = serde_json::to_value(&r).unwrap();
+    assert!(
+        with["paired"]["se"].as_f64().is_some_and(|se| se > 0.0),
+        "{with}"
+    );
+    let mut without = with.clone();
+    without["paired"].as_object_mut().unwrap().remove("se");
+    let path = dir.path().join("db.jsonl");
+    std::fs::write(&path, format!("{without}\n{with}\n")).unwrap();
+    let db = Database::open(&path).unwrap();
+    assert!(db.warnings.is_empty(), "{:?}", db.warnings);
+    assert_eq!(db.records.len(), 2);
+    assert_eq!(db.records[0].paired.unwrap().se, None);
+    assert_eq!(db.records[1].paired, r.paired);
 }
 
 /// Records paired against the default outrank the others; a paired record that did not beat
@@ -979,6 +1121,7 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
             speedup,
             low: speedup - 0.1,
             high: speedup + 0.1,
+            se: Some(0.01),
         }),
         ..r
     };

@@ -51,6 +51,11 @@ pub struct TuneArgs {
     /// where a call of the default takes 0.25 s or less.
     #[arg(long, value_name = "ROUNDS", default_value_t = 5)]
     pair: usize,
+    /// The bound on the paired speedup's relative standard error: past `--pair` rounds, the
+    /// pairing goes on (up to four times as many rounds) until the speedup is known to within
+    /// it (0: exactly `--pair` rounds).
+    #[arg(long, value_name = "SE", default_value_t = 0.02)]
+    pair_se: f64,
     /// Measure in this process instead of a worker process (faster to start; a crashing
     /// candidate then ends the search).
     #[arg(long)]
@@ -107,6 +112,13 @@ pub fn apply_db(
 
 /// `kiln tune`.
 pub fn run(a: &TuneArgs) -> CmdResult {
+    if !(a.pair_se.is_finite() && a.pair_se >= 0.0) {
+        return Err(format!(
+            "--pair-se: expected a bound on the relative standard error of 0 or more (0.02: 2 %), got {}",
+            a.pair_se
+        )
+        .into());
+    }
     let module = read_module(&a.module)?;
     module
         .verify()
@@ -267,7 +279,8 @@ fn tune_one(
     // pairing, which outranks the records written on the way.
     let mut confirmed = None;
     if let (Some(mut r), true) = (last, a.pair > 0 && default.median <= tune::PAIR_MAX_CALL_S) {
-        let (p, t) = tune::pair_with_default(measurer.as_mut(), &r.steps, a.pair)?;
+        let plan = tune::PairPlan::new(a.pair, a.pair_se);
+        let (p, t) = tune::pair_until(measurer.as_mut(), &r.steps, plan)?;
         r.paired = Some(p);
         r.time = t;
         db.append(r)?;
@@ -300,14 +313,37 @@ fn tune_one(
                 default.median / t.median.max(f64::MIN_POSITIVE)
             );
             println!("steps:   {}", serde_json::to_string(steps)?);
+            // The noise of the pairing: the standard error reached, against the bound.
+            let noise = |p: &tune::Paired| match p.se {
+                Some(se) if a.pair_se > 0.0 && se > a.pair_se => format!(
+                    " (standard error {:.1} %: over the bound of {:.1} % after the most rounds)",
+                    se * 100.0,
+                    a.pair_se * 100.0
+                ),
+                Some(se) if a.pair_se > 0.0 => format!(
+                    " (standard error {:.1} %, bound {:.1} %)",
+                    se * 100.0,
+                    a.pair_se * 100.0
+                ),
+                Some(se) => format!(" (standard error {:.1} %)", se * 100.0),
+                None => String::new(),
+            };
             match confirmed {
                 Some(p) if p.speedup > 1.0 => println!(
-                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds",
-                    p.speedup, p.low, p.high, p.rounds
+                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds{}",
+                    p.speedup,
+                    p.low,
+                    p.high,
+                    p.rounds,
+                    noise(&p)
                 ),
                 Some(p) => println!(
-                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds: not faster, so the record keeps the default build",
-                    p.speedup, p.low, p.high, p.rounds
+                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds{}: not faster, so the record keeps the default build",
+                    p.speedup,
+                    p.low,
+                    p.high,
+                    p.rounds,
+                    noise(&p)
                 ),
                 None if a.pair > 0 => println!(
                     "paired:  not done (a call of the default takes more than {} s)",

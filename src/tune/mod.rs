@@ -293,6 +293,7 @@ pub const PAIR_MAX_CALL_S: f64 = 0.25;
 /// ([`Paired`]): the check a search's winner passes before it is preferred to the default. A
 /// winner found by separate measurements can be a tie within the noise (a vector add on
 /// OpenCL: 0.95x the default when measured again); the per-round ratios say.
+/// [`pair_until`] goes on until the noise is under a bound.
 ///
 /// # Errors
 /// `rounds` is 0, or a measurement that does not succeed (the candidate or the default
@@ -302,16 +303,77 @@ pub fn pair_with_default(
     steps: &[Step],
     rounds: usize,
 ) -> Result<(Paired, Timing), String> {
-    if rounds == 0 {
+    pair_until(
+        m,
+        steps,
+        PairPlan {
+            rounds,
+            se: 0.0,
+            max_rounds: rounds,
+        },
+    )
+}
+
+/// How long [`pair_until`] pairs a candidate with the default.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PairPlan {
+    /// Rounds at least.
+    pub rounds: usize,
+    /// The bound on the speedup's relative standard error ([`Paired::se`]): past `rounds`,
+    /// rounds are added until it is reached (0: exactly `rounds`).
+    pub se: f64,
+    /// Rounds at most, where the bound is not reached sooner.
+    pub max_rounds: usize,
+}
+
+impl PairPlan {
+    /// `rounds` at least, then until the standard error is at most `se`, with at most four
+    /// times `rounds` (`kiln tune --pair ROUNDS --pair-se SE`).
+    pub fn new(rounds: usize, se: f64) -> PairPlan {
+        PairPlan {
+            rounds,
+            se,
+            max_rounds: rounds.saturating_mul(4),
+        }
+    }
+}
+
+/// [`pair_with_default`], with rounds added past `plan.rounds` until the speedup's relative
+/// standard error is at most `plan.se` (and at least three rounds measured), or
+/// `plan.max_rounds` are done: "measured until the noise is under a stated bound". The
+/// [`Paired`] it returns says how many rounds it took and the standard error reached, which
+/// may be over the bound where `max_rounds` ended it.
+///
+/// # Errors
+/// As [`pair_with_default`]; a bound that is negative, infinite or not a number.
+pub fn pair_until(
+    m: &mut dyn Measurer,
+    steps: &[Step],
+    plan: PairPlan,
+) -> Result<(Paired, Timing), String> {
+    if plan.rounds == 0 {
         return Err("pairing needs at least one round".into());
+    }
+    if !(plan.se.is_finite() && plan.se >= 0.0) {
+        return Err(format!(
+            "pairing: the bound on the standard error must be 0 or more, got {}",
+            plan.se
+        ));
     }
     let mut time = |s: &[Step], who: &str| match m.measure(s, None) {
         Outcome::Ok(t) => Ok(t.median),
         other => Err(format!("pairing: {who} did not measure: {other:?}")),
     };
-    let mut ratios = Vec::with_capacity(rounds);
-    let mut times = Vec::with_capacity(rounds);
-    for r in 0..rounds {
+    let most = plan.max_rounds.max(plan.rounds);
+    let mut ratios = Vec::with_capacity(plan.rounds);
+    let mut times = Vec::with_capacity(plan.rounds);
+    for r in 0..most {
+        if r >= plan.rounds {
+            let p = Paired::of(&ratios).expect("rounds were measured");
+            if plan.se == 0.0 || (r >= 3 && p.se.is_some_and(|se| se <= plan.se)) {
+                break;
+            }
+        }
         let (cand, default) = if r % 2 == 0 {
             let c = time(steps, "the candidate")?;
             (c, time(&[], "the default")?)
@@ -322,13 +384,7 @@ pub fn pair_with_default(
         ratios.push(default / cand.max(f64::MIN_POSITIVE));
         times.push(cand);
     }
-    let ratio = Timing::of(ratios);
-    let paired = Paired {
-        rounds,
-        speedup: ratio.median,
-        low: ratio.min,
-        high: ratio.max,
-    };
+    let paired = Paired::of(&ratios).expect("rounds were measured");
     Ok((paired, Timing::of(times)))
 }
 
