@@ -103,9 +103,9 @@ def tvm_vadd(n=1 << 24):
     return {"par4096+vec16": s.mod}
 
 
-def tvm_matmul_tiled(n, mr, nr):
-    """`B` packed into `nr`-column panels, an `mr x nr` register tile (`cache_write` to
-    `local`) over the whole `k`, the column panels in parallel."""
+def packed_matmul(n, nr):
+    """`C = A @ B` with `B` packed into `nr`-column panels (`packedB[n / nr, n, nr]`), as a
+    schedule, and the loops of `C`'s block."""
     k = te.reduce_axis((0, n), "k")
     A = te.placeholder((n, n), name="A")
     B = te.placeholder((n, n), name="B")
@@ -117,52 +117,45 @@ def tvm_matmul_tiled(n, mr, nr):
     )
     s = s_tir.Schedule(te.create_prim_func([A, B, C]))
     blk = s.get_sblock("C")
-    x, y, kk = s.get_loops(blk)
-    xo, xi = s.split(x, factors=[None, mr])
-    yo, yi = s.split(y, factors=[None, nr])
-    s.reorder(yo, xo, kk, xi, yi)
+    return s, blk, s.get_loops(blk)
+
+
+def finish_packed_matmul(s, blk, xo, xi, yi, kk):
+    """The register tile of `packed_matmul`: `C`'s `xi x yi` tile accumulated in `local`
+    (`cache_write` written back at `xo`), rows unrolled and columns vectorized, the
+    initialization apart from the reduction; the packing in parallel, vectorized."""
+    s.unroll(xi)
+    s.vectorize(yi)
     cc = s.cache_write(blk, 0, "local")
     s.reverse_compute_at(cc, xo)
-    s.vectorize(yi)
-    s.unroll(xi)
-    s.parallel(yo)
-    s.vectorize(s.get_loops(cc)[-1])
     s.decompose_reduction(blk, kk)
+    s.vectorize(s.get_loops(cc)[-1])
     px, _, pz = s.get_loops(s.get_sblock("packedB"))
     s.parallel(px)
     s.vectorize(pz)
     return s.mod
+
+
+def tvm_matmul_tiled(n, mr, nr):
+    """`B` packed into `nr`-column panels, an `mr x nr` register tile over the whole `k`, the
+    column panels in parallel."""
+    s, blk, (x, y, kk) = packed_matmul(n, nr)
+    xo, xi = s.split(x, factors=[None, mr])
+    yo, yi = s.split(y, factors=[None, nr])
+    s.reorder(yo, xo, kk, xi, yi)
+    s.parallel(yo)
+    return finish_packed_matmul(s, blk, xo, xi, yi, kk)
 
 
 def tvm_matmul_blocked(n, bn=32, mr=8):
     """The schedule of TVM's CPU matmul tutorial: `B` packed into 32-column panels, 8 x 32
     register tiles in 64-row blocks, the row blocks in parallel."""
-    k = te.reduce_axis((0, n), "k")
-    A = te.placeholder((n, n), name="A")
-    B = te.placeholder((n, n), name="B")
-    packed = te.compute((n // bn, n, bn), lambda x, y, z: B[y, x * bn + z], name="packedB")
-    C = te.compute(
-        (n, n),
-        lambda x, y: te.sum(A[x, k] * packed[y // bn, k, te.indexmod(y, bn)], axis=k),
-        name="C",
-    )
-    s = s_tir.Schedule(te.create_prim_func([A, B, C]))
-    blk = s.get_sblock("C")
-    x, y, kk = s.get_loops(blk)
+    s, blk, (x, y, kk) = packed_matmul(n, bn)
     xb, xo, xi = s.split(x, factors=[None, 64 // mr, mr])
     yo, yi = s.split(y, factors=[None, bn])
     s.reorder(xb, yo, xo, kk, xi, yi)
     s.parallel(xb)
-    s.unroll(xi)
-    s.vectorize(yi)
-    cc = s.cache_write(blk, 0, "local")
-    s.reverse_compute_at(cc, xo)
-    s.decompose_reduction(blk, kk)
-    s.vectorize(s.get_loops(cc)[-1])
-    px, _, pz = s.get_loops(s.get_sblock("packedB"))
-    s.parallel(px)
-    s.vectorize(pz)
-    return s.mod
+    return finish_packed_matmul(s, blk, xo, xi, yi, kk)
 
 
 def tvm_matmul(n=1024):
