@@ -423,7 +423,12 @@ fn run() {
         let paired = |who: &str| -> Option<String> {
             let v = other.get(&k)?.get(who)?;
             let f = |key: &str| v.get(key).and_then(|x| x.as_f64());
-            Some(format!("{:.2} [{:.2}-{:.2}]", f("x")?, f("x_q1")?, f("x_q3")?))
+            Some(format!(
+                "{:.2} [{:.2}-{:.2}]",
+                f("x")?,
+                f("x_q1")?,
+                f("x_q3")?
+            ))
         };
         let cell = |who: &str| match get(who) {
             Some(t) => (
