@@ -43,14 +43,6 @@ from bench_util import aligned, block, cpu_name, quartiles, quiesce, te_matmul  
 SHAPES = "512x512x512,1024x1024x1024,2048x2048x2048,1000x1000x1000,64x4096x4096,4096x64x4096"
 
 
-
-
-
-
-
-
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kiln", default=os.path.join(HERE, "..", "target", "release", "kiln"))
