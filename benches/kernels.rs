@@ -465,7 +465,8 @@ fn run() {
             check
         );
     }
-    for k in ["vadd", "matmul", "rowsum", "softmax"] {
+    for r in &rows {
+        let k = r.name.split_whitespace().next().unwrap_or("");
         if let Some(sched) = other
             .get(k)
             .and_then(|v| v.get("tvm_schedule"))

@@ -112,13 +112,10 @@ pub fn apply_db(
 
 /// `kiln tune`.
 pub fn run(a: &TuneArgs) -> CmdResult {
-    if !(a.pair_se.is_finite() && a.pair_se >= 0.0) {
-        return Err(format!(
-            "--pair-se: expected a bound on the relative standard error of 0 or more (0.02: 2 %), got {}",
-            a.pair_se
-        )
-        .into());
-    }
+    // The bound is checked before the search, not when the pairing after it needs it.
+    tune::PairPlan::new(a.pair, a.pair_se)
+        .check()
+        .map_err(|e| format!("--pair-se: {e}"))?;
     let module = read_module(&a.module)?;
     module
         .verify()

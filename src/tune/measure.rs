@@ -88,16 +88,13 @@ pub struct Paired {
 
 impl Paired {
     /// The pairing of the per-round ratios `ratios` (default time / candidate time): their
-    /// median (the upper one of an even count, as [`Timing`]'s), range and relative standard error ([`Paired::se`]). `None` for no ratio.
+    /// median, range (as a [`Timing`] of them) and relative standard error ([`Paired::se`]). `None`
+    /// for no ratio.
     pub fn of(ratios: &[f64]) -> Option<Paired> {
         let n = ratios.len();
         if n == 0 {
             return None;
         }
-        let mut sorted = ratios.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        // The median as `Timing`'s: the upper one of an even count.
-        let median = sorted[n / 2];
         let se = (n >= 2).then(|| {
             let logs: Vec<f64> = ratios
                 .iter()
@@ -107,11 +104,12 @@ impl Paired {
             let var = logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
             (var / n as f64).sqrt()
         });
+        let t = Timing::of(ratios.to_vec());
         Some(Paired {
             rounds: n,
-            speedup: median,
-            low: sorted[0],
-            high: sorted[n - 1],
+            speedup: t.median,
+            low: t.min,
+            high: t.max,
             se,
         })
     }

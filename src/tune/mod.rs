@@ -336,6 +336,21 @@ impl PairPlan {
             max_rounds: rounds.saturating_mul(4),
         }
     }
+
+    /// `Ok` where the bound is one: finite and 0 or more.
+    ///
+    /// # Errors
+    /// What was expected and the bound seen.
+    pub fn check(&self) -> Result<(), String> {
+        if self.se.is_finite() && self.se >= 0.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "expected a bound on the standard error (relative) of 0 or more (0.02: 2 %), got {}",
+                self.se
+            ))
+        }
+    }
 }
 
 /// [`pair_with_default`], with rounds added past `plan.rounds` until the speedup's relative
@@ -354,12 +369,7 @@ pub fn pair_until(
     if plan.rounds == 0 {
         return Err("pairing needs at least one round".into());
     }
-    if !(plan.se.is_finite() && plan.se >= 0.0) {
-        return Err(format!(
-            "pairing: the bound on the standard error must be 0 or more, got {}",
-            plan.se
-        ));
-    }
+    plan.check().map_err(|e| format!("pairing: {e}"))?;
     let mut time = |s: &[Step], who: &str| match m.measure(s, None) {
         Outcome::Ok(t) => Ok(t.median),
         other => Err(format!("pairing: {who} did not measure: {other:?}")),
