@@ -1177,3 +1177,164 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
     db.append(record(&f, &target, par("i"), 0.5, &cpu)).unwrap();
     assert_eq!(db.best(&f, &target, false).unwrap().steps, par("i"));
 }
+
+/// The functions of `tests/data/tune_regtile.json` (TVM's lowering, converted by `kiln.to_kiln`).
+fn regtile_kernels() -> IRModule {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tune_regtile.json");
+    IRModule::from_json_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
+    // Kernels with no hand schedule: their reduction nest gets the register-tile knob, and
+    // every tile it offers (alone, with the reduction unrolled, with the outer loops parallel)
+    // schedules into code the interpreter finds equal to the function's own.
+    let m = regtile_kernels();
+    let cases = [
+        (
+            "batch_matmul",
+            vec![vec![2, 12, 8], vec![2, 8, 32], vec![2, 12, 32]],
+            // Rows: the batch (2) or `i` (12); columns: `j` (32).
+            vec![0_usize, 1],
+            vec![8_i64, 16, 32],
+        ),
+        (
+            "conv2d_nchw",
+            vec![vec![1, 4, 10, 16], vec![8, 4, 3, 3], vec![1, 8, 10, 16]],
+            // Rows: the output channels (8) or the output rows (10); columns: 16.
+            vec![0, 1],
+            vec![8, 16],
+        ),
+    ];
+    for (name, shapes, want_rows, want_nrs) in cases {
+        let f = m.get(name).unwrap().clone();
+        let want = common::interp_last(&f, &shapes);
+        let (g, prefix) = space::normalize(&f);
+        let nests = space::nests(&g);
+        let last = nests.len() - 1;
+        let space::RegTiles { rows, mrs, nrs } = space::regtile_values(&nests[last]).expect(name);
+        assert_eq!((&rows, &nrs), (&want_rows, &want_nrs), "{name}");
+        // Nests without a reduction (the initialization, the padding) have no such knob.
+        assert!(nests[..last]
+            .iter()
+            .all(|n| space::regtile_values(n).is_none()));
+        let mut tried = 0;
+        for (&row, ms) in rows.iter().zip(&mrs) {
+            for &mr in ms {
+                for &nr in &nrs {
+                    for (unroll, parallel) in [(0, 0), (2, 1), (0, 2)] {
+                        let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
+                        c[last].regtile = [row as i64, mr, nr];
+                        c[last].unroll = unroll;
+                        c[last].parallel = parallel;
+                        let steps = space::steps_for(&g, &nests, &c)
+                            .unwrap_or_else(|e| panic!("{name} {row} {mr}x{nr}: {e}"));
+                        assert!(
+                            steps.iter().any(|s| matches!(s, Step::CacheWrite { .. })),
+                            "{steps:?}"
+                        );
+                        let steps: Vec<Step> = prefix.iter().cloned().chain(steps).collect();
+                        let mut s = kiln::schedule::Schedule::new(f.clone());
+                        s.apply(&steps).unwrap();
+                        let got = common::interp_last(&s.finish().unwrap(), &shapes);
+                        for (x, y) in got.iter().zip(&want) {
+                            assert!(
+                                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                                "{name} {row} {mr}x{nr}: {x} vs {y}"
+                            );
+                        }
+                        tried += 1;
+                    }
+                }
+            }
+        }
+        assert!(tried >= 12, "{name}: {tried}");
+        // A tile the knob does not offer is refused, not scheduled with a bounds guard.
+        let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
+        c[last].regtile = [rows[0] as i64, 5, 8];
+        assert!(space::steps_for(&g, &nests, &c).is_err());
+        // The register tile excludes the tiling knobs it replaces.
+        let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
+        c[last].regtile = [rows[0] as i64, mrs[0][0], nrs[0]];
+        c[last].tile = [8, 8];
+        assert!(space::steps_for(&g, &nests, &c).is_err());
+    }
+}
+
+#[test]
+fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search() {
+    let m = regtile_kernels();
+    let f = m.get("batch_matmul").unwrap().clone();
+    let (g, prefix) = space::normalize(&f);
+    let nests = space::nests(&g);
+    let last = nests.len() - 1;
+    // AVX2 (8 lanes): at most 12 accumulators, the most first; AVX-512 (16 lanes): up to 24.
+    for (lanes, most) in [(8, 12), (16, 24)] {
+        let seeds = space::seeds_for_lanes(&nests, lanes);
+        let tiles: Vec<[i64; 3]> = seeds
+            .iter()
+            .map(|c| c[last].regtile)
+            .filter(|t| t[1] > 0)
+            .collect();
+        assert!(!tiles.is_empty(), "{lanes}: {seeds:?}");
+        for t in &tiles {
+            let acc = t[1] * ((t[2] + lanes - 1) / lanes);
+            assert!(acc <= most, "{lanes} lanes: {t:?}");
+        }
+        // `i` (12 rows) as rows: 6 x 16 (12 accumulators) for AVX2, 6 x 32 (12) for AVX-512.
+        assert!(
+            tiles.contains(&[1, 6, 16 * lanes / 8]),
+            "{lanes}: {tiles:?}"
+        );
+        // Every seed schedules, and compiled, computes what the function computes.
+        let shapes = [vec![2, 12, 8], vec![2, 8, 32], vec![2, 12, 32]];
+        let want = common::interp_last(&f, &shapes);
+        let opts = common::target_opts(r#"{"kind": "llvm", "mcpu": "native"}"#);
+        for c in seeds.iter().filter(|c| c[last].regtile[1] > 0) {
+            let steps: Vec<Step> = prefix
+                .iter()
+                .cloned()
+                .chain(space::steps_for(&g, &nests, c).unwrap())
+                .collect();
+            let mut s = kiln::schedule::Schedule::new(f.clone());
+            s.apply(&steps).unwrap();
+            let got = common::jit_last(&s.finish().unwrap(), &shapes, &opts);
+            for (x, y) in got.iter().zip(&want) {
+                assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{c:?}: {x} vs {y}");
+            }
+        }
+    }
+    // Random choices and mutations only ever hold tiles the knob offers, and reach tiles and
+    // no tile both.
+    let space::RegTiles { rows, mrs, nrs } = space::regtile_values(&nests[last]).unwrap();
+    let valid = |t: [i64; 3]| {
+        t[1] == 0
+            || rows
+                .iter()
+                .position(|&r| r as i64 == t[0])
+                .is_some_and(|p| mrs[p].contains(&t[1]) && nrs.contains(&t[2]))
+    };
+    let mut rng = space::Rng::new(5);
+    let mut c = space::random_choice(&nests, &mut rng);
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..400 {
+        c = if i % 7 == 0 {
+            space::random_choice(&nests, &mut rng)
+        } else {
+            space::mutate(&nests, &c, &mut rng)
+        };
+        let t = c[last].regtile;
+        assert!(valid(t), "{t:?}");
+        if t[1] > 0 {
+            assert_eq!((c[last].tile, c[last].vector), ([0, 0], 0), "{c:?}");
+        }
+        seen.insert(t);
+    }
+    assert!(seen.contains(&[0, 0, 0]) && seen.len() > 10, "{seen:?}");
+    // Knobs written before the register tile read as none.
+    let old: space::Knobs = serde_json::from_str(
+        r#"{"tile":[0,0],"vector":0,"unroll":0,"parallel":1,"leaves":[0,0,0,0,0,0,0,0]}"#,
+    )
+    .unwrap();
+    assert_eq!(old.regtile, [0, 0, 0]);
+}

@@ -127,6 +127,11 @@ pub fn tune(
             &g,
             &nests,
             templates::TemplateSpace::new(f, target).map(Box::new),
+            if crate::target::has_avx512(target) {
+                16
+            } else {
+                8
+            },
         )
     } else {
         let limits = crate::codegen::device::codegen_for(target.kind_name())
@@ -405,6 +410,8 @@ enum Space<'a> {
         &'a PrimFunc,
         &'a [space::Nest],
         Option<Box<templates::TemplateSpace>>,
+        // The `float32` lanes of the target's vectors (8, or 16 with AVX-512).
+        i64,
     ),
     Device(Box<device::DeviceSpace>),
 }
@@ -426,12 +433,12 @@ impl Space<'_> {
         target: &crate::target::Target,
     ) -> Vec<(Vec<Step>, Option<Choice>)> {
         match self {
-            Space::Cpu(_, _, Some(ts)) => ts
+            Space::Cpu(_, _, Some(ts), _) => ts
                 .seeds()
                 .into_iter()
                 .filter_map(|t| Some((ts.steps(&t).ok()?, Some(Choice::Template(t)))))
                 .collect(),
-            Space::Cpu(_, _, None) => Vec::new(),
+            Space::Cpu(_, _, None, _) => Vec::new(),
             Space::Device(_) => device::device_templates(f, target)
                 .into_iter()
                 .map(|s| (s, None))
@@ -444,7 +451,7 @@ impl Space<'_> {
     /// matmul).
     fn seeds(&self) -> Vec<Choice> {
         match self {
-            Space::Cpu(_, n, _) => space::seeds(n)
+            Space::Cpu(_, n, _, lanes) => space::seeds_for_lanes(n, *lanes)
                 .into_iter()
                 .skip(1)
                 .map(Choice::Cpu)
@@ -462,16 +469,16 @@ impl Space<'_> {
 
     fn random(&self, rng: &mut space::Rng) -> Choice {
         match self {
-            Space::Cpu(_, n, _) => Choice::Cpu(space::random_choice(n, rng)),
+            Space::Cpu(_, n, _, _) => Choice::Cpu(space::random_choice(n, rng)),
             Space::Device(d) => Choice::Device(d.random(rng)),
         }
     }
 
     fn mutate(&self, c: &Choice, rng: &mut space::Rng) -> Choice {
         match (self, c) {
-            (Space::Cpu(_, n, _), Choice::Cpu(c)) => Choice::Cpu(space::mutate(n, c, rng)),
+            (Space::Cpu(_, n, _, _), Choice::Cpu(c)) => Choice::Cpu(space::mutate(n, c, rng)),
             // A hand schedule with one of its parameters changed.
-            (Space::Cpu(_, _, Some(ts)), Choice::Template(t)) => {
+            (Space::Cpu(_, _, Some(ts), _), Choice::Template(t)) => {
                 let nb = ts.neighbours(t);
                 if nb.is_empty() {
                     return self.random(rng);
@@ -487,8 +494,8 @@ impl Space<'_> {
     /// steps that bring the function to the normal form the knobs are for.
     fn steps(&self, c: &Choice, prefix: &[Step]) -> Result<Vec<Step>, String> {
         let knobs = match (self, c) {
-            (Space::Cpu(_, _, Some(ts)), Choice::Template(t)) => return ts.steps(t),
-            (Space::Cpu(g, n, _), Choice::Cpu(c)) => space::steps_for(g, n, c)?,
+            (Space::Cpu(_, _, Some(ts), _), Choice::Template(t)) => return ts.steps(t),
+            (Space::Cpu(g, n, _, _), Choice::Cpu(c)) => space::steps_for(g, n, c)?,
             (Space::Device(d), Choice::Device(c)) => d.steps_for(c)?,
             _ => return Err("a choice of another space".into()),
         };

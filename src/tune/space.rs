@@ -4,7 +4,7 @@
 //! A function's body is read as a sequence of top-level loop nests (the statements at its root,
 //! through `allocate`, `let` and `seq`). Each nest is the chain of loops each of which is the
 //! whole body of the one outside it; a loop is *spatial* when the buffers stored under it are
-//! indexed by its variable, a *reduction* otherwise. Each nest gets four knobs, the choices a
+//! indexed by its variable, a *reduction* otherwise. Each nest gets these knobs, the choices a
 //! hand schedule makes (TVM's `MultiLevelTiling` and `ParallelizeVectorizeUnroll` in small):
 //!
 //! | knob | values | steps |
@@ -15,6 +15,7 @@
 //! | `parallel` | none, outermost, outer two fused | `parallel` (after `fuse`) |
 //! | `leaves` | per innermost loop below the nest's chain (softmax's four column loops inside its row loop; a reduction innermost in the chain, as rowsum's): 0 or a width dividing its extent, 8-64 | a spatial loop: split, vectorize the inner part; a reduction into one element: split, `rfactor`, vectorize the lanes |
 //! | `prefetch` | off, on; only where a vectorized spatial leaf re-reads a buffer an earlier leaf read ([`prefetch_leaf`]: softmax's `exp` loop) | [`Schedule::prefetch`] of that buffer in that leaf, for the next iteration of the chain's innermost loop |
+//! | `regtile` | `[row, mr, nr]` or none; only in a perfect nest of spatial loops outside reduction loops ([`regtile_values`]: a batched matmul, a convolution) | split the row loop by `mr` and the innermost spatial loop by `nr`, move the reductions inside their outer parts, `cache_write` the output at the column loop (an `mr x nr` tile in registers), unroll the rows, vectorize the columns (the knobs `tile`, `vector` and `leaves` are off with it) |
 //!
 //! A choice becomes [`Step`]s by running the primitives on a [`Schedule`] (so the steps carry
 //! the loop names the primitives chose); a choice the primitives refuse is not a candidate.
@@ -51,6 +52,8 @@ pub struct Nest {
     /// The innermost loops (holding no loop) inside the chain's body when it is not perfect,
     /// or the chain's innermost loop when it is a reduction; at most [`MAX_LEAVES`].
     pub leaves: Vec<LoopInfo>,
+    /// The buffers stored in the nest, by name, each once, in order.
+    pub stores: Vec<String>,
 }
 
 /// The most innermost loops of a nest that get a knob each.
@@ -74,6 +77,13 @@ pub struct Knobs {
     /// iteration of the chain's innermost loop (absent in records written before it: off).
     #[serde(default)]
     pub prefetch: bool,
+    /// A register tile `[row, mr, nr]` ([`regtile_values`]): the nest's loop `row` (a spatial
+    /// loop) split by `mr` and its innermost spatial loop by `nr`, the reductions moved inside
+    /// the two outer parts, the `mr x nr` tile of the output accumulated in registers
+    /// (`cache_write`), its rows unrolled and its columns vectorized; `mr` 0: none (absent in
+    /// records written before it).
+    #[serde(default)]
+    pub regtile: [i64; 3],
 }
 
 /// The knobs of every nest of a function: one candidate.
@@ -189,6 +199,12 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         return None;
     }
     let perfect = !has_loop(cur);
+    let mut stores: Vec<String> = Vec::new();
+    for_each_store(s, &mut |b, _| {
+        if !stores.contains(&b.name) {
+            stores.push(b.name.clone());
+        }
+    });
     let mut leaves = Vec::new();
     if perfect {
         leaves.extend(loops.last().filter(|l| l.reduction).cloned());
@@ -200,6 +216,7 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         loops,
         perfect,
         leaves,
+        stores,
     })
 }
 
@@ -407,6 +424,142 @@ pub fn leaf_values(nest: &Nest) -> Vec<Vec<i64>> {
         .collect()
 }
 
+/// The register tiles of a nest ([`regtile_values`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegTiles {
+    /// The loops that may be the rows, as indices into [`Nest::loops`].
+    pub rows: Vec<usize>,
+    /// Per row loop, the `mr` values that divide it.
+    pub mrs: Vec<Vec<i64>>,
+    /// The `nr` values that divide the innermost spatial loop.
+    pub nrs: Vec<i64>,
+}
+
+/// The register tiles a nest may take ([`Knobs::regtile`]): `None` where the nest has no such knob. It has one where the nest is a
+/// perfect chain of constant spatial loops (two or more) outside constant reduction loops (one
+/// or more) storing one buffer: a matmul, a batched matmul, a convolution as TVM writes them.
+/// The columns are the innermost spatial loop (`nr`: 8-48 lanes, or the whole loop up to 64,
+/// dividing it); the rows any other spatial loop (`mr`: 2-8, dividing it). Which row loop
+/// pays is the operand it leaves alone: a convolution's output channels (each a broadcast of
+/// one weight against the same input vector), a batched matmul's rows (a row of `A` against
+/// the same panel of `B`). Splits that divide their loops leave no bounds guard in the tile.
+pub fn regtile_values(nest: &Nest) -> Option<RegTiles> {
+    if !nest.perfect || nest.stores.len() != 1 || nest.loops.iter().any(|l| l.extent.is_none()) {
+        return None;
+    }
+    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+    let reductions = nest.loops.len() - spatial;
+    if spatial < 2 || reductions == 0 || nest.loops[spatial..].iter().any(|l| !l.reduction) {
+        return None;
+    }
+    let extent = |i: usize| nest.loops[i].extent.unwrap_or(0);
+    let col = extent(spatial - 1);
+    let mut nrs: Vec<i64> = [8, 16, 24, 32, 48]
+        .into_iter()
+        .filter(|&w| col >= w && col % w == 0)
+        .collect();
+    if col <= 64 && col % 4 == 0 && col > 4 && !nrs.contains(&col) {
+        nrs.push(col);
+    }
+    let mut rows = Vec::new();
+    let mut mrs = Vec::new();
+    for i in 0..spatial - 1 {
+        let e = extent(i);
+        let v: Vec<i64> = [2, 3, 4, 6, 8]
+            .into_iter()
+            .filter(|&m| e >= m && e % m == 0)
+            .collect();
+        if !v.is_empty() {
+            rows.push(i);
+            mrs.push(v);
+        }
+    }
+    (!rows.is_empty() && !nrs.is_empty()).then_some(RegTiles { rows, mrs, nrs })
+}
+
+/// Whether `t` is a register tile [`regtile_values`] allows for `nest` (`[_, 0, _]`: none).
+fn regtile_ok(nest: &Nest, t: [i64; 3]) -> bool {
+    if t[1] == 0 {
+        return true;
+    }
+    let Some(RegTiles { rows, mrs, nrs }) = regtile_values(nest) else {
+        return false;
+    };
+    rows.iter()
+        .position(|&r| r as i64 == t[0])
+        .is_some_and(|p| mrs[p].contains(&t[1]))
+        && nrs.contains(&t[2])
+}
+
+/// A random register tile of `nest` (none where it has no such knob or by chance).
+fn random_regtile(nest: &Nest, rng: &mut Rng) -> [i64; 3] {
+    match regtile_values(nest) {
+        Some(RegTiles { rows, mrs, nrs }) if rng.below(2) == 0 => {
+            let p = rng.below(rows.len());
+            [rows[p] as i64, rng.pick(&mrs[p]), rng.pick(&nrs)]
+        }
+        _ => [0; 3],
+    }
+}
+
+/// The steps of a register tile `[row, mr, nr]` on `nest` ([`Knobs::regtile`]); returns the
+/// nest's loops after it, outermost first, and the name of its innermost reduction loop.
+fn apply_regtile(
+    s: &mut Schedule,
+    nest: &Nest,
+    [row, mr, nr]: [i64; 3],
+    steps: &mut Vec<Step>,
+) -> Result<Vec<String>, String> {
+    let e = |x: crate::schedule::ScheduleError| x.to_string();
+    if !regtile_ok(nest, [row, mr, nr]) {
+        return Err(format!("no register tile {row}, {mr} x {nr} in this nest"));
+    }
+    let names: Vec<String> = nest.loops.iter().map(|l| l.name.clone()).collect();
+    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+    let (row, col) = (row as usize, spatial - 1);
+    let (ro, ri) = s.split(&names[row], mr).map_err(e)?;
+    steps.push(Step::Split {
+        loop_: names[row].clone(),
+        factor: mr,
+    });
+    let (co, ci) = s.split(&names[col], nr).map_err(e)?;
+    steps.push(Step::Split {
+        loop_: names[col].clone(),
+        factor: nr,
+    });
+    let mut order: Vec<String> = (0..spatial - 1)
+        .filter(|&i| i != row)
+        .map(|i| names[i].clone())
+        .collect();
+    order.push(ro);
+    order.push(co.clone());
+    order.extend(names[spatial..].iter().cloned());
+    order.push(ri.clone());
+    order.push(ci.clone());
+    let refs: Vec<&str> = order.iter().map(String::as_str).collect();
+    s.reorder(&refs).map_err(e)?;
+    steps.push(Step::Reorder {
+        loops: order.clone(),
+    });
+    let c = &nest.stores[0];
+    s.cache_write(c, &co).map_err(e)?;
+    steps.push(Step::CacheWrite {
+        buffer: c.clone(),
+        at: co,
+    });
+    s.unroll(&ri).map_err(e)?;
+    steps.push(Step::Kind {
+        loop_: ri,
+        kind: "unrolled".into(),
+    });
+    s.vectorize(&ci).map_err(e)?;
+    steps.push(Step::Kind {
+        loop_: ci,
+        kind: "vectorized".into(),
+    });
+    Ok(order)
+}
+
 /// Applies `k` to the nest `nest` of the schedule `s`, appending the steps to `steps`.
 fn apply_nest(
     s: &mut Schedule,
@@ -424,6 +577,15 @@ fn apply_nest(
     let mut second: Option<String> = names.get(1).cloned();
     let mut inner_spatial = spatial.last().map(|&i| names[i].clone());
     let innermost_is_spatial = !nest.loops[names.len() - 1].reduction;
+    let regtiled = k.regtile[1] > 0;
+    if regtiled {
+        if k.tile != [0, 0] || k.vector > 0 || k.leaves.iter().any(|&w| w > 0) {
+            return Err("a register tile goes with no other tiling or vector knob".into());
+        }
+        let order = apply_regtile(s, nest, k.regtile, steps)?;
+        outer = order[0].clone();
+        second = order.get(1).cloned();
+    }
     if k.tile[0] > 0 && k.tile[1] > 0 && spatial.len() >= 2 && spatial[0] == 0 && spatial[1] == 1 {
         let (io, ii) = s.split(&names[0], k.tile[0]).map_err(e)?;
         steps.push(Step::Split {
@@ -610,10 +772,14 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
                 parallel: rng.pick(&p),
                 leaves,
                 prefetch: false,
+                regtile: [0; 3],
             };
             // Drawn only where the knob exists, so other functions' searches are unchanged.
             if prefetch_leaf(n).is_some() {
                 k.prefetch = rng.below(2) == 0;
+            }
+            if regtile_values(n).is_some() {
+                k.regtile = random_regtile(n, rng);
             }
             sanitize(n, &mut k, rng.below(2) == 0);
             k
@@ -626,6 +792,17 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
 /// perfect nest, a factored innermost reduction (a leaf) together with tiling or with its
 /// unrolling (the leaf wins when `prefer_leaf`, else the other knob).
 fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
+    if !regtile_ok(nest, k.regtile) {
+        k.regtile = [0; 3];
+    }
+    if k.regtile[1] > 0 {
+        // The register tile is the nest's tiling and vectorization.
+        k.tile = [0, 0];
+        k.vector = 0;
+        k.leaves = [0; MAX_LEAVES];
+        k.prefetch = false;
+        return;
+    }
     if (k.tile[0] == 0) != (k.tile[1] == 0) {
         k.tile = [0, 0];
     }
@@ -661,14 +838,27 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     let k = &mut out[i];
     let leaf_knobs = 5 + usize::from(!lv.is_empty()) * 2;
     let has_prefetch = prefetch_leaf(&nests[i]).is_some();
-    let which = rng.below(leaf_knobs + usize::from(has_prefetch));
+    let regtile = regtile_values(&nests[i]);
+    // The register tile's three parts (row loop, mr, nr) come last, where the knob exists, so
+    // that other functions' searches are unchanged.
+    let first_regtile = leaf_knobs + usize::from(has_prefetch);
+    let which = rng.below(first_regtile + if regtile.is_some() { 3 } else { 0 });
+    // A knob the register tile replaces, changed, turns the register tile off.
+    if which < 3 || (5..first_regtile).contains(&which) {
+        k.regtile = [0; 3];
+    }
     match which {
         0 => k.tile[0] = rng.pick(&t),
         1 => k.tile[1] = rng.pick(&t),
         2 => k.vector = rng.pick(&v),
         3 => k.unroll = rng.pick(&u),
         4 => k.parallel = rng.pick(&p),
-        w if w == leaf_knobs => k.prefetch = !k.prefetch,
+        w if w >= first_regtile => {
+            if let Some(r) = &regtile {
+                k.regtile = mutate_regtile(k.regtile, r, w - first_regtile, rng);
+            }
+        }
+        w if w == leaf_knobs && has_prefetch => k.prefetch = !k.prefetch,
         _ => {
             let j = rng.below(lv.len());
             k.leaves[j] = rng.pick(&lv[j]);
@@ -676,6 +866,107 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     }
     // The knob just changed wins over those it cannot go with.
     sanitize(&nests[i], k, which >= 5);
+    out
+}
+
+/// The register tile `t` with its part `part` (0: the row loop, 1: `mr` or none, 2: `nr`)
+/// changed; a tile that is off is drawn whole.
+fn mutate_regtile(t: [i64; 3], r: &RegTiles, part: usize, rng: &mut Rng) -> [i64; 3] {
+    let (rows, mrs, nrs) = (&r.rows, &r.mrs, &r.nrs);
+    let at = rows.iter().position(|&r| r as i64 == t[0]);
+    let Some(p) = at.filter(|_| t[1] > 0) else {
+        let p = rng.below(rows.len());
+        return [rows[p] as i64, rng.pick(&mrs[p]), rng.pick(nrs)];
+    };
+    match part {
+        0 => {
+            // Another row loop, with the `mr` nearest the current one it allows.
+            let q = rng.below(rows.len());
+            let mr = mrs[q]
+                .iter()
+                .copied()
+                .min_by_key(|&m| (m - t[1]).abs())
+                .unwrap_or(mrs[q][0]);
+            [rows[q] as i64, mr, t[2]]
+        }
+        1 => {
+            let m = rng.below(mrs[p].len() + 1);
+            match mrs[p].get(m) {
+                Some(&mr) => [t[0], mr, t[2]],
+                None => [0; 3],
+            }
+        }
+        _ => [t[0], t[1], rng.pick(nrs)],
+    }
+}
+
+/// [`seeds`], with the register tiles chosen for vectors of `lanes` elements (8: AVX2's 32
+/// bytes of `float32`; 16: AVX-512's) instead of 8.
+pub fn seeds_for_lanes(nests: &[Nest], lanes: i64) -> Vec<Choice> {
+    let mut out = seeds(nests);
+    if lanes != 8 {
+        out.retain(|c| c.iter().all(|k| k.regtile[1] == 0));
+        let usual = out[out.len() - 1].clone();
+        out.extend(regtile_seeds(nests, &usual, lanes));
+    }
+    out
+}
+
+/// Starting points with register tiles ([`Knobs::regtile`]), on the choice `usual`: for each
+/// row loop, the two tiles with the most accumulators that leave a quarter of the 16 (AVX2)
+/// or 32 (AVX-512) vector registers free for the operands (`mr x nr / lanes` at most 12 or 24:
+/// AVX2's 6 x 16 matmul tile), the fewer loads per multiply-add first.
+fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
+    let lanes = lanes.max(1);
+    let most = if lanes >= 16 { 24 } else { 12 };
+    // Per nest, the ranked tiles of each row loop.
+    let ranked: Vec<Vec<Vec<[i64; 3]>>> = nests
+        .iter()
+        .map(|n| {
+            let Some(RegTiles { rows, mrs, nrs }) = regtile_values(n) else {
+                return Vec::new();
+            };
+            rows.iter()
+                .zip(&mrs)
+                .map(|(&r, ms)| {
+                    let mut v: Vec<[i64; 3]> = ms
+                        .iter()
+                        .flat_map(|&m| nrs.iter().map(move |&w| [r as i64, m, w]))
+                        .filter(|t| t[1] * ((t[2] + lanes - 1) / lanes) <= most)
+                        .collect();
+                    // Most accumulators first, then fewest loads and broadcasts per step.
+                    v.sort_by_key(|t| {
+                        let vecs = (t[2] + lanes - 1) / lanes;
+                        (-(t[1] * vecs), t[1] + vecs)
+                    });
+                    v.truncate(2);
+                    v
+                })
+                .filter(|v| !v.is_empty())
+                .collect()
+        })
+        .collect();
+    let most_rows = ranked.iter().map(Vec::len).max().unwrap_or(0);
+    let mut out = Vec::new();
+    for r in 0..most_rows {
+        for which in 0..2 {
+            let mut c = usual.clone();
+            let mut any = false;
+            for ((n, k), tiles) in nests.iter().zip(c.iter_mut()).zip(&ranked) {
+                let Some(row) = tiles.get(r.min(tiles.len().saturating_sub(1))) else {
+                    continue;
+                };
+                if let Some(t) = row.get(which) {
+                    k.regtile = *t;
+                    sanitize(n, k, true);
+                    any = true;
+                }
+            }
+            if any && !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
     out
 }
 
@@ -714,5 +1005,6 @@ pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
                 .collect(),
         );
     }
+    out.extend(regtile_seeds(nests, &out[out.len() - 1], 8));
     out
 }
