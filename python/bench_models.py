@@ -4,6 +4,7 @@ this one process, interleaved, with medians and their spread.
 
     KILN_NATIVE_LIB=target/release/libkiln_python.so PYTHONPATH=python \\
         .venv/bin/python python/bench_models.py [--quick] [--targets default,host,haswell]
+        [--tune N]
 
 (or with the package installed: `python python/bench_models.py`). Targets:
 - `default`: `{"kind": "llvm"}`, what `tvm.compile(mod, "llvm")` builds for (TVM's default: a
@@ -15,7 +16,10 @@ this one process, interleaved, with medians and their spread.
 Build time is from the Relax module to a runnable executable (`ex.jit()`: kiln's kernels are
 compiled in memory, as TVM's llvm module is; neither links anything), with kiln's compile cache
 off. Run time is `vm["forward"](*args)` per call.
-Outputs are compared (max relative error) before timing.
+Outputs are compared (max relative error) before timing. With `--tune N`, every kernel of
+kiln's build is tuned first (`python -m kiln tune --model --trials N`, for kiln's target) and the
+model built again with the records (`kiln.tvm.compile(..., db=)`): a third side, `tuned`, in the
+same interleaved rounds, its outputs checked as well.
 """
 
 from __future__ import annotations
@@ -98,6 +102,28 @@ def outputs(ex, args):
     return [o.numpy() for o in outs]
 
 
+def tune_model(exk, mod, tt, kt, trials, auto_parallel):
+    """Tunes every kernel of kiln's build `exk` (`python -m kiln tune --model`, `trials` each,
+    for kiln's target) and builds the model again with the records: (executable, tuning
+    seconds)."""
+    import subprocess
+
+    d = tempfile.mkdtemp(prefix="kiln-model-tune-")
+    ir, db = os.path.join(d, "model.json"), os.path.join(d, "tuning.jsonl")
+    with open(ir, "w") as f:
+        f.write(exk.kiln_ir if isinstance(exk.kiln_ir, str) else json.dumps(exk.kiln_ir))
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "kiln", "tune", ir, "--model", "--target",
+                    json.dumps(kt or tt), "--trials", str(trials), "--db", db],
+                   check=True, capture_output=True, text=True)
+    tune_s = time.perf_counter() - t
+    ex = kiln.tvm.compile(mod, tvm.target.Target(tt), kiln_target=kt,
+                          auto_parallel=auto_parallel, db=db)
+    ex.jit()
+    kiln.wait_optimized()
+    return ex, tune_s
+
+
 def calls_per_sample(f, budget=0.02):
     n = 1
     while True:
@@ -119,6 +145,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=15, help="interleaved run samples per side")
     ap.add_argument("--quick", action="store_true", help="3 builds, 7 rounds")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--tune", type=int, metavar="N",
+                    help="also tune every kernel of each model with `kiln tune --model --trials "
+                         "N` and time kiln's build with the records as a third side")
     ap.add_argument("--serial", action="store_true",
                     help="kiln on one thread (auto_parallel=False), as TVM's default build runs")
     a = ap.parse_args()
@@ -146,35 +175,52 @@ def main():
                 t = time.perf_counter()
                 ext = build_tvm(mod, tt)
                 bt.append(time.perf_counter() - t)
-            ok, ot = outputs(exk, args), outputs(ext, args)
-            err = max(
-                float(np.abs(k.astype("float64") - t).max()) / max(float(np.abs(t).max()), 1e-30)
-                for k, t in zip(ok, ot)
-            )
+            ot = outputs(ext, args)
+
+            def rel_err(ex):
+                return max(
+                    float(np.abs(k.astype("float64") - t).max())
+                    / max(float(np.abs(t).max()), 1e-30)
+                    for k, t in zip(outputs(ex, args), ot)
+                )
+
+            err = rel_err(exk)
             fk = relax.VirtualMachine(exk, tvm.cpu())["forward"]
             ft = relax.VirtualMachine(ext, tvm.cpu())["forward"]
-            for f in (fk, ft):
+            sides = {"kiln": fk, "tvm": ft}
+            tuned = None
+            if a.tune:
+                tuned = tune_model(exk, mod, tt, kt, a.tune, not a.serial)
+                ex_tuned, tune_s = tuned
+                err = max(err, rel_err(ex_tuned))
+                sides["tuned"] = relax.VirtualMachine(ex_tuned, tvm.cpu())["forward"]
+            for f in sides.values():
                 f(*args)
-            nk, nt = calls_per_sample(lambda: fk(*args)), calls_per_sample(lambda: ft(*args))
-            rk, rt = [], []
+            calls = {k: calls_per_sample(lambda f=f: f(*args)) for k, f in sides.items()}
+            runs = {k: [] for k in sides}
             for _ in range(a.rounds):
-                t = time.perf_counter()
-                for _ in range(nk):
-                    fk(*args)
-                rk.append((time.perf_counter() - t) / nk)
-                t = time.perf_counter()
-                for _ in range(nt):
-                    ft(*args)
-                rt.append((time.perf_counter() - t) / nt)
+                for k, f in sides.items():
+                    t = time.perf_counter()
+                    for _ in range(calls[k]):
+                        f(*args)
+                    runs[k].append((time.perf_counter() - t) / calls[k])
+            rk, rt = runs["kiln"], runs["tvm"]
             sbk, sbt, srk, srt = spread(bk), spread(bt), spread(rk), spread(rt)
             print(f"{name:13} kiln  {fmt(sbk):>32} {fmt(srk):>34} "
                   f"run {srt[0] / srk[0]:5.2f}x")
             print(f"{'':13} tvm   {fmt(sbt):>32} {fmt(srt):>34} "
                   f"build {sbt[0] / sbk[0]:5.2f}x   (max rel err {err:.2g})")
-            results.append({
+            result = {
                 "target": tname, "model": name, "max_rel_err": err,
                 "build_s": {"kiln": sbk, "tvm": sbt}, "run_s": {"kiln": srk, "tvm": srt},
-            })
+            }
+            if tuned:
+                sru = spread(runs["tuned"])
+                print(f"{'':13} tuned {f'tuning {tune_s:.0f} s':>32} {fmt(sru):>34} "
+                      f"run {srt[0] / sru[0]:5.2f}x TVM, {srk[0] / sru[0]:5.2f}x untuned kiln")
+                result["run_s"]["kiln_tuned"] = sru
+                result["tune_s"] = tune_s
+            results.append(result)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": cpu_name(), "results": results}, f, indent=1)

@@ -280,6 +280,21 @@ def test_python_m_kiln_tune_and_build_with_its_database(tmp_path):
     c[:] = 0
     f(tvm_ffi.from_dlpack(a), tvm_ffi.from_dlpack(b), tvm_ffi.from_dlpack(c))
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    # With `auto_parallel`, a function a record scheduled is built as the tuner measured it:
+    # no loop made parallel on top of its schedule (a serial record here, written from the real
+    # one with other steps), while the same function with no record gets its parallel loop.
+    serial = json.loads(db.read_text().splitlines()[-1])
+    serial["steps"] = [{"split": {"loop": "k0", "factor": 4}},
+                       {"kind": {"loop": "k0_i", "kind": "unrolled"}}]
+    serial_db = tmp_path / "serial.jsonl"
+    serial_db.write_text(json.dumps(serial) + "\n")
+    tuned = kiln.build(mm, db=serial_db, auto_parallel=True)
+    assert any("applied" in n for n in tuned.kiln_info["tuning"]), tuned.kiln_info
+    assert "matmul" not in tuned.kiln_info["parallel"], tuned.kiln_info
+    c[:] = 0
+    tuned.matmul(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    assert "matmul" in kiln.build(mm, auto_parallel=True).kiln_info["parallel"]
     # No record for this target: nothing applied. A missing database raises; a corrupt line
     # is a warning.
     assert kiln.build(mm, target="llvm -mcpu=haswell", db=db).kiln_info["tuning"] == []

@@ -139,8 +139,11 @@ fn parse_target(text: &str) -> Result<Target> {
 /// "any_cpu": bool}` (all optional). `db`: the best records of that tuning database for these
 /// functions, this target and this CPU (any CPU with `any_cpu`) are applied first (`kiln build
 /// --db`); with `auto_parallel`, each function's outermost independent loop then runs on the
-/// thread pool ([`kiln::schedule::auto::auto_parallel`]). Returns the module, the loops made
-/// parallel, and what the database applied or skipped.
+/// thread pool ([`kiln::schedule::auto::auto_parallel`]), except in the functions a record
+/// scheduled: their schedule is the one the tuner measured, whose own knobs chose their
+/// parallel loops (a tuned transpose of 512 x 128, vectorized and left serial by its search,
+/// ran 15 us as recorded and 46 us with its outer loop made parallel on top). Returns the
+/// module, the loops made parallel, and what the database applied or skipped.
 fn apply_options(
     module: IRModule,
     text: &str,
@@ -179,6 +182,8 @@ fn apply_options(
     };
     let mut out = module;
     let mut tuning = Vec::new();
+    // Functions a record scheduled: built as measured, without loops made parallel on top.
+    let mut tuned: Vec<String> = Vec::new();
     match obj.get("db") {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::String(path)) => {
@@ -186,6 +191,13 @@ fn apply_options(
                 .map_err(|e| Raised::new("FileNotFoundError", format!("kiln build: {e}")))?;
             tuning.extend(db.warnings.iter().map(|w| format!("warning: {w}")));
             let (m, notes) = db.apply(&out, target, any_cpu);
+            tuned.extend(
+                m.functions
+                    .iter()
+                    .zip(&out.functions)
+                    .filter(|(g, f)| g != f)
+                    .map(|(g, _)| g.name.clone()),
+            );
             out = m;
             tuning.extend(notes);
         }
@@ -193,7 +205,11 @@ fn apply_options(
     }
     let mut parallel = serde_json::Map::new();
     if auto {
-        for f in &mut out.functions {
+        for f in out
+            .functions
+            .iter_mut()
+            .filter(|f| !tuned.contains(&f.name))
+        {
             let r = kiln::schedule::auto::auto_parallel(f, min_work);
             if !r.loops.is_empty() {
                 parallel.insert(f.name.clone(), serde_json::json!(r.loops));
