@@ -23,12 +23,9 @@ libraries run their parallel loops on TVM's pool, which defaults to one thread o
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -38,7 +35,9 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench_util import aligned, block, cpu_name, quartiles, quiesce, te_matmul  # noqa: E402
+from bench_util import (  # noqa: E402
+    aligned, block, cpu_name, quartiles, quiesce, te_matmul, tune_and_build,
+)
 
 SHAPES = "512x512x512,1024x1024x1024,2048x2048x2048,1000x1000x1000,64x4096x4096,4096x64x4096"
 
@@ -71,24 +70,11 @@ def main():
             mod = os.path.join(d, f"mm_{shape}.json")
             with open(mod, "w") as fh:
                 json.dump(kiln.to_kiln(te_matmul(m, n, k)), fh)
-            db = os.path.join(d, f"db_{shape}.jsonl")
-            t0 = time.perf_counter()
-            p = subprocess.run([a.kiln, "tune", mod, "matmul", "--target", target,
-                                "--trials", str(a.trials), "--seconds", str(a.seconds),
-                                "--db", db], capture_output=True, text=True)
-            tune_s = time.perf_counter() - t0
-            if p.returncode != 0:
-                print(f"| {shape} | kiln tune failed: {p.stderr.strip()[-300:]} | | | |")
-                ok = False
-                continue
-            found = re.search(r"(\d+) candidates in ([\d.]+) s", p.stdout + p.stderr)
-            trials = found.group(1) if found else "?"
-            so = os.path.join(d, f"mm_{shape}.so")
-            p = subprocess.run([a.kiln, "build", mod, "-o", so, "--target", target, "--db", db],
-                               capture_output=True, text=True)
-            if p.returncode != 0 or "tuning record applied" not in p.stderr + p.stdout:
-                print(f"| {shape} | kiln build --db did not apply the record: "
-                      f"{(p.stderr + p.stdout).strip()[-300:]} | | | |")
+            db, so = os.path.join(d, f"db_{shape}.jsonl"), os.path.join(d, f"mm_{shape}.so")
+            trials, tune_s, why = tune_and_build(a.kiln, mod, "matmul", target, a.trials,
+                                                 a.seconds, db, so)
+            if why:
+                print(f"| {shape} | {why} | | | |")
                 ok = False
                 continue
             f = tvm_ffi.load_module(so)["matmul"]

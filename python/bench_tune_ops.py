@@ -28,12 +28,9 @@ trials and seconds. `--mcpu haswell` tunes for an AVX2-only CPU; run it with
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -43,7 +40,7 @@ for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench_util import aligned, block, cpu_name, quartiles, quiesce  # noqa: E402
+from bench_util import aligned, block, cpu_name, quartiles, quiesce, tune_and_build  # noqa: E402
 
 
 def bmm(b, m, n, k, nt):
@@ -146,23 +143,11 @@ def main():
             mod = os.path.join(d, f"{name}.json")
             with open(mod, "w") as fh:
                 json.dump(kiln.to_kiln(func), fh)
-            db = os.path.join(d, f"{name}.jsonl")
-            t0 = time.perf_counter()
-            p = subprocess.run([a.kiln, "tune", mod, "op", "--target", target,
-                                "--trials", str(a.trials), "--seconds", str(a.seconds),
-                                "--db", db], capture_output=True, text=True)
-            tune_s = time.perf_counter() - t0
-            if p.returncode != 0:
-                print(f"| {name} | kiln tune failed: {p.stderr.strip()[-300:]} | | | | | | |")
-                ok = False
-                continue
-            found = re.search(r"(\d+) candidates in ([\d.]+) s", p.stdout + p.stderr)
-            trials = found.group(1) if found else "?"
-            so = os.path.join(d, f"{name}.so")
-            p = subprocess.run([a.kiln, "build", mod, "-o", so, "--target", target, "--db", db],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                print(f"| {name} | kiln build failed: {p.stderr.strip()[-300:]} | | | | | | |")
+            db, so = os.path.join(d, f"{name}.jsonl"), os.path.join(d, f"{name}.so")
+            trials, tune_s, why = tune_and_build(a.kiln, mod, "op", target, a.trials, a.seconds,
+                                                 db, so)
+            if why:
+                print(f"| {name} | {why} | | | | | | |")
                 ok = False
                 continue
             kf = tvm_ffi.load_module(so)["op"]

@@ -92,3 +92,27 @@ def te_matmul(m, n, k):
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")
+
+
+def tune_and_build(kiln_bin, module, func, target, trials, seconds, db, so):
+    """`kiln tune` of `func` in the kiln-ir file `module` for `target` (at most `trials`
+    candidates or `seconds` seconds, records into `db`), then `kiln build --db` into `so`.
+    Returns (candidates measured, as text, tuning seconds, None), or (None, None, why) when a
+    step failed or the build did not apply the record."""
+    import re
+    import subprocess
+
+    t0 = time.perf_counter()
+    p = subprocess.run([kiln_bin, "tune", module, func, "--target", target, "--trials",
+                        str(trials), "--seconds", str(seconds), "--db", db],
+                       capture_output=True, text=True)
+    tune_s = time.perf_counter() - t0
+    if p.returncode != 0:
+        return None, None, f"kiln tune failed: {p.stderr.strip()[-300:]}"
+    found = re.search(r"(\d+) candidates in ([\d.]+) s", p.stdout + p.stderr)
+    p = subprocess.run([kiln_bin, "build", module, "-o", so, "--target", target, "--db", db],
+                       capture_output=True, text=True)
+    out = p.stderr + p.stdout
+    if p.returncode != 0 or not re.search(r"tuning record applied|the default build is kept", out):
+        return None, None, f"kiln build --db did not apply the record: {out.strip()[-300:]}"
+    return (found.group(1) if found else "?"), tune_s, None
