@@ -37,6 +37,8 @@ enum Pick {
     Kind(usize, u8),
     CacheWrite(usize),
     CacheRead(usize, i64),
+    /// A transposed `cache_read`: the dimension made innermost (3: none of the buffer's two).
+    CacheReadTransposed(usize, usize),
 }
 
 fn pick() -> impl Strategy<Value = Pick> {
@@ -49,6 +51,7 @@ fn pick() -> impl Strategy<Value = Pick> {
         (0..16usize, 0..4u8).prop_map(|(l, k)| Pick::Kind(l, k)),
         (0..16usize).prop_map(Pick::CacheWrite),
         (0..16usize, -1..5i64).prop_map(|(l, w)| Pick::CacheRead(l, w)),
+        (0..16usize, 0..3usize).prop_map(|(l, d)| Pick::CacheReadTransposed(l, d)),
     ]
 }
 
@@ -83,6 +86,13 @@ fn step(p: &Pick, loops: &[String], (input, output): (&str, &str)) -> Option<Ste
             buffer: input.to_owned(),
             at: at(l)?,
             panel: (w > 0).then_some(w),
+            innermost: None,
+        },
+        Pick::CacheReadTransposed(l, d) => Step::CacheRead {
+            buffer: input.to_owned(),
+            at: at(l)?,
+            panel: None,
+            innermost: Some(d),
         },
     })
 }

@@ -1197,6 +1197,16 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
             // Rows: the batch (2) or `i` (12); columns: `j` (32).
             vec![0_usize, 1],
             vec![8_i64, 16, 32],
+            // `B[b, k, j]` is read along `j`: packed as it is.
+            ("B", 2),
+        ),
+        (
+            "batch_matmul_nt",
+            vec![vec![2, 12, 8], vec![2, 32, 8], vec![2, 12, 32]],
+            vec![0, 1],
+            vec![8, 16, 32],
+            // `B[b, j, k]` is read along `j`, its middle dimension: packed transposed.
+            ("B", 1),
         ),
         (
             "conv2d_nchw",
@@ -1204,16 +1214,25 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
             // Rows: the output channels (8) or the output rows (10); columns: 16.
             vec![0, 1],
             vec![8, 16],
+            ("pad_temp", 3),
         ),
     ];
-    for (name, shapes, want_rows, want_nrs) in cases {
+    for (name, shapes, want_rows, want_nrs, (operand, dim)) in cases {
         let f = m.get(name).unwrap().clone();
         let want = common::interp_last(&f, &shapes);
         let (g, prefix) = space::normalize(&f);
         let nests = space::nests(&g);
         let last = nests.len() - 1;
-        let space::RegTiles { rows, mrs, nrs } = space::regtile_values(&nests[last]).expect(name);
+        let space::RegTiles {
+            rows,
+            mrs,
+            nrs,
+            packs,
+        } = space::regtile_values(&nests[last]).expect(name);
         assert_eq!((&rows, &nrs), (&want_rows, &want_nrs), "{name}");
+        assert_eq!(packs, vec![0, 1], "{name}");
+        let v = nests[last].vector_operand.as_ref().unwrap();
+        assert_eq!((v.buffer.as_str(), v.dim), (operand, dim), "{name}");
         // Nests without a reduction (the initialization, the padding) have no such knob.
         assert!(nests[..last]
             .iter()
@@ -1222,16 +1241,30 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
         for (&row, ms) in rows.iter().zip(&mrs) {
             for &mr in ms {
                 for &nr in &nrs {
-                    for (unroll, parallel) in [(0, 0), (2, 1), (0, 2)] {
+                    for (unroll, parallel, pack) in
+                        [(0, 0, 0), (2, 1, 0), (0, 2, 0), (0, 0, 1), (2, 1, 1)]
+                    {
                         let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
-                        c[last].regtile = [row as i64, mr, nr];
+                        c[last].regtile = [row as i64, mr, nr, pack];
                         c[last].unroll = unroll;
                         c[last].parallel = parallel;
                         let steps = space::steps_for(&g, &nests, &c)
-                            .unwrap_or_else(|e| panic!("{name} {row} {mr}x{nr}: {e}"));
+                            .unwrap_or_else(|e| panic!("{name} {row} {mr}x{nr} {pack}: {e}"));
                         assert!(
                             steps.iter().any(|s| matches!(s, Step::CacheWrite { .. })),
                             "{steps:?}"
+                        );
+                        let read = steps.iter().find_map(|s| match s {
+                            Step::CacheRead {
+                                buffer, innermost, ..
+                            } => Some((buffer.clone(), *innermost)),
+                            _ => None,
+                        });
+                        let transposed = (dim + 1 != shapes[1].len()).then_some(dim);
+                        assert_eq!(
+                            read,
+                            (pack == 1).then(|| (operand.to_string(), transposed)),
+                            "{name}: {steps:?}"
                         );
                         let steps: Vec<Step> = prefix.iter().cloned().chain(steps).collect();
                         let mut s = kiln::schedule::Schedule::new(f.clone());
@@ -1251,11 +1284,11 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
         assert!(tried >= 12, "{name}: {tried}");
         // A tile the knob does not offer is refused, not scheduled with a bounds guard.
         let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
-        c[last].regtile = [rows[0] as i64, 5, 8];
+        c[last].regtile = [rows[0] as i64, 5, 8, 0];
         assert!(space::steps_for(&g, &nests, &c).is_err());
         // The register tile excludes the tiling knobs it replaces.
         let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
-        c[last].regtile = [rows[0] as i64, mrs[0][0], nrs[0]];
+        c[last].regtile = [rows[0] as i64, mrs[0][0], nrs[0], 0];
         c[last].tile = [8, 8];
         assert!(space::steps_for(&g, &nests, &c).is_err());
     }
@@ -1271,7 +1304,7 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
     // AVX2 (8 lanes): at most 12 accumulators, the most first; AVX-512 (16 lanes): up to 24.
     for (lanes, most) in [(8, 12), (16, 24)] {
         let seeds = space::seeds_for_lanes(&nests, lanes);
-        let tiles: Vec<[i64; 3]> = seeds
+        let tiles: Vec<[i64; 4]> = seeds
             .iter()
             .map(|c| c[last].regtile)
             .filter(|t| t[1] > 0)
@@ -1283,9 +1316,11 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
         }
         // `i` (12 rows) as rows: 6 x 16 (12 accumulators) for AVX2, 6 x 32 (12) for AVX-512.
         assert!(
-            tiles.contains(&[1, 6, 16 * lanes / 8]),
+            tiles.contains(&[1, 6, 16 * lanes / 8, 0]),
             "{lanes}: {tiles:?}"
         );
+        // And the first tile of each row loop with `B` packed.
+        assert!(tiles.iter().any(|t| t[3] == 1), "{lanes}: {tiles:?}");
         // Every seed schedules, and compiled, computes what the function computes.
         let shapes = [vec![2, 12, 8], vec![2, 8, 32], vec![2, 12, 32]];
         let want = common::interp_last(&f, &shapes);
@@ -1306,13 +1341,20 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
     }
     // Random choices and mutations only ever hold tiles the knob offers, and reach tiles and
     // no tile both.
-    let space::RegTiles { rows, mrs, nrs } = space::regtile_values(&nests[last]).unwrap();
-    let valid = |t: [i64; 3]| {
+    let space::RegTiles {
+        rows,
+        mrs,
+        nrs,
+        packs,
+    } = space::regtile_values(&nests[last]).unwrap();
+    let valid = |t: [i64; 4]| {
         t[1] == 0
             || rows
                 .iter()
                 .position(|&r| r as i64 == t[0])
-                .is_some_and(|p| mrs[p].contains(&t[1]) && nrs.contains(&t[2]))
+                .is_some_and(|p| {
+                    mrs[p].contains(&t[1]) && nrs.contains(&t[2]) && packs.contains(&t[3])
+                })
     };
     let mut rng = space::Rng::new(5);
     let mut c = space::random_choice(&nests, &mut rng);
@@ -1330,11 +1372,61 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
         }
         seen.insert(t);
     }
-    assert!(seen.contains(&[0, 0, 0]) && seen.len() > 10, "{seen:?}");
+    assert!(seen.contains(&[0, 0, 0, 0]) && seen.len() > 10, "{seen:?}");
+    assert!(seen.iter().any(|t| t[3] == 1), "{seen:?}");
     // Knobs written before the register tile read as none.
     let old: space::Knobs = serde_json::from_str(
         r#"{"tile":[0,0],"vector":0,"unroll":0,"parallel":1,"leaves":[0,0,0,0,0,0,0,0]}"#,
     )
     .unwrap();
-    assert_eq!(old.regtile, [0, 0, 0]);
+    assert_eq!(old.regtile, [0, 0, 0, 0]);
+}
+
+#[test]
+fn packed_register_tiles_compile_to_the_same_results() {
+    // The packed seeds, compiled: `B` copied per column tile as it is (a batched matmul), or
+    // transposed (`B[b, j, k]`, TOPI's batch_matmul), and the padded input of a convolution
+    // (a workspace, not a parameter).
+    let m = regtile_kernels();
+    let opts = common::target_opts(r#"{"kind": "llvm", "mcpu": "native"}"#);
+    for (name, shapes) in [
+        (
+            "batch_matmul",
+            [vec![2, 12, 8], vec![2, 8, 32], vec![2, 12, 32]],
+        ),
+        (
+            "batch_matmul_nt",
+            [vec![2, 12, 8], vec![2, 32, 8], vec![2, 12, 32]],
+        ),
+        (
+            "conv2d_nchw",
+            [vec![1, 4, 10, 16], vec![8, 4, 3, 3], vec![1, 8, 10, 16]],
+        ),
+    ] {
+        let f = m.get(name).unwrap().clone();
+        let want = common::interp_last(&f, &shapes);
+        let (g, prefix) = space::normalize(&f);
+        let nests = space::nests(&g);
+        let packed: Vec<space::Choice> = space::seeds_for_lanes(&nests, 8)
+            .into_iter()
+            .filter(|c| c.iter().any(|k| k.regtile[3] == 1))
+            .collect();
+        assert!(!packed.is_empty(), "{name}");
+        for c in &packed {
+            let steps: Vec<Step> = prefix
+                .iter()
+                .cloned()
+                .chain(space::steps_for(&g, &nests, c).unwrap())
+                .collect();
+            let mut s = kiln::schedule::Schedule::new(f.clone());
+            s.apply(&steps).unwrap();
+            let got = common::jit_last(&s.finish().unwrap(), &shapes, &opts);
+            for (x, y) in got.iter().zip(&want) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                    "{name} {c:?}: {x} vs {y}"
+                );
+            }
+        }
+    }
 }

@@ -17,8 +17,10 @@ enum Cache {
     /// Loaded (unless the body overwrites it first), used, written back.
     Write,
     /// Loaded, read only; with a panel width `w`, the region's last dimension is cut into
-    /// panels of `w`, each contiguous (`[E / w, ..., w]`).
-    Read(Option<i64>),
+    /// panels of `w`, each contiguous (`[E / w, ..., w]`); with a dimension `d`, that dimension
+    /// of the region is the cache's last (a transposed copy: `B[j, k]` read along `j` becomes
+    /// `[k, j]`).
+    Read(Option<i64>, Option<usize>),
 }
 
 /// Loops of a copy with at most this many iterations are unrolled; longer ones stay loops (a
@@ -46,17 +48,33 @@ impl Schedule {
         at: &str,
         panel: Option<i64>,
     ) -> ScheduleResult<String> {
-        self.cache_untraced(buffer, at, Cache::Read(panel))
+        self.cache_untraced(buffer, at, Cache::Read(panel, None))
+    }
+
+    /// The body of [`Schedule::cache_read_transposed`].
+    pub(super) fn cache_read_transposed_untraced(
+        &mut self,
+        buffer: &str,
+        at: &str,
+        innermost: usize,
+    ) -> ScheduleResult<String> {
+        self.cache_untraced(buffer, at, Cache::Read(None, Some(innermost)))
     }
 
     fn cache_untraced(&mut self, buffer: &str, at: &str, mode: Cache) -> ScheduleResult<String> {
         let primitive = match mode {
             Cache::Write => "cache_write",
-            Cache::Read(_) => "cache_read",
+            Cache::Read(..) => "cache_read",
         };
         let target = self
             .find_buffer(buffer)
-            .ok_or_else(|| self.form(primitive, format!("found no parameter buffer `{buffer}`")))?;
+            .or_else(|| allocated(&self.func.body, buffer))
+            .ok_or_else(|| {
+                self.form(
+                    primitive,
+                    format!("found no parameter or allocated buffer `{buffer}`"),
+                )
+            })?;
         let cname = self.fresh_buffer(&format!("{buffer}_local"));
         let mut problem: Option<String> = None;
         // The copies' loops are `{prefix}r{d}` and `{prefix}w{d}`: a prefix none of whose loop
@@ -119,9 +137,21 @@ impl Schedule {
                 ext.push(hi - lo + 1);
             }
             let panel = match mode {
-                Cache::Read(p) => p,
+                Cache::Read(p, _) => p,
                 Cache::Write => None,
             };
+            let innermost = match mode {
+                Cache::Read(_, d) => d,
+                Cache::Write => None,
+            };
+            if let Some(d) = innermost {
+                if d >= nd {
+                    problem = Some(format!(
+                        "needs a dimension of `{buffer}` to make innermost, found {d} (it has {nd})"
+                    ));
+                    return Ok(s.clone());
+                }
+            }
             if let Some(w) = panel {
                 // Every access's last index must be the region's start plus `p * w + q` with
                 // `q` in [0, w): then panel `p`, column `q`.
@@ -151,7 +181,7 @@ impl Schedule {
             let t = DataType::i64();
             let cache_shape: Vec<i64> = match panel {
                 Some(w) => panel_order(ext[nd - 1] / w, &ext[..nd - 1], w),
-                None => ext.clone(),
+                None => last_order(&ext, innermost),
             };
             let cache = Buffer::new(&cname, target.dtype, cache_shape.iter().map(|&e| imm(t, e)).collect())
                 .with_scope(StorageScope::Local);
@@ -199,7 +229,7 @@ impl Schedule {
                     .collect();
                 let ci: Vec<Expr> = match panel {
                     Some(_) => panel_order(r[nd - 1].clone(), &r[..nd - 1], r[nd].clone()),
-                    None => r.clone(),
+                    None => last_order(&r, innermost),
                 };
                 let mut st = if to_cache {
                     cache.store(ci, target.load(gi.clone()))
@@ -224,9 +254,12 @@ impl Schedule {
                     let k = match mode {
                         Cache::Write if last => ForKind::Vectorized,
                         Cache::Write => ForKind::Unrolled,
-                        Cache::Read(_) if last && extents[d] <= VECTOR_COPY_MAX => ForKind::Vectorized,
-                        Cache::Read(_) if !last && extents[d] <= UNROLL_COPY_MAX => ForKind::Unrolled,
-                        Cache::Read(_) => ForKind::Serial,
+                        // A transposed copy reads along the buffer and writes across the
+                        // cache: left to LLVM.
+                        Cache::Read(_, Some(_)) => ForKind::Serial,
+                        Cache::Read(..) if last && extents[d] <= VECTOR_COPY_MAX => ForKind::Vectorized,
+                        Cache::Read(..) if !last && extents[d] <= UNROLL_COPY_MAX => ForKind::Unrolled,
+                        Cache::Read(..) => ForKind::Serial,
                     };
                     st = for_(v, imm(t, 0), imm(t, extents[d]), k, st);
                 }
@@ -237,6 +270,7 @@ impl Schedule {
                 cache: &'a Buffer,
                 base: &'a [Lin],
                 panel: Option<i64>,
+                innermost: Option<usize>,
             }
             impl Redirect<'_> {
                 fn local(&self, ix: &[Expr]) -> Vec<Expr> {
@@ -257,7 +291,7 @@ impl Schedule {
                             let (p, q) = l.div_mod(w);
                             panel_order(p.to_expr(t), &rest, q.to_expr(t))
                         }
-                        None => rest,
+                        None => last_order(&rest, self.innermost),
                     }
                 }
             }
@@ -279,7 +313,7 @@ impl Schedule {
                 }
             }
             let nbody = rw_stmt(
-                &mut Redirect { name: buffer, cache: &cache, base: &base, panel },
+                &mut Redirect { name: buffer, cache: &cache, base: &base, panel, innermost },
                 body,
             );
             // The read-in is dead when the body's first statement overwrites the whole cache
@@ -302,6 +336,40 @@ impl Schedule {
             Some(m) => Err(self.form(primitive, m)),
             None => Ok(cname),
         }
+    }
+}
+
+/// The buffer named `name` that an `allocate` in `s` declares (a workspace of the function:
+/// TVM's padded input of a convolution), whose scope holds every access to it.
+fn allocated(s: &Stmt, name: &str) -> Option<Buffer> {
+    let mut found = None;
+    struct V<'a>(&'a str, &'a mut Option<Buffer>);
+    impl crate::ir::visit::Visitor for V<'_> {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::Allocate { buffer, .. } = s {
+                if buffer.name == self.0 && self.1.is_none() {
+                    *self.1 = Some(buffer.clone());
+                }
+            }
+            crate::ir::visit::walk_stmt(self, s);
+        }
+        fn expr(&mut self, _: &Expr) {}
+    }
+    crate::ir::visit::Visitor::stmt(&mut V(name, &mut found), s);
+    found
+}
+
+/// The order of a transposed cache's dimensions: the region's, with dimension `d` (if any)
+/// moved last.
+fn last_order<T: Clone>(v: &[T], d: Option<usize>) -> Vec<T> {
+    match d {
+        Some(d) if d < v.len() => v[..d]
+            .iter()
+            .chain(&v[d + 1..])
+            .chain(std::iter::once(&v[d]))
+            .cloned()
+            .collect(),
+        _ => v.to_vec(),
     }
 }
 

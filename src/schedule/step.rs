@@ -83,6 +83,9 @@ pub enum Step {
         /// The panel width of [`Schedule::cache_read_panels`].
         #[serde(default, skip_serializing_if = "Option::is_none")]
         panel: Option<i64>,
+        /// The dimension [`Schedule::cache_read_transposed`] makes the copy's innermost.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        innermost: Option<usize>,
     },
     /// [`Schedule::rfactor`].
     Rfactor {
@@ -171,11 +174,26 @@ impl Schedule {
                 Step::CacheWrite { buffer, at } => {
                     self.cache_write(buffer, at)?;
                 }
-                Step::CacheRead { buffer, at, panel } => match panel {
-                    Some(w) => {
+                Step::CacheRead {
+                    buffer,
+                    at,
+                    panel,
+                    innermost,
+                } => match (panel, innermost) {
+                    (Some(_), Some(_)) => {
+                        return Err(self.form(
+                            "cache_read",
+                            "takes a panel width or a dimension made innermost, found both"
+                                .to_string(),
+                        ))
+                    }
+                    (Some(w), None) => {
                         self.cache_read_panels(buffer, at, *w)?;
                     }
-                    None => {
+                    (None, Some(d)) => {
+                        self.cache_read_transposed(buffer, at, *d)?;
+                    }
+                    (None, None) => {
                         self.cache_read(buffer, at)?;
                     }
                 },
@@ -434,8 +452,34 @@ impl Schedule {
                 buffer: buffer.into(),
                 at: at.into(),
                 panel: None,
+                innermost: None,
             },
             |s| s.cache_read_untraced(buffer, at, None),
+        )
+    }
+
+    /// [`Schedule::cache_read`] with the region's dimension `innermost` made the copy's last:
+    /// the region `[.., E_d, .., E_last]` is cached as `[.., E_last, E_d]` (a transposed
+    /// copy). A register tile that vectorizes along a dimension the buffer does not store
+    /// contiguously (`B[j, k]`, read along `j` by a batched matmul whose `B` is transposed)
+    /// then loads contiguous vectors from the copy instead of gathering across rows.
+    ///
+    /// # Errors
+    /// As [`Schedule::cache_read`]; `innermost` not a dimension of `buffer`.
+    pub fn cache_read_transposed(
+        &mut self,
+        buffer: &str,
+        at: &str,
+        innermost: usize,
+    ) -> ScheduleResult<String> {
+        self.traced(
+            || Step::CacheRead {
+                buffer: buffer.into(),
+                at: at.into(),
+                panel: None,
+                innermost: Some(innermost),
+            },
+            |s| s.cache_read_transposed_untraced(buffer, at, innermost),
         )
     }
 
@@ -462,6 +506,7 @@ impl Schedule {
                 buffer: buffer.into(),
                 at: at.into(),
                 panel: Some(width),
+                innermost: None,
             },
             |s| s.cache_read_untraced(buffer, at, Some(width)),
         )

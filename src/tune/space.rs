@@ -15,7 +15,7 @@
 //! | `parallel` | none, outermost, outer two fused | `parallel` (after `fuse`) |
 //! | `leaves` | per innermost loop below the nest's chain (softmax's four column loops inside its row loop; a reduction innermost in the chain, as rowsum's): 0 or a width dividing its extent, 8-64 | a spatial loop: split, vectorize the inner part; a reduction into one element: split, `rfactor`, vectorize the lanes |
 //! | `prefetch` | off, on; only where a vectorized spatial leaf re-reads a buffer an earlier leaf read ([`prefetch_leaf`]: softmax's `exp` loop) | [`Schedule::prefetch`] of that buffer in that leaf, for the next iteration of the chain's innermost loop |
-//! | `regtile` | `[row, mr, nr]` or none; only in a perfect nest of spatial loops outside reduction loops ([`regtile_values`]: a batched matmul, a convolution) | split the row loop by `mr` and the innermost spatial loop by `nr`, move the reductions inside their outer parts, `cache_write` the output at the column loop (an `mr x nr` tile in registers), unroll the rows, vectorize the columns (the knobs `tile`, `vector` and `leaves` are off with it) |
+//! | `regtile` | `[row, mr, nr, pack]` or none; only in a perfect nest of spatial loops outside reduction loops ([`regtile_values`]: a batched matmul, a convolution) | split the row loop by `mr` and the innermost spatial loop by `nr`, move the reductions inside their outer parts, `cache_write` the output inside them (an `mr x nr` tile in registers), unroll the rows, vectorize the columns; with `pack`, the column tiles outermost and the operand the columns read ([`Nest::vector_operand`]) copied per column tile into a contiguous panel (`cache_read`, transposed by [`Schedule::cache_read_transposed`] where needed). The knobs `tile`, `vector` and `leaves` are off with it |
 //!
 //! A choice becomes [`Step`]s by running the primitives on a [`Schedule`] (so the steps carry
 //! the loop names the primitives chose); a choice the primitives refuse is not a candidate.
@@ -54,6 +54,21 @@ pub struct Nest {
     pub leaves: Vec<LoopInfo>,
     /// The buffers stored in the nest, by name, each once, in order.
     pub stores: Vec<String>,
+    /// In a perfect nest, the first buffer its body loads along the innermost spatial loop
+    /// (in one of its dimensions, which is given; not a buffer it stores): the operand a
+    /// register tile's columns read as vectors, which [`Knobs::regtile`] may pack.
+    pub vector_operand: Option<VectorOperand>,
+}
+
+/// A buffer a nest's body reads along its innermost spatial loop ([`Nest::vector_operand`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VectorOperand {
+    /// Its name.
+    pub buffer: String,
+    /// The dimension the innermost spatial loop indexes.
+    pub dim: usize,
+    /// Its number of dimensions.
+    pub ndim: usize,
 }
 
 /// The most innermost loops of a nest that get a knob each.
@@ -77,13 +92,16 @@ pub struct Knobs {
     /// iteration of the chain's innermost loop (absent in records written before it: off).
     #[serde(default)]
     pub prefetch: bool,
-    /// A register tile `[row, mr, nr]` ([`regtile_values`]): the nest's loop `row` (a spatial
-    /// loop) split by `mr` and its innermost spatial loop by `nr`, the reductions moved inside
-    /// the two outer parts, the `mr x nr` tile of the output accumulated in registers
+    /// A register tile `[row, mr, nr, pack]` ([`regtile_values`]): the nest's loop `row` (a
+    /// spatial loop) split by `mr` and its innermost spatial loop by `nr`, the reductions moved
+    /// inside the two outer parts, the `mr x nr` tile of the output accumulated in registers
     /// (`cache_write`), its rows unrolled and its columns vectorized; `mr` 0: none (absent in
-    /// records written before it).
+    /// records written before it). `pack` 1: the column tiles outside the row tiles, and the
+    /// nest's [`Nest::vector_operand`] copied per column tile into a contiguous panel
+    /// (`cache_read`, transposed where the buffer's last dimension is not the one the columns
+    /// index), which every row tile then reads: BLAS's packing of `B`.
     #[serde(default)]
-    pub regtile: [i64; 3],
+    pub regtile: [i64; 4],
 }
 
 /// The knobs of every nest of a function: one candidate.
@@ -199,6 +217,10 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         return None;
     }
     let perfect = !has_loop(cur);
+    let vector_operand = perfect.then(|| chain_vars(s)).and_then(|vars| {
+        let spatial = loops.iter().take_while(|l| !l.reduction).count();
+        vector_operand(cur, vars.get(spatial.checked_sub(1)?)?)
+    });
     let mut stores: Vec<String> = Vec::new();
     for_each_store(s, &mut |b, _| {
         if !stores.contains(&b.name) {
@@ -217,7 +239,47 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         perfect,
         leaves,
         stores,
+        vector_operand,
     })
+}
+
+/// The variables of the perfectly nested chain of loops starting at `s`, outermost first.
+fn chain_vars(s: &Stmt) -> Vec<Var> {
+    let mut out = Vec::new();
+    let mut cur = s;
+    while let Stmt::For { var, body, .. } = cur {
+        out.push(var.clone());
+        cur = body;
+    }
+    out
+}
+
+/// The first buffer `body` loads (and does not store) with exactly one index mentioning `col`,
+/// and that index's dimension.
+fn vector_operand(body: &Stmt, col: &Var) -> Option<VectorOperand> {
+    let mut stored = Vec::new();
+    for_each_store(body, &mut |b, _| stored.push(b.name.clone()));
+    struct Loads<'a>(&'a Var, &'a [String], Option<VectorOperand>);
+    impl Visitor for Loads<'_> {
+        fn expr(&mut self, e: &Expr) {
+            if let Expr::Load { buffer, indices } = e {
+                let dims: Vec<usize> = (0..indices.len())
+                    .filter(|&d| indices[d].mentions(self.0))
+                    .collect();
+                if self.2.is_none() && dims.len() == 1 && !self.1.contains(&buffer.name) {
+                    self.2 = Some(VectorOperand {
+                        buffer: buffer.name.clone(),
+                        dim: dims[0],
+                        ndim: indices.len(),
+                    });
+                }
+            }
+            crate::ir::visit::walk_expr(self, e);
+        }
+    }
+    let mut v = Loads(col, &stored, None);
+    v.stmt(body);
+    v.2
 }
 
 /// The loops from a top-level loop down to one whose body is a sequence ending in a loop (a
@@ -433,16 +495,20 @@ pub struct RegTiles {
     pub mrs: Vec<Vec<i64>>,
     /// The `nr` values that divide the innermost spatial loop.
     pub nrs: Vec<i64>,
+    /// The packings: 0 (the operands read in place), and 1 (the vector operand packed per
+    /// column tile) where the nest has a [`Nest::vector_operand`].
+    pub packs: Vec<i64>,
 }
 
-/// The register tiles a nest may take ([`Knobs::regtile`]): `None` where the nest has no such knob. It has one where the nest is a
-/// perfect chain of constant spatial loops (two or more) outside constant reduction loops (one
-/// or more) storing one buffer: a matmul, a batched matmul, a convolution as TVM writes them.
-/// The columns are the innermost spatial loop (`nr`: 8-48 lanes, or the whole loop up to 64,
-/// dividing it); the rows any other spatial loop (`mr`: 2-8, dividing it). Which row loop
-/// pays is the operand it leaves alone: a convolution's output channels (each a broadcast of
-/// one weight against the same input vector), a batched matmul's rows (a row of `A` against
-/// the same panel of `B`). Splits that divide their loops leave no bounds guard in the tile.
+/// The register tiles a nest may take ([`Knobs::regtile`]): `None` where the nest has no such
+/// knob. It has one where the nest is a perfect chain of constant spatial loops (two or more)
+/// outside constant reduction loops (one or more) storing one buffer: a matmul, a batched
+/// matmul, a convolution as TVM writes them. The columns are the innermost spatial loop (`nr`:
+/// 8-48 lanes, or the whole loop up to 64, dividing it); the rows any other spatial loop
+/// (`mr`: 2-8, dividing it). Which row loop pays is the operand it leaves alone: a
+/// convolution's output channels (each a broadcast of one weight against the same input
+/// vector), a batched matmul's rows (a row of `A` against the same panel of `B`). Splits that
+/// divide their loops leave no bounds guard in the tile.
 pub fn regtile_values(nest: &Nest) -> Option<RegTiles> {
     if !nest.perfect || nest.stores.len() != 1 || nest.loops.iter().any(|l| l.extent.is_none()) {
         return None;
@@ -474,45 +540,67 @@ pub fn regtile_values(nest: &Nest) -> Option<RegTiles> {
             mrs.push(v);
         }
     }
-    (!rows.is_empty() && !nrs.is_empty()).then_some(RegTiles { rows, mrs, nrs })
+    let packs = if nest.vector_operand.is_some() {
+        vec![0, 1]
+    } else {
+        vec![0]
+    };
+    (!rows.is_empty() && !nrs.is_empty()).then_some(RegTiles {
+        rows,
+        mrs,
+        nrs,
+        packs,
+    })
 }
 
-/// Whether `t` is a register tile [`regtile_values`] allows for `nest` (`[_, 0, _]`: none).
-fn regtile_ok(nest: &Nest, t: [i64; 3]) -> bool {
+/// Whether `t` is a register tile [`regtile_values`] allows for `nest` (`[_, 0, _, _]`: none).
+fn regtile_ok(nest: &Nest, t: [i64; 4]) -> bool {
     if t[1] == 0 {
         return true;
     }
-    let Some(RegTiles { rows, mrs, nrs }) = regtile_values(nest) else {
+    let Some(r) = regtile_values(nest) else {
         return false;
     };
-    rows.iter()
-        .position(|&r| r as i64 == t[0])
-        .is_some_and(|p| mrs[p].contains(&t[1]))
-        && nrs.contains(&t[2])
+    r.rows
+        .iter()
+        .position(|&x| x as i64 == t[0])
+        .is_some_and(|p| r.mrs[p].contains(&t[1]))
+        && r.nrs.contains(&t[2])
+        && r.packs.contains(&t[3])
+}
+
+/// A random register tile of `r`.
+fn draw_regtile(r: &RegTiles, rng: &mut Rng) -> [i64; 4] {
+    let p = rng.below(r.rows.len());
+    [
+        r.rows[p] as i64,
+        rng.pick(&r.mrs[p]),
+        rng.pick(&r.nrs),
+        rng.pick(&r.packs),
+    ]
 }
 
 /// A random register tile of `nest` (none where it has no such knob or by chance).
-fn random_regtile(nest: &Nest, rng: &mut Rng) -> [i64; 3] {
+fn random_regtile(nest: &Nest, rng: &mut Rng) -> [i64; 4] {
     match regtile_values(nest) {
-        Some(RegTiles { rows, mrs, nrs }) if rng.below(2) == 0 => {
-            let p = rng.below(rows.len());
-            [rows[p] as i64, rng.pick(&mrs[p]), rng.pick(&nrs)]
-        }
-        _ => [0; 3],
+        Some(r) if rng.below(2) == 0 => draw_regtile(&r, rng),
+        _ => [0; 4],
     }
 }
 
-/// The steps of a register tile `[row, mr, nr]` on `nest` ([`Knobs::regtile`]); returns the
-/// nest's loops after it, outermost first, and the name of its innermost reduction loop.
+/// The steps of a register tile `[row, mr, nr, pack]` on `nest` ([`Knobs::regtile`]); returns
+/// the nest's loops after it, outermost first.
 fn apply_regtile(
     s: &mut Schedule,
     nest: &Nest,
-    [row, mr, nr]: [i64; 3],
+    [row, mr, nr, pack]: [i64; 4],
     steps: &mut Vec<Step>,
 ) -> Result<Vec<String>, String> {
     let e = |x: crate::schedule::ScheduleError| x.to_string();
-    if !regtile_ok(nest, [row, mr, nr]) {
-        return Err(format!("no register tile {row}, {mr} x {nr} in this nest"));
+    if !regtile_ok(nest, [row, mr, nr, pack]) {
+        return Err(format!(
+            "no register tile {row}, {mr} x {nr}, packing {pack} in this nest"
+        ));
     }
     let names: Vec<String> = nest.loops.iter().map(|l| l.name.clone()).collect();
     let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
@@ -527,12 +615,19 @@ fn apply_regtile(
         loop_: names[col].clone(),
         factor: nr,
     });
+    let packed = nest.vector_operand.as_ref().filter(|_| pack == 1);
     let mut order: Vec<String> = (0..spatial - 1)
         .filter(|&i| i != row)
         .map(|i| names[i].clone())
         .collect();
-    order.push(ro);
-    order.push(co.clone());
+    // Packed, a column tile's panel is copied once and read by every row tile inside it.
+    if packed.is_some() {
+        order.push(co.clone());
+        order.push(ro.clone());
+    } else {
+        order.push(ro.clone());
+        order.push(co.clone());
+    }
     order.extend(names[spatial..].iter().cloned());
     order.push(ri.clone());
     order.push(ci.clone());
@@ -541,12 +636,27 @@ fn apply_regtile(
     steps.push(Step::Reorder {
         loops: order.clone(),
     });
+    // The accumulators live over the reductions, inside the second of the two tile loops.
+    let acc_at = if packed.is_some() { &ro } else { &co };
     let c = &nest.stores[0];
-    s.cache_write(c, &co).map_err(e)?;
+    s.cache_write(c, acc_at).map_err(e)?;
     steps.push(Step::CacheWrite {
         buffer: c.clone(),
-        at: co,
+        at: acc_at.clone(),
     });
+    if let Some(v) = packed {
+        let innermost = (v.dim + 1 != v.ndim).then_some(v.dim);
+        match innermost {
+            Some(d) => s.cache_read_transposed(&v.buffer, &co, d).map_err(e)?,
+            None => s.cache_read(&v.buffer, &co).map_err(e)?,
+        };
+        steps.push(Step::CacheRead {
+            buffer: v.buffer.clone(),
+            at: co.clone(),
+            panel: None,
+            innermost,
+        });
+    }
     s.unroll(&ri).map_err(e)?;
     steps.push(Step::Kind {
         loop_: ri,
@@ -772,7 +882,7 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
                 parallel: rng.pick(&p),
                 leaves,
                 prefetch: false,
-                regtile: [0; 3],
+                regtile: [0; 4],
             };
             // Drawn only where the knob exists, so other functions' searches are unchanged.
             if prefetch_leaf(n).is_some() {
@@ -793,7 +903,7 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
 /// unrolling (the leaf wins when `prefer_leaf`, else the other knob).
 fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
     if !regtile_ok(nest, k.regtile) {
-        k.regtile = [0; 3];
+        k.regtile = [0; 4];
     }
     if k.regtile[1] > 0 {
         // The register tile is the nest's tiling and vectorization.
@@ -839,13 +949,13 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     let leaf_knobs = 5 + usize::from(!lv.is_empty()) * 2;
     let has_prefetch = prefetch_leaf(&nests[i]).is_some();
     let regtile = regtile_values(&nests[i]);
-    // The register tile's three parts (row loop, mr, nr) come last, where the knob exists, so
+    // The register tile's four parts (row loop, mr, nr, packing) come last, where the knob exists, so
     // that other functions' searches are unchanged.
     let first_regtile = leaf_knobs + usize::from(has_prefetch);
-    let which = rng.below(first_regtile + if regtile.is_some() { 3 } else { 0 });
+    let which = rng.below(first_regtile + if regtile.is_some() { 4 } else { 0 });
     // A knob the register tile replaces, changed, turns the register tile off.
     if which < 3 || (5..first_regtile).contains(&which) {
-        k.regtile = [0; 3];
+        k.regtile = [0; 4];
     }
     match which {
         0 => k.tile[0] = rng.pick(&t),
@@ -869,14 +979,13 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     out
 }
 
-/// The register tile `t` with its part `part` (0: the row loop, 1: `mr` or none, 2: `nr`)
-/// changed; a tile that is off is drawn whole.
-fn mutate_regtile(t: [i64; 3], r: &RegTiles, part: usize, rng: &mut Rng) -> [i64; 3] {
+/// The register tile `t` with its part `part` (0: the row loop, 1: `mr` or none, 2: `nr`, 3:
+/// the packing) changed; a tile that is off is drawn whole.
+fn mutate_regtile(t: [i64; 4], r: &RegTiles, part: usize, rng: &mut Rng) -> [i64; 4] {
     let (rows, mrs, nrs) = (&r.rows, &r.mrs, &r.nrs);
-    let at = rows.iter().position(|&r| r as i64 == t[0]);
+    let at = rows.iter().position(|&x| x as i64 == t[0]);
     let Some(p) = at.filter(|_| t[1] > 0) else {
-        let p = rng.below(rows.len());
-        return [rows[p] as i64, rng.pick(&mrs[p]), rng.pick(nrs)];
+        return draw_regtile(r, rng);
     };
     match part {
         0 => {
@@ -887,16 +996,17 @@ fn mutate_regtile(t: [i64; 3], r: &RegTiles, part: usize, rng: &mut Rng) -> [i64
                 .copied()
                 .min_by_key(|&m| (m - t[1]).abs())
                 .unwrap_or(mrs[q][0]);
-            [rows[q] as i64, mr, t[2]]
+            [rows[q] as i64, mr, t[2], t[3]]
         }
         1 => {
             let m = rng.below(mrs[p].len() + 1);
             match mrs[p].get(m) {
-                Some(&mr) => [t[0], mr, t[2]],
-                None => [0; 3],
+                Some(&mr) => [t[0], mr, t[2], t[3]],
+                None => [0; 4],
             }
         }
-        _ => [t[0], t[1], rng.pick(nrs)],
+        2 => [t[0], t[1], rng.pick(nrs), t[3]],
+        _ => [t[0], t[1], t[2], rng.pick(&r.packs)],
     }
 }
 
@@ -915,23 +1025,30 @@ pub fn seeds_for_lanes(nests: &[Nest], lanes: i64) -> Vec<Choice> {
 /// Starting points with register tiles ([`Knobs::regtile`]), on the choice `usual`: for each
 /// row loop, the two tiles with the most accumulators that leave a quarter of the 16 (AVX2)
 /// or 32 (AVX-512) vector registers free for the operands (`mr x nr / lanes` at most 12 or 24:
-/// AVX2's 6 x 16 matmul tile), the fewer loads per multiply-add first.
+/// AVX2's 6 x 16 matmul tile), the fewer loads per multiply-add first, and the first of them
+/// with its vector operand packed.
 fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
     let lanes = lanes.max(1);
     let most = if lanes >= 16 { 24 } else { 12 };
     // Per nest, the ranked tiles of each row loop.
-    let ranked: Vec<Vec<Vec<[i64; 3]>>> = nests
+    let ranked: Vec<Vec<Vec<[i64; 4]>>> = nests
         .iter()
         .map(|n| {
-            let Some(RegTiles { rows, mrs, nrs }) = regtile_values(n) else {
+            let Some(RegTiles {
+                rows,
+                mrs,
+                nrs,
+                packs,
+            }) = regtile_values(n)
+            else {
                 return Vec::new();
             };
             rows.iter()
                 .zip(&mrs)
                 .map(|(&r, ms)| {
-                    let mut v: Vec<[i64; 3]> = ms
+                    let mut v: Vec<[i64; 4]> = ms
                         .iter()
-                        .flat_map(|&m| nrs.iter().map(move |&w| [r as i64, m, w]))
+                        .flat_map(|&m| nrs.iter().map(move |&w| [r as i64, m, w, 0]))
                         .filter(|t| t[1] * ((t[2] + lanes - 1) / lanes) <= most)
                         .collect();
                     // Most accumulators first, then fewest loads and broadcasts per step.
@@ -940,6 +1057,10 @@ fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
                         (-(t[1] * vecs), t[1] + vecs)
                     });
                     v.truncate(2);
+                    // And the first packed, where the nest has an operand to pack.
+                    if let Some(&[r, m, w, _]) = v.first().filter(|_| packs.contains(&1)) {
+                        v.push([r, m, w, 1]);
+                    }
                     v
                 })
                 .filter(|v| !v.is_empty())
@@ -949,7 +1070,7 @@ fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
     let most_rows = ranked.iter().map(Vec::len).max().unwrap_or(0);
     let mut out = Vec::new();
     for r in 0..most_rows {
-        for which in 0..2 {
+        for which in 0..3 {
             let mut c = usual.clone();
             let mut any = false;
             for ((n, k), tiles) in nests.iter().zip(c.iter_mut()).zip(&ranked) {
