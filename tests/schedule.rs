@@ -1055,7 +1055,10 @@ fn cache_read_refuses_written_buffers_and_missing_accesses() {
         "{err}"
     );
     let err = s.cache_read("X", "i").unwrap_err().to_string();
-    assert!(err.contains("no parameter buffer `X`"), "{err}");
+    assert!(
+        err.contains("no parameter or allocated buffer `X`"),
+        "{err}"
+    );
     let err = s.cache_read("B", "nope").unwrap_err().to_string();
     assert!(err.contains("nope"), "{err}");
     assert_eq!(s.func().to_string(), before);

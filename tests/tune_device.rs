@@ -342,24 +342,75 @@ fn kiln_tune_for_opencl_writes_a_record_that_kiln_run_applies() {
         );
     }
     assert!(so.contains("max abs difference"), "{so}");
-    // Remote measuring is for CPUs: a clear error, not a wrong record.
-    let e = Command::new(kiln)
+}
+
+/// `kiln tune --target opencl --rpc`: candidates built here, uploaded to a TVM RPC server
+/// (kiln's, in this process), checked and timed on its OpenCL device; the record names the
+/// server, so it applies only with `--any-cpu`.
+#[test]
+fn kiln_tune_measures_a_device_on_a_remote_server() {
+    if common::opencl_device("kiln_tune_measures_a_device_on_a_remote_server").is_none() {
+        return;
+    }
+    use kiln::rpc::{Server, ServerConfig};
+    let server = Server::bind(ServerConfig {
+        port: 0,
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", server.port());
+    let stop = server.stop_handle();
+    let t = std::thread::spawn(move || server.serve().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("remote.jsonl");
+    let kiln = env!("CARGO_BIN_EXE_kiln");
+    let ex = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/kernels/plain/softmax_256x1024.json"
+    );
+    let out = Command::new(kiln)
         .args([
-            "tune",
-            ex,
-            "softmax",
-            "--target",
-            "opencl",
-            "--rpc",
-            "127.0.0.1:1",
+            "tune", ex, "softmax", "--target", "opencl", "--rpc", &addr, "--trials", "4", "--pair",
+            "0", "--db",
         ])
+        .arg(&db)
         .output()
         .unwrap();
-    assert!(!e.status.success());
-    let se = String::from_utf8_lossy(&e.stderr);
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    stop.stop();
+    t.join().unwrap();
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(se.contains(&format!("on opencl of remote {addr}")), "{se}");
     assert!(
-        se.contains("remote `opencl` device is not supported yet"),
-        "{se}"
+        so.contains("4 candidates") && so.contains("0 wrong, 0 crashed"),
+        "{so}\n{se}"
+    );
+    let text = std::fs::read_to_string(&db).unwrap();
+    let r: Record = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(r.device, format!("opencl of remote {addr}"), "{text}");
+    assert_eq!(r.cpu, format!("remote {addr}"), "{text}");
+    assert!(r.default_time.median > 0.0, "{text}");
+    // Here, the record is for another device: not applied unless asked.
+    let build = |extra: &[&str]| {
+        let out = Command::new(kiln)
+            .args(["build", ex, "-t", "opencl", "-o"])
+            .arg(dir.path().join("s.so"))
+            .arg("--db")
+            .arg(&db)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(!build(&[]).contains("tuning record applied"));
+    let any = build(&["--any-cpu"]);
+    assert!(
+        any.contains("tuning record applied") || any.contains("the default build is kept"),
+        "{any}"
     );
 }
 

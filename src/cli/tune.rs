@@ -60,8 +60,9 @@ pub struct TuneArgs {
     /// candidate then ends the search).
     #[arg(long)]
     in_process: bool,
-    /// Measure on the remote CPU of the TVM RPC server at HOST:PORT (`kiln rpc-server` or
-    /// TVM's); `--target` should name that CPU.
+    /// Measure on the TVM RPC server at HOST:PORT (`kiln rpc-server` or TVM's): on its CPU
+    /// (`--target` should name that CPU), or with a device target (`opencl`, `cuda`) on its
+    /// device 0 of that kind.
     #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["tracker", "in_process"])]
     rpc: Option<String>,
     /// Measure on a server the RPC tracker at HOST:PORT hands out for `--key`.
@@ -135,14 +136,6 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         None => module.functions.clone(),
     };
     let target = Target::parse(&a.target)?;
-    if target.kind_name() != "llvm" && (a.rpc.is_some() || a.tracker.is_some()) {
-        return Err(format!(
-            "`kiln tune --rpc`/`--tracker` measures on a remote CPU (target kind `llvm`); \
-             measuring on a remote `{}` device is not supported yet",
-            target.kind_name()
-        )
-        .into());
-    }
     let path = db_path(a.db.as_deref(), Some(DEFAULT_DB)).unwrap_or_else(|| DEFAULT_DB.into());
     let mut db = Database::open(&path)?;
     for w in &db.warnings {
@@ -220,13 +213,19 @@ fn tune_one(
             Duration::from_secs(a.timeout),
         )?)
     };
-    // A remote CPU's model is not known here: the record says where it was measured.
-    let cpu = match (&a.rpc, &a.tracker, &a.key) {
-        (Some(addr), _, _) => format!("remote {addr}"),
-        (None, Some(_), Some(k)) => format!("remote key {k}"),
-        _ => tune::db::host_cpu(),
+    // A remote CPU's model (or device's name) is not known here: the record says where it
+    // was measured.
+    let remote_at = match (&a.rpc, &a.tracker, &a.key) {
+        (Some(addr), _, _) => Some(format!("remote {addr}")),
+        (None, Some(_), Some(k)) => Some(format!("remote key {k}")),
+        (None, Some(t), None) => Some(format!("remote tracker {t}")),
+        _ => None,
     };
-    let device = tune::db::device_name(target);
+    let cpu = remote_at.clone().unwrap_or_else(tune::db::host_cpu);
+    let device = match &remote_at {
+        Some(at) if target.kind_name() != "llvm" => format!("{} of {at}", target.kind_name()),
+        _ => tune::db::device_name(target),
+    };
     let default = measurer.baseline();
     let w = tune::db::workload(f);
     eprintln!(

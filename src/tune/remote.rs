@@ -1,11 +1,13 @@
 //! Measuring on another machine: [`Remote`], a [`Measurer`] that drives a TVM RPC server
 //! (`kiln rpc-server`, or TVM's) through [`crate::rpc::RemoteSession`].
 //!
-//! Candidates are built here (for the target, which names the remote CPU), exported as `.so`,
-//! uploaded, loaded there, checked against the default build's results computed there on the
-//! same inputs, and timed there with TVM's time evaluator (`runtime.RPCTimeEvaluator`: batches
-//! of at least 2 ms, 7 of them). A candidate that kills the session costs one trial: the next
-//! one connects again.
+//! Candidates are built here (for the target, which names the remote CPU, or a device kind:
+//! `opencl`, `cuda`, whose library holds the kernels and their host code), exported as `.so`,
+//! uploaded, loaded there, run on the remote CPU or on device 0 of the target's kind there,
+//! checked against the default build's results computed there on the same inputs, and timed
+//! there with TVM's time evaluator (`runtime.RPCTimeEvaluator`: batches of at least 2 ms, 7 of
+//! them, the device synchronized). A candidate that kills the session costs one trial: the
+//! next one connects again.
 
 use std::path::PathBuf;
 
@@ -38,12 +40,16 @@ impl Endpoint {
     }
 }
 
-/// Measures on a remote CPU.
+/// Measures on a remote CPU or device.
 pub struct Remote {
     at: Endpoint,
     sess: Option<RemoteSession>,
     f: PrimFunc,
-    options: CodegenOptions,
+    target: Target,
+    /// The code generator's options, for a CPU target.
+    options: Option<CodegenOptions>,
+    /// Where the function runs there: the CPU, or device 0 of the target's kind.
+    dev: DLDevice,
     inputs: Vec<NpyArray>,
     reference: Vec<NpyArray>,
     baseline: Timing,
@@ -62,13 +68,31 @@ impl Remote {
     /// # Errors
     /// The server cannot be reached, or the default does not build or run there.
     pub fn new(at: Endpoint, f: &PrimFunc, target: &Target, seed: u64) -> Result<Self, String> {
-        let options = CodegenOptions::from_target(target).map_err(|e| e.to_string())?;
+        let (options, dev) = if target.kind_name() == "llvm" {
+            let o = CodegenOptions::from_target(target).map_err(|e| e.to_string())?;
+            (Some(o), CPU)
+        } else {
+            let cg = crate::codegen::device::codegen_for(target.kind_name()).ok_or_else(|| {
+                format!(
+                    "measuring remotely needs a CPU target (`llvm`) or a device kind kiln \
+                     generates code for (`opencl`, `cuda`); found `{}`",
+                    target.kind_name()
+                )
+            })?;
+            let dev = DLDevice {
+                device_type: cg.device_type(),
+                device_id: 0,
+            };
+            (None, dev)
+        };
         let inputs = arrays(f, seed)?;
         let mut me = Self {
             at,
             sess: None,
             f: f.clone(),
+            target: target.clone(),
             options,
+            dev,
             reference: Vec::new(),
             inputs,
             baseline: Timing {
@@ -94,12 +118,17 @@ impl Remote {
         self.n += 1;
         let name = format!("cand{}.so", self.n);
         let path: PathBuf = self.dir.path().join(&name);
-        export(
-            &IRModule::from_functions(vec![g.clone()]),
-            &self.options,
-            &path,
-        )
-        .map_err(|e| e.to_string())?;
+        let module = IRModule::from_functions(vec![g.clone()]);
+        match &self.options {
+            Some(o) => export(&module, o, &path).map_err(|e| e.to_string())?,
+            None => {
+                let cg = crate::codegen::device::codegen_for(self.target.kind_name())
+                    .ok_or("no device code generator")?;
+                crate::codegen::device::HostDeviceModule::build(cg, &module, &self.target)
+                    .and_then(|m| m.export(&path))
+                    .map_err(|e| e.to_string())?
+            }
+        }
         let bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_file(&path);
         if self.sess.is_none() {
@@ -112,7 +141,7 @@ impl Remote {
             let func = s.module_function(m, &g.name)?;
             let mut remote: Vec<WireTensor> = Vec::new();
             for a in &self.inputs {
-                let t = s.alloc(CPU, &a.shape, a.dtype)?;
+                let t = s.alloc(self.dev, &a.shape, a.dtype)?;
                 s.copy_to(&t, a.data.as_slice())?;
                 remote.push(t);
             }
@@ -126,11 +155,11 @@ impl Remote {
                 out.push(b);
             }
             // One timed call first: a candidate far slower than the best is not timed further.
-            let first = s.time(m, &g.name, CPU, 1, 1, 0, &args)?;
+            let first = s.time(m, &g.name, self.dev, 1, 1, 0, &args)?;
             let t = if cutoff.is_some_and(|c| first.first().is_some_and(|x| *x > c)) {
                 Timing::of(first)
             } else {
-                Timing::of(s.time(m, &g.name, CPU, 1, 7, 2, &args)?)
+                Timing::of(s.time(m, &g.name, self.dev, 1, 7, 2, &args)?)
             };
             for t in &remote {
                 s.free(t)?;
