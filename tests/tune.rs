@@ -564,16 +564,8 @@ fn swap_b_indices(v: serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn candidates_are_measured_on_a_remote_server() {
-    use kiln::rpc::{Server, ServerConfig};
     use kiln::tune::remote::{Endpoint, Remote};
-    let server = Server::bind(ServerConfig {
-        port: 0,
-        ..ServerConfig::default()
-    })
-    .unwrap();
-    let addr = format!("127.0.0.1:{}", server.port());
-    let stop = server.stop_handle();
-    let t = std::thread::spawn(move || server.serve().unwrap());
+    let (addr, server) = common::rpc_server();
     let f = kernels::matmul_sized(64, 64, 64);
     let mut m = Remote::new(Endpoint::Direct(addr.clone()), &f, &host(), 1).unwrap();
     assert!(m.baseline().median > 0.0);
@@ -604,8 +596,7 @@ fn candidates_are_measured_on_a_remote_server() {
     let wrong = vec![Step::Fission { loop_: "i".into() }];
     assert!(matches!(m.measure(&wrong, None), Outcome::Wrong(_)));
     drop(m);
-    stop.stop();
-    t.join().unwrap();
+    drop(server);
 }
 
 /// Batches in the worker process: outcomes come back in order (a refused candidate among good
@@ -1178,6 +1169,34 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
     assert_eq!(db.best(&f, &target, false).unwrap().steps, par("i"));
 }
 
+/// Asserts that the choice `c` of the space `(g, prefix, nests)` of `f` (`space::normalize`,
+/// `space::nests`), applied to `f` and compiled with `opts`, computes `want` on the inputs of
+/// `shapes`.
+fn assert_choice_compiles_to(
+    f: &PrimFunc,
+    (g, prefix, nests): (&PrimFunc, &[Step], &[space::Nest]),
+    c: &space::Choice,
+    shapes: &[Vec<i64>],
+    want: &[f32],
+    opts: &kiln::codegen::llvm::CodegenOptions,
+) {
+    let steps: Vec<Step> = prefix
+        .iter()
+        .cloned()
+        .chain(space::steps_for(g, nests, c).unwrap())
+        .collect();
+    let mut s = kiln::schedule::Schedule::new(f.clone());
+    s.apply(&steps).unwrap();
+    let got = common::jit_last(&s.finish().unwrap(), shapes, opts);
+    for (x, y) in got.iter().zip(want) {
+        assert!(
+            (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+            "{}: {c:?}: {x} vs {y}",
+            f.name
+        );
+    }
+}
+
 /// The functions of `tests/data/tune_regtile.json` (TVM's lowering, converted by `kiln.to_kiln`).
 fn regtile_kernels() -> IRModule {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tune_regtile.json");
@@ -1326,17 +1345,7 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
         let want = common::interp_last(&f, &shapes);
         let opts = common::target_opts(r#"{"kind": "llvm", "mcpu": "native"}"#);
         for c in seeds.iter().filter(|c| c[last].regtile[1] > 0) {
-            let steps: Vec<Step> = prefix
-                .iter()
-                .cloned()
-                .chain(space::steps_for(&g, &nests, c).unwrap())
-                .collect();
-            let mut s = kiln::schedule::Schedule::new(f.clone());
-            s.apply(&steps).unwrap();
-            let got = common::jit_last(&s.finish().unwrap(), &shapes, &opts);
-            for (x, y) in got.iter().zip(&want) {
-                assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{c:?}: {x} vs {y}");
-            }
+            assert_choice_compiles_to(&f, (&g, &prefix, &nests), c, &shapes, &want, &opts);
         }
     }
     // Random choices and mutations only ever hold tiles the knob offers, and reach tiles and
@@ -1413,20 +1422,7 @@ fn packed_register_tiles_compile_to_the_same_results() {
             .collect();
         assert!(!packed.is_empty(), "{name}");
         for c in &packed {
-            let steps: Vec<Step> = prefix
-                .iter()
-                .cloned()
-                .chain(space::steps_for(&g, &nests, c).unwrap())
-                .collect();
-            let mut s = kiln::schedule::Schedule::new(f.clone());
-            s.apply(&steps).unwrap();
-            let got = common::jit_last(&s.finish().unwrap(), &shapes, &opts);
-            for (x, y) in got.iter().zip(&want) {
-                assert!(
-                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                    "{name} {c:?}: {x} vs {y}"
-                );
-            }
+            assert_choice_compiles_to(&f, (&g, &prefix, &nests), c, &shapes, &want, &opts);
         }
     }
 }

@@ -352,15 +352,7 @@ fn kiln_tune_measures_a_device_on_a_remote_server() {
     if common::opencl_device("kiln_tune_measures_a_device_on_a_remote_server").is_none() {
         return;
     }
-    use kiln::rpc::{Server, ServerConfig};
-    let server = Server::bind(ServerConfig {
-        port: 0,
-        ..ServerConfig::default()
-    })
-    .unwrap();
-    let addr = format!("127.0.0.1:{}", server.port());
-    let stop = server.stop_handle();
-    let t = std::thread::spawn(move || server.serve().unwrap());
+    let (addr, server) = common::rpc_server();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("remote.jsonl");
     let kiln = env!("CARGO_BIN_EXE_kiln");
@@ -380,8 +372,7 @@ fn kiln_tune_measures_a_device_on_a_remote_server() {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
-    stop.stop();
-    t.join().unwrap();
+    drop(server);
     assert!(out.status.success(), "{so}\n{se}");
     assert!(se.contains(&format!("on opencl of remote {addr}")), "{se}");
     assert!(

@@ -526,3 +526,39 @@ pub fn tune_record(
         paired: None,
     }
 }
+
+/// kiln's RPC server on a free loopback port, serving from a thread of this process: its
+/// address, and a guard that stops it and joins the thread when dropped.
+pub fn rpc_server() -> (String, RpcServerGuard) {
+    use kiln::rpc::{Server, ServerConfig};
+    let server = Server::bind(ServerConfig {
+        port: 0,
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", server.port());
+    let stop = server.stop_handle();
+    let thread = std::thread::spawn(move || server.serve().unwrap());
+    (
+        addr,
+        RpcServerGuard {
+            stop,
+            thread: Some(thread),
+        },
+    )
+}
+
+/// Stops the server of [`rpc_server`] when dropped.
+pub struct RpcServerGuard {
+    stop: kiln::rpc::StopHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for RpcServerGuard {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
