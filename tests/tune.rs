@@ -1426,3 +1426,38 @@ fn packed_register_tiles_compile_to_the_same_results() {
         }
     }
 }
+
+#[test]
+fn kilns_auto_parallel_build_is_a_candidate_of_every_cpu_search() {
+    // What `kiln.build(..., auto_parallel=True)` gives without a record is measured among the
+    // first candidates, so a record (built as recorded, with no loop made parallel on top) is
+    // never slower than the untuned parallel build in the search's own measurements.
+    let m = regtile_kernels();
+    let mut f = m.get("conv2d_nchw").unwrap().clone();
+    let ap = kiln::schedule::auto::auto_parallel(&f, 1);
+    assert!(!ap.loops.is_empty(), "{f}");
+    // The default threshold of work (32768 iterations) with this small convolution's loops
+    // (8 x 10 x 16 x 4 x 3 x 3 = 46080) is met.
+    let want: Vec<Step> =
+        kiln::schedule::auto::auto_parallel(&f, kiln::schedule::auto::DEFAULT_MIN_WORK)
+            .loops
+            .iter()
+            .map(|l| Step::Kind {
+                loop_: l.clone(),
+                kind: "parallel".into(),
+            })
+            .collect();
+    assert!(!want.is_empty());
+    let mut fake = Fake { calls: Vec::new() };
+    let opts = TuneOptions {
+        trials: 4,
+        ..TuneOptions::default()
+    };
+    tune::tune(&f, &host(), &mut fake, &opts, |_, _, _| {}).unwrap();
+    assert_eq!(fake.calls[0], want, "{:?}", fake.calls);
+    // A function auto_parallel leaves alone (not `noalias`) gets no such candidate.
+    f.attrs.noalias = false;
+    let mut fake = Fake { calls: Vec::new() };
+    tune::tune(&f, &host(), &mut fake, &opts, |_, _, _| {}).unwrap();
+    assert!(!fake.calls.contains(&want), "{:?}", fake.calls);
+}

@@ -234,6 +234,7 @@ pub fn tune(
                 None => ", a hand schedule",
                 Some(Choice::Template(t)) if seeds.contains(t) => ", a hand schedule",
                 Some(Choice::Template(_)) => ", a hand schedule's neighbour",
+                Some(Choice::AutoParallel) => ", kiln's auto-parallel build",
                 Some(_) => "",
             };
             let line = match &outcome {
@@ -422,6 +423,8 @@ enum Choice {
     Cpu(space::Choice),
     Device(device::DeviceChoice),
     Template(templates::MatmulTemplate),
+    /// kiln's untuned parallel build (`schedule::auto::auto_parallel`), as steps.
+    AutoParallel,
 }
 
 impl Space<'_> {
@@ -433,12 +436,32 @@ impl Space<'_> {
         target: &crate::target::Target,
     ) -> Vec<(Vec<Step>, Option<Choice>)> {
         match self {
-            Space::Cpu(_, _, Some(ts), _) => ts
-                .seeds()
-                .into_iter()
-                .filter_map(|t| Some((ts.steps(&t).ok()?, Some(Choice::Template(t)))))
-                .collect(),
-            Space::Cpu(_, _, None, _) => Vec::new(),
+            Space::Cpu(_, _, ts, _) => {
+                // What `kiln.build(..., auto_parallel=True)` (and `kiln.tvm.compile`) builds
+                // when no record applies: a search's winner beats it, not only the serial
+                // default (a record's function is built as recorded, without it).
+                let ap = crate::schedule::auto::auto_parallel(
+                    f,
+                    crate::schedule::auto::DEFAULT_MIN_WORK,
+                );
+                let auto = (!ap.loops.is_empty()).then(|| {
+                    let steps = ap
+                        .loops
+                        .iter()
+                        .map(|l| Step::Kind {
+                            loop_: l.clone(),
+                            kind: "parallel".into(),
+                        })
+                        .collect();
+                    (steps, Some(Choice::AutoParallel))
+                });
+                let templates = ts.iter().flat_map(|ts| {
+                    ts.seeds()
+                        .into_iter()
+                        .filter_map(|t| Some((ts.steps(&t).ok()?, Some(Choice::Template(t)))))
+                });
+                templates.chain(auto).collect()
+            }
             Space::Device(_) => device::device_templates(f, target)
                 .into_iter()
                 .map(|s| (s, None))
