@@ -38,6 +38,20 @@ pub struct AutoParallel {
     pub loops: Vec<String>,
 }
 
+impl AutoParallel {
+    /// The schedule steps that make the same loops parallel in the original function (a
+    /// candidate of `kiln tune`, whose winner must beat this build too).
+    pub fn steps(&self) -> Vec<super::Step> {
+        self.loops
+            .iter()
+            .map(|l| super::Step::Kind {
+                loop_: l.clone(),
+                kind: "parallel".into(),
+            })
+            .collect()
+    }
+}
+
 /// The default `min_work`: about 32 thousand innermost iterations, below which waking the
 /// thread pool costs more than the loop.
 pub const DEFAULT_MIN_WORK: u64 = 1 << 15;

@@ -444,17 +444,7 @@ impl Space<'_> {
                     f,
                     crate::schedule::auto::DEFAULT_MIN_WORK,
                 );
-                let auto = (!ap.loops.is_empty()).then(|| {
-                    let steps = ap
-                        .loops
-                        .iter()
-                        .map(|l| Step::Kind {
-                            loop_: l.clone(),
-                            kind: "parallel".into(),
-                        })
-                        .collect();
-                    (steps, Some(Choice::AutoParallel))
-                });
+                let auto = (!ap.loops.is_empty()).then(|| (ap.steps(), Some(Choice::AutoParallel)));
                 let templates = ts.iter().flat_map(|ts| {
                     ts.seeds()
                         .into_iter()
