@@ -188,10 +188,8 @@ def main():
             fk = relax.VirtualMachine(exk, tvm.cpu())["forward"]
             ft = relax.VirtualMachine(ext, tvm.cpu())["forward"]
             sides = {"kiln": fk, "tvm": ft}
-            tuned = None
             if a.tune:
-                tuned = tune_model(exk, mod, tt, kt, a.tune, not a.serial)
-                ex_tuned, tune_s = tuned
+                ex_tuned, tune_s = tune_model(exk, mod, tt, kt, a.tune, not a.serial)
                 err = max(err, rel_err(ex_tuned))
                 sides["tuned"] = relax.VirtualMachine(ex_tuned, tvm.cpu())["forward"]
             for f in sides.values():
@@ -214,7 +212,7 @@ def main():
                 "target": tname, "model": name, "max_rel_err": err,
                 "build_s": {"kiln": sbk, "tvm": sbt}, "run_s": {"kiln": srk, "tvm": srt},
             }
-            if tuned:
+            if a.tune:
                 sru = spread(runs["tuned"])
                 print(f"{'':13} tuned {f'tuning {tune_s:.0f} s':>32} {fmt(sru):>34} "
                       f"run {srt[0] / sru[0]:5.2f}x TVM, {srk[0] / sru[0]:5.2f}x untuned kiln")

@@ -145,7 +145,7 @@ def main():
                 json.dump(kiln.to_kiln(func), fh)
             db, so = os.path.join(d, f"{name}.jsonl"), os.path.join(d, f"{name}.so")
             trials, tune_s, why = tune_and_build(a.kiln, mod, "op", target, a.trials, a.seconds,
-                                                 db, so)
+                                                 db, so, keep_default=True)
             if why:
                 print(f"| {name} | {why} | | | | | | |")
                 ok = False

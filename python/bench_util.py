@@ -94,11 +94,12 @@ def te_matmul(m, n, k):
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")
 
 
-def tune_and_build(kiln_bin, module, func, target, trials, seconds, db, so):
+def tune_and_build(kiln_bin, module, func, target, trials, seconds, db, so, keep_default=False):
     """`kiln tune` of `func` in the kiln-ir file `module` for `target` (at most `trials`
     candidates or `seconds` seconds, records into `db`), then `kiln build --db` into `so`.
     Returns (candidates measured, as text, tuning seconds, None), or (None, None, why) when a
-    step failed or the build did not apply the record."""
+    step failed or the build did not apply a record (with `keep_default`, a record that keeps
+    the default build, because no candidate beat it, counts as applied)."""
     import re
     import subprocess
 
@@ -113,6 +114,8 @@ def tune_and_build(kiln_bin, module, func, target, trials, seconds, db, so):
     p = subprocess.run([kiln_bin, "build", module, "-o", so, "--target", target, "--db", db],
                        capture_output=True, text=True)
     out = p.stderr + p.stdout
-    if p.returncode != 0 or not re.search(r"tuning record applied|the default build is kept", out):
+    applied = r"tuning record applied|the default build is kept" if keep_default else \
+        r"tuning record applied"
+    if p.returncode != 0 or not re.search(applied, out):
         return None, None, f"kiln build --db did not apply the record: {out.strip()[-300:]}"
     return (found.group(1) if found else "?"), tune_s, None

@@ -121,27 +121,20 @@ pub fn run_build(a: &BuildArgs) -> CmdResult {
 /// The module does not compile for the target, the target kind has no code generator that
 /// writes files, or the file cannot be written.
 pub fn write_library(module: &IRModule, target: &Target, output: &Path) -> CmdResult {
-    match target.kind_name() {
-        "llvm" => {
-            let opts = crate::codegen::llvm::CodegenOptions::from_target(target)?;
-            crate::codegen::llvm::export(module, &opts, output)?;
+    crate::codegen::export_library(module, target, output).map_err(|e| match e {
+        crate::codegen::CodegenError::NoCodegen { kind } => {
+            let kinds: Vec<String> = std::iter::once("llvm")
+                .chain(device::BUILTIN.iter().map(|c| c.kind()))
+                .map(|k| format!("`{k}`"))
+                .collect();
+            format!(
+                "`kiln build` writes files for target kinds {}, found `{kind}`",
+                kinds.join(", ")
+            )
+            .into()
         }
-        kind => match device::codegen_for(kind) {
-            Some(cg) => device::HostDeviceModule::build(cg, module, target)?.export(output)?,
-            None => {
-                let kinds: Vec<String> = std::iter::once("llvm")
-                    .chain(device::BUILTIN.iter().map(|c| c.kind()))
-                    .map(|k| format!("`{k}`"))
-                    .collect();
-                return Err(format!(
-                    "`kiln build` writes files for target kinds {}, found `{kind}`",
-                    kinds.join(", ")
-                )
-                .into());
-            }
-        },
-    }
-    Ok(())
+        e => e.into(),
+    })
 }
 
 pub(crate) enum Arg {

@@ -140,6 +140,32 @@ pub fn build(module: &IRModule, target: &Target) -> CodegenResult<ModuleRef> {
     })
 }
 
+/// Compiles `module` for `target` and writes the result to `output`: for `llvm`, a `.so`, `.o`,
+/// `.ll` or `.s` by extension; for a device kind (`opencl`, `cuda`), what its code generator
+/// exports (device source, or a `.so` with the kernels and their host code inside). What
+/// `kiln build` writes, and what `kiln tune` uploads to a remote server.
+///
+/// # Errors
+/// The module does not compile for the target or the file cannot be written;
+/// [`CodegenError::NoCodegen`] for a kind kiln has no built-in code generator for (one
+/// registered as `target.build.<kind>` builds in memory only, with [`build`]).
+#[cfg(feature = "llvm")]
+pub fn export_library(
+    module: &IRModule,
+    target: &Target,
+    output: &std::path::Path,
+) -> CodegenResult<()> {
+    match target.kind_name() {
+        "llvm" => llvm::export(module, &llvm::CodegenOptions::from_target(target)?, output),
+        kind => match device::codegen_for(kind) {
+            Some(cg) => device::HostDeviceModule::build(cg, module, target)?.export(output),
+            None => Err(CodegenError::NoCodegen {
+                kind: kind.to_owned(),
+            }),
+        },
+    }
+}
+
 /// Wraps a Rust code generator as a `target.build.<kind>` packed function: it receives the
 /// module and target and returns a runtime module, or any error that converts to a packed
 /// function error (kiln's [`crate::Error`], [`CodegenError`], ...; annotate the closure's

@@ -13,7 +13,6 @@ use std::path::PathBuf;
 
 use super::measure::{arrays, compare, Outcome, Timing};
 use super::worker::Measurer;
-use crate::codegen::llvm::{export, CodegenOptions};
 use crate::ir::{IRModule, PrimFunc};
 use crate::npy::NpyArray;
 use crate::packed_func::{DLDevice, DLDeviceType};
@@ -46,8 +45,6 @@ pub struct Remote {
     sess: Option<RemoteSession>,
     f: PrimFunc,
     target: Target,
-    /// The code generator's options, for a CPU target.
-    options: Option<CodegenOptions>,
     /// Where the function runs there: the CPU, or device 0 of the target's kind.
     dev: DLDevice,
     inputs: Vec<NpyArray>,
@@ -68,9 +65,8 @@ impl Remote {
     /// # Errors
     /// The server cannot be reached, or the default does not build or run there.
     pub fn new(at: Endpoint, f: &PrimFunc, target: &Target, seed: u64) -> Result<Self, String> {
-        let (options, dev) = if target.kind_name() == "llvm" {
-            let o = CodegenOptions::from_target(target).map_err(|e| e.to_string())?;
-            (Some(o), CPU)
+        let dev = if target.kind_name() == "llvm" {
+            CPU
         } else {
             let cg = crate::codegen::device::codegen_for(target.kind_name()).ok_or_else(|| {
                 format!(
@@ -79,11 +75,10 @@ impl Remote {
                     target.kind_name()
                 )
             })?;
-            let dev = DLDevice {
+            DLDevice {
                 device_type: cg.device_type(),
                 device_id: 0,
-            };
-            (None, dev)
+            }
         };
         let inputs = arrays(f, seed)?;
         let mut me = Self {
@@ -91,7 +86,6 @@ impl Remote {
             sess: None,
             f: f.clone(),
             target: target.clone(),
-            options,
             dev,
             reference: Vec::new(),
             inputs,
@@ -118,17 +112,12 @@ impl Remote {
         self.n += 1;
         let name = format!("cand{}.so", self.n);
         let path: PathBuf = self.dir.path().join(&name);
-        let module = IRModule::from_functions(vec![g.clone()]);
-        match &self.options {
-            Some(o) => export(&module, o, &path).map_err(|e| e.to_string())?,
-            None => {
-                let cg = crate::codegen::device::codegen_for(self.target.kind_name())
-                    .ok_or("no device code generator")?;
-                crate::codegen::device::HostDeviceModule::build(cg, &module, &self.target)
-                    .and_then(|m| m.export(&path))
-                    .map_err(|e| e.to_string())?
-            }
-        }
+        crate::codegen::export_library(
+            &IRModule::from_functions(vec![g.clone()]),
+            &self.target,
+            &path,
+        )
+        .map_err(|e| e.to_string())?;
         let bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_file(&path);
         if self.sess.is_none() {

@@ -205,28 +205,31 @@ fn leaves_in(s: &Stmt, out: &mut Vec<LoopInfo>) {
 /// The nest starting at loop `s`; `None` when `s` is not a loop.
 pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
     let mut loops = Vec::new();
+    let mut vars = Vec::new();
     let mut cur = s;
     while let Stmt::For {
         var, extent, body, ..
     } = cur
     {
         loops.push(loop_info(var, extent, body));
+        vars.push(var);
         cur = body;
     }
     if loops.is_empty() {
         return None;
     }
     let perfect = !has_loop(cur);
-    let vector_operand = perfect.then(|| chain_vars(s)).and_then(|vars| {
-        let spatial = loops.iter().take_while(|l| !l.reduction).count();
-        vector_operand(cur, vars.get(spatial.checked_sub(1)?)?)
-    });
     let mut stores: Vec<String> = Vec::new();
     for_each_store(s, &mut |b, _| {
         if !stores.contains(&b.name) {
             stores.push(b.name.clone());
         }
     });
+    let spatial = loops.iter().take_while(|l| !l.reduction).count();
+    let vector_operand = spatial
+        .checked_sub(1)
+        .filter(|_| perfect)
+        .and_then(|col| vector_operand(cur, vars[col], &stores));
     let mut leaves = Vec::new();
     if perfect {
         leaves.extend(loops.last().filter(|l| l.reduction).cloned());
@@ -243,22 +246,9 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
     })
 }
 
-/// The variables of the perfectly nested chain of loops starting at `s`, outermost first.
-fn chain_vars(s: &Stmt) -> Vec<Var> {
-    let mut out = Vec::new();
-    let mut cur = s;
-    while let Stmt::For { var, body, .. } = cur {
-        out.push(var.clone());
-        cur = body;
-    }
-    out
-}
-
-/// The first buffer `body` loads (and does not store) with exactly one index mentioning `col`,
-/// and that index's dimension.
-fn vector_operand(body: &Stmt, col: &Var) -> Option<VectorOperand> {
-    let mut stored = Vec::new();
-    for_each_store(body, &mut |b, _| stored.push(b.name.clone()));
+/// The first buffer `body` loads (and does not store: `stored`) with exactly one index
+/// mentioning `col`, and that index's dimension.
+fn vector_operand(body: &Stmt, col: &Var, stored: &[String]) -> Option<VectorOperand> {
     struct Loads<'a>(&'a Var, &'a [String], Option<VectorOperand>);
     impl Visitor for Loads<'_> {
         fn expr(&mut self, e: &Expr) {
@@ -277,7 +267,7 @@ fn vector_operand(body: &Stmt, col: &Var) -> Option<VectorOperand> {
             crate::ir::visit::walk_expr(self, e);
         }
     }
-    let mut v = Loads(col, &stored, None);
+    let mut v = Loads(col, stored, None);
     v.stmt(body);
     v.2
 }
@@ -687,8 +677,7 @@ fn apply_nest(
     let mut second: Option<String> = names.get(1).cloned();
     let mut inner_spatial = spatial.last().map(|&i| names[i].clone());
     let innermost_is_spatial = !nest.loops[names.len() - 1].reduction;
-    let regtiled = k.regtile[1] > 0;
-    if regtiled {
+    if k.regtile[1] > 0 {
         if k.tile != [0, 0] || k.vector > 0 || k.leaves.iter().any(|&w| w > 0) {
             return Err("a register tile goes with no other tiling or vector knob".into());
         }
@@ -949,8 +938,8 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     let leaf_knobs = 5 + usize::from(!lv.is_empty()) * 2;
     let has_prefetch = prefetch_leaf(&nests[i]).is_some();
     let regtile = regtile_values(&nests[i]);
-    // The register tile's four parts (row loop, mr, nr, packing) come last, where the knob exists, so
-    // that other functions' searches are unchanged.
+    // The register tile's four parts (row loop, mr, nr, packing) come last, where the knob
+    // exists, so that other functions' searches are unchanged.
     let first_regtile = leaf_knobs + usize::from(has_prefetch);
     let which = rng.below(first_regtile + if regtile.is_some() { 4 } else { 0 });
     // A knob the register tile replaces, changed, turns the register tile off.
@@ -1008,18 +997,6 @@ fn mutate_regtile(t: [i64; 4], r: &RegTiles, part: usize, rng: &mut Rng) -> [i64
         2 => [t[0], t[1], rng.pick(nrs), t[3]],
         _ => [t[0], t[1], t[2], rng.pick(&r.packs)],
     }
-}
-
-/// [`seeds`], with the register tiles chosen for vectors of `lanes` elements (8: AVX2's 32
-/// bytes of `float32`; 16: AVX-512's) instead of 8.
-pub fn seeds_for_lanes(nests: &[Nest], lanes: i64) -> Vec<Choice> {
-    let mut out = seeds(nests);
-    if lanes != 8 {
-        out.retain(|c| c.iter().all(|k| k.regtile[1] == 0));
-        let usual = out[out.len() - 1].clone();
-        out.extend(regtile_seeds(nests, &usual, lanes));
-    }
-    out
 }
 
 /// Starting points with register tiles ([`Knobs::regtile`]), on the choice `usual`: for each
@@ -1091,10 +1068,13 @@ fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
     out
 }
 
-/// The hand-written starting points: the default (nothing) and the usual first schedule
+/// The hand-written starting points: the default (nothing), the usual first schedule
 /// (outermost loop parallel, innermost spatial loop vectorized by 8 or 16, and each leaf at
-/// the allowed width nearest 16 for a spatial loop, 64 for a reduction: kiln's softmax).
-pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
+/// the allowed width nearest 16 for a spatial loop, 64 for a reduction: kiln's softmax), and
+/// on it register tiles ([`Knobs::regtile`]: for each row loop, the two that fill three
+/// quarters of the vector registers, and the first packed) for vectors of `lanes` elements
+/// (8: AVX2's 32 bytes of `float32`; 16: AVX-512's).
+pub fn seeds_for_lanes(nests: &[Nest], lanes: i64) -> Vec<Choice> {
     let none: Choice = nests.iter().map(|_| Knobs::default()).collect();
     let mut out = vec![none];
     for width in [8, 16] {
@@ -1126,6 +1106,11 @@ pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
                 .collect(),
         );
     }
-    out.extend(regtile_seeds(nests, &out[out.len() - 1], 8));
+    out.extend(regtile_seeds(nests, &out[out.len() - 1], lanes));
     out
+}
+
+/// [`seeds_for_lanes`] for AVX2's vectors: 8 lanes of `float32`.
+pub fn seeds(nests: &[Nest]) -> Vec<Choice> {
+    seeds_for_lanes(nests, 8)
 }
