@@ -84,6 +84,20 @@ fn build_reports_bad_targets_and_bad_modules() {
         .unwrap();
     assert!(!st.status.success());
     assert!(String::from_utf8_lossy(&st.stderr).contains("bad.json"));
+    // A target kind TVM defines but kiln writes no files for: the kinds it does, and the one
+    // seen.
+    let st = kiln()
+        .args(["build", VADD, "--target", "vulkan", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!st.status.success());
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(
+        err.contains("writes files for target kinds `llvm`, `opencl`, `cuda`, found `vulkan`"),
+        "{err}"
+    );
+    assert!(!out.exists());
 }
 
 /// A CPU LLVM 14 does not know (newer than it, or misspelt) or a 32-bit one for the x86-64

@@ -1061,6 +1061,27 @@ fn cache_read_refuses_written_buffers_and_missing_accesses() {
     );
     let err = s.cache_read("B", "nope").unwrap_err().to_string();
     assert!(err.contains("nope"), "{err}");
+    // A transposed copy needs one of the buffer's dimensions, and a step gives a panel width
+    // or a transposed dimension, not both.
+    let err = s
+        .cache_read_transposed("B", "i", 5)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("needs a dimension of `B` to make innermost, found 5 (it has 2)"),
+        "{err}"
+    );
+    let both = Step::CacheRead {
+        buffer: "B".into(),
+        at: "i".into(),
+        panel: Some(4),
+        innermost: Some(0),
+    };
+    let err = s.apply(&[both]).unwrap_err().to_string();
+    assert!(
+        err.contains("takes a panel width or a dimension made innermost, found both"),
+        "{err}"
+    );
     assert_eq!(s.func().to_string(), before);
     assert!(s.trace().is_empty());
 }

@@ -372,7 +372,23 @@ fn kiln_tune_measures_a_device_on_a_remote_server() {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
+    // A kind kiln generates no code for: refused before anything is measured.
+    let bad = Command::new(kiln)
+        .args([
+            "tune", ex, "softmax", "--target", "vulkan", "--rpc", &addr, "--db",
+        ])
+        .arg(dir.path().join("bad.jsonl"))
+        .output()
+        .unwrap();
     drop(server);
+    assert!(!bad.status.success());
+    let bad_err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        bad_err.contains(
+            "or a device kind kiln generates code for (`opencl`, `cuda`); found `vulkan`"
+        ),
+        "{bad_err}"
+    );
     assert!(out.status.success(), "{so}\n{se}");
     assert!(se.contains(&format!("on opencl of remote {addr}")), "{se}");
     assert!(
