@@ -1226,3 +1226,200 @@ fn matmul_with_a_packed_computes_the_matmul() {
         }
     }
 }
+
+/// `f(A[6, 8], B[6, 8])`: a workspace `T` computed by the nest `fill` (over `i`, `j`), then
+/// `B[i2, j2] = T[i2, j2] + T[i2, (j2 + 1) % 8]` (`use_`, a nest of its own), in the order
+/// `order` gives (`true`: the fill first).
+fn inline_case(
+    fill: impl FnOnce(&kiln::ir::Buffer, &kiln::ir::Buffer, &kiln::ir::Buffer) -> kiln::ir::Stmt,
+    fill_first: bool,
+) -> PrimFunc {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, Stmt, StorageScope};
+    let shape = || vec![Expr::from(6i64), Expr::from(8i64)];
+    let a = Buffer::new("A", DataType::f32(), shape());
+    let b = Buffer::new("B", DataType::f32(), shape());
+    let t = Buffer::temp("T", DataType::f32(), shape(), StorageScope::Workspace);
+    let fill = fill(&a, &b, &t);
+    let use_ = for_range("i2", 6i64, ForKind::Serial, |i| {
+        for_range("j2", 8i64, ForKind::Serial, |j| {
+            let next = (j.clone() + 1i64).floormod(8i64);
+            b.store(
+                vec![i.clone(), j.clone()],
+                t.load(vec![i.clone(), j]) + t.load(vec![i, next]),
+            )
+        })
+    });
+    let seq = if fill_first {
+        vec![fill, use_]
+    } else {
+        vec![use_, fill]
+    };
+    PrimFunc::new(
+        "f",
+        vec![Param::Buffer(a), Param::Buffer(b)],
+        t.allocate(Stmt::Seq(seq)),
+    )
+}
+
+/// `for i in 0..6 { for j in 0..8 { T[i, j] = value(A, i, j) } }`.
+fn fill_nest(
+    t: &kiln::ir::Buffer,
+    value: impl Fn(kiln::ir::Expr, kiln::ir::Expr) -> kiln::ir::Expr,
+) -> kiln::ir::Stmt {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::ForKind;
+    for_range("i", 6i64, ForKind::Serial, |i| {
+        for_range("j", 8i64, ForKind::Serial, |j| {
+            t.store(vec![i.clone(), j.clone()], value(i, j))
+        })
+    })
+}
+
+#[test]
+fn compute_inline_replaces_each_read_by_the_value_and_drops_the_buffer() {
+    use kiln::ir::builder::if_then_else_expr;
+    use kiln::ir::Expr;
+    let shapes = [vec![6, 8], vec![6, 8]];
+    // An expression of the loop variables, and a guarded read (a padding's form).
+    type Value = Box<dyn Fn(&kiln::ir::Buffer, Expr, Expr) -> Expr>;
+    let values: Vec<Value> = vec![
+        Box::new(|a, i, j| a.load(vec![i, j]) * Expr::from(2.0f32) + Expr::from(1.0f32)),
+        Box::new(|a, i, j| {
+            let inside = i.clone().ge(1i64).and(j.clone().lt(7i64));
+            let read = a.load(vec![i - 1i64, j + 1i64]);
+            if_then_else_expr(inside, read, Expr::from(0.0f32))
+        }),
+    ];
+    for value in &values {
+        let f = inline_case(|a, _, t| fill_nest(t, |i, j| value(a, i, j)), true);
+        let mut s = Schedule::new(f.clone());
+        s.compute_inline("T").unwrap();
+        assert_eq!(s.trace(), &[Step::ComputeInline { buffer: "T".into() }]);
+        let g = s.finish().unwrap();
+        let text = g.to_string();
+        assert!(!text.contains("T["), "{g}");
+        assert!(!text.contains("allocate"), "{g}");
+        assert!(!text.contains("for i:"), "the fill nest is gone\n{g}");
+        same_results(&f, &g, &shapes);
+        // The same from JSON steps.
+        let steps: Vec<Step> =
+            serde_json::from_str(r#"[{"compute_inline": {"buffer": "T"}}]"#).unwrap();
+        let mut s = Schedule::new(f.clone());
+        s.apply(&steps).unwrap();
+        assert_eq!(s.finish().unwrap().to_string(), text);
+    }
+}
+
+#[test]
+fn compute_inline_refuses_what_it_cannot_inline_and_changes_nothing() {
+    use kiln::ir::builder::{for_range, if_then_else, let_expr};
+    use kiln::ir::{Expr, ForKind, Stmt};
+    let copy = |a: &kiln::ir::Buffer, t: &kiln::ir::Buffer| fill_nest(t, |i, j| a.load(vec![i, j]));
+    let cases: Vec<(&str, PrimFunc, &str)> = vec![
+        (
+            "A",
+            inline_case(|a, _, t| copy(a, t), true),
+            "needs a buffer the function allocates, found the parameter `A`",
+        ),
+        (
+            "Z",
+            inline_case(|a, _, t| copy(a, t), true),
+            "found no allocated buffer `Z`",
+        ),
+        (
+            "T",
+            // Two nests store `T`.
+            inline_case(|a, _, t| Stmt::Seq(vec![copy(a, t), copy(a, t)]), true),
+            "needs exactly one store to `T` (the nest that computes it), found 2",
+        ),
+        (
+            "T",
+            // The fill reads `B`, which the function writes.
+            inline_case(|_, b, t| fill_nest(t, |i, j| b.load(vec![i, j])), true),
+            "found a read of `B`, which the function writes",
+        ),
+        (
+            "T",
+            // The fill covers half the columns.
+            inline_case(
+                |a, _, t| {
+                    for_range("i", 6i64, ForKind::Serial, |i| {
+                        for_range("j", 4i64, ForKind::Serial, |j| {
+                            t.store(vec![i.clone(), j.clone()], a.load(vec![i, j]))
+                        })
+                    })
+                },
+                true,
+            ),
+            "needs the loop `j` to run from 0 over dimension 1 of `T` (8), found [0, 4)",
+        ),
+        (
+            "T",
+            // A loop the store does not use.
+            inline_case(
+                |a, _, t| {
+                    for_range("r", 2i64, ForKind::Serial, |_| {
+                        fill_nest(t, |i, j| a.load(vec![i, j]))
+                    })
+                },
+                true,
+            ),
+            "found `r` unused",
+        ),
+        (
+            "T",
+            // The diagonal: `i` indexes both dimensions, the second of which it does not span.
+            inline_case(
+                |a, _, t| {
+                    for_range("i", 6i64, ForKind::Serial, |i| {
+                        for_range("j", 8i64, ForKind::Serial, |j| {
+                            t.store(vec![i.clone(), i.clone()], a.load(vec![i, j]))
+                        })
+                    })
+                },
+                true,
+            ),
+            "needs the loop `i` to run from 0 over dimension 1 of `T` (8), found [0, 6)",
+        ),
+        (
+            "T",
+            inline_case(|a, _, t| copy(a, t), false),
+            "needs every read of `T` after the nest that computes it, found one before it",
+        ),
+        (
+            "T",
+            inline_case(
+                |a, _, t| {
+                    fill_nest(t, |i, j| {
+                        let_expr("x", a.load(vec![i, j]), |x| x.clone() * x)
+                    })
+                },
+                true,
+            ),
+            "needs a value without `let`",
+        ),
+        (
+            "T",
+            // The nest sits under a condition.
+            inline_case(
+                |a, _, t| if_then_else(Expr::from(true), copy(a, t), None),
+                true,
+            ),
+            "needs the store to `T` in a perfect loop nest at the top of the body",
+        ),
+    ];
+    for (buffer, f, want) in cases {
+        let mut s = Schedule::new(f.clone());
+        let before = s.func().to_string();
+        let err = s.compute_inline(buffer).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ScheduleError::Form { .. }) && msg.contains("compute_inline"),
+            "{msg}"
+        );
+        assert!(msg.contains(want), "want `{want}`, got: {msg}");
+        assert_eq!(s.func().to_string(), before);
+        assert!(s.trace().is_empty());
+    }
+}

@@ -1235,11 +1235,25 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
             vec![8, 16],
             ("pad_temp", 3),
         ),
+        (
+            "conv2d_1x1",
+            vec![vec![1, 8, 4, 16], vec![12, 8, 1, 1], vec![1, 12, 4, 16]],
+            // Rows: the output channels (12) or rows (4); columns: 16. Its padding is none,
+            // so the copy `pad_temp` is inlined and the tile reads (and packs) `X` itself.
+            vec![0, 1],
+            vec![8, 16],
+            ("X", 3),
+        ),
     ];
     for (name, shapes, want_rows, want_nrs, (operand, dim)) in cases {
         let f = m.get(name).unwrap().clone();
         let want = common::interp_last(&f, &shapes);
         let (g, prefix) = space::normalize(&f);
+        // Only an unchanged copy of a parameter is inlined, not a padding.
+        let inlined = prefix
+            .iter()
+            .any(|s| matches!(s, Step::ComputeInline { buffer } if buffer == "pad_temp"));
+        assert_eq!(inlined, name == "conv2d_1x1", "{name}: {prefix:?}");
         let nests = space::nests(&g);
         let last = nests.len() - 1;
         let space::RegTiles {

@@ -149,6 +149,11 @@ impl Rewriter for Subst<'_> {
     }
 }
 
+/// `e` with variables replaced (and integer arithmetic on the way folded).
+pub(crate) fn subst_expr(e: &Expr, map: &HashMap<VarId, Expr>) -> Expr {
+    rw_expr(&mut Subst(map), e)
+}
+
 /// `s` with variables replaced (and integer arithmetic on the way folded).
 pub(crate) fn subst_stmt(s: &Stmt, map: &HashMap<VarId, Expr>) -> Stmt {
     rw_stmt(&mut Subst(map), s)

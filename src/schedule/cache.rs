@@ -341,7 +341,7 @@ impl Schedule {
 
 /// The buffer named `name` that an `allocate` in `s` declares (a workspace of the function:
 /// TVM's padded input of a convolution), whose scope holds every access to it.
-fn allocated(s: &Stmt, name: &str) -> Option<Buffer> {
+pub(super) fn allocated(s: &Stmt, name: &str) -> Option<Buffer> {
     let mut found = None;
     struct V<'a>(&'a str, &'a mut Option<Buffer>);
     impl crate::ir::visit::Visitor for V<'_> {

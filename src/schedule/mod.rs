@@ -25,6 +25,7 @@
 //! | [`bind`](Schedule::bind) | bind a loop to `blockIdx.*` / `threadIdx.*` (device kernels) |
 //! | [`cache_read_shared`](Schedule::cache_read_shared) | stage the tile one iteration of a loop reads in a `shared` buffer, loaded by the block's threads between barriers |
 //! | [`block_reduce`](Schedule::block_reduce) | a reduction over `for o { for t }` done by `t` threads: per-thread partials, then a tree in `shared` memory |
+//! | [`compute_inline`](Schedule::compute_inline) | replace each read of a buffer the function computes by the expression that computed it, removing its nest and its memory (a convolution's padding copy) |
 //! | [`prefetch`](Schedule::prefetch) | before each load of a buffer in a loop, prefetch what the same load reads some iterations of an enclosing loop later |
 //!
 //! The primitives check the *shape* of what they transform (perfect nests, constant extents,
@@ -43,6 +44,7 @@
 //! | `cache.rs` | `cache_write`, `cache_read` |
 //! | `reduce.rs` | `rfactor` |
 //! | `device.rs` | device kernels: `bind`, `cache_read_shared`, `block_reduce` |
+//! | `inline.rs` | `compute_inline` |
 //! | `prefetch.rs` | `prefetch` |
 //! | `step.rs` | [`Step`], the JSON form of a schedule, and [`Schedule::apply`] |
 //! | `kernels.rs` | scheduled versions of the kernels of [`crate::ir::kernels`] |
@@ -66,6 +68,7 @@
 pub mod auto;
 mod cache;
 mod device;
+mod inline;
 mod kinds;
 mod layout;
 mod loops;

@@ -116,6 +116,11 @@ pub enum Step {
         /// The inner reduction loop (becomes `threadIdx.x`).
         inner: String,
     },
+    /// [`Schedule::compute_inline`].
+    ComputeInline {
+        /// The buffer inlined.
+        buffer: String,
+    },
     /// [`Schedule::prefetch`].
     Prefetch {
         /// The loop whose loads get prefetches.
@@ -215,6 +220,9 @@ impl Schedule {
                 Step::BlockReduce { outer, inner } => {
                     self.block_reduce(outer, inner)?;
                 }
+                Step::ComputeInline { buffer } => {
+                    self.compute_inline(buffer)?;
+                }
                 Step::Prefetch {
                     at,
                     buffer,
@@ -230,7 +238,7 @@ impl Schedule {
 }
 
 /// The primitives, recorded in the schedule's trace (their bodies are in the files of their
-/// kind: `loops.rs`, `kinds.rs`, `layout.rs`, `cache.rs`, `reduce.rs`, `device.rs`,
+/// kind: `loops.rs`, `kinds.rs`, `layout.rs`, `cache.rs`, `reduce.rs`, `device.rs`, `inline.rs`,
 /// `prefetch.rs`).
 impl Schedule {
     /// Splits loop `name` into `name_o` (outer) and `name_i` (inner, extent `factor`), returning
@@ -293,6 +301,25 @@ impl Schedule {
                 inner: inner.into(),
             },
             |s| s.fuse_untraced(outer, inner),
+        )
+    }
+
+    /// Replaces every read of `buffer`, a buffer the function allocates and computes in one
+    /// perfect loop nest (each index its own loop over the whole dimension), by the expression
+    /// that computed it, with the nest's loop variables bound to the read's indices; the nest
+    /// and the allocation go away (TVM's `compute_inline`). A convolution reads its input
+    /// instead of a padded copy of it.
+    ///
+    /// # Errors
+    /// A parameter or unknown buffer; more than one store to it, or a store outside a perfect
+    /// nest at the top of the body; a nest that does not write each element once; a value that
+    /// reads a buffer the function writes, or binds a `let`; a read of it before its nest.
+    pub fn compute_inline(&mut self, buffer: &str) -> ScheduleResult<()> {
+        self.traced(
+            || Step::ComputeInline {
+                buffer: buffer.into(),
+            },
+            |s| s.compute_inline_untraced(buffer),
         )
     }
 
