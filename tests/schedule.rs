@@ -1423,3 +1423,47 @@ fn compute_inline_refuses_what_it_cannot_inline_and_changes_nothing() {
         assert!(s.trace().is_empty());
     }
 }
+
+/// Caches of a region a fused loop indexes: `B[i, floordiv(f, 8), floormod(f, 8)]` (rows
+/// and columns fused into one loop of 48 elements, split by 16, so a tile spans rows) is
+/// cached as one dimension of 16 elements, written back and read in along it.
+#[test]
+fn caches_read_a_fused_loops_pair_of_dimensions_as_one() {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param};
+    let shape = || vec![Expr::from(4i64), Expr::from(6i64), Expr::from(8i64)];
+    let a = Buffer::new("A", DataType::f32(), shape());
+    let b = Buffer::new("B", DataType::f32(), shape());
+    let body = for_range("i", 4i64, ForKind::Serial, |i| {
+        for_range("y", 6i64, ForKind::Serial, |y| {
+            for_range("x", 8i64, ForKind::Serial, |x| {
+                let ix = vec![i.clone(), y.clone(), x.clone()];
+                b.store(
+                    ix.clone(),
+                    a.load(ix) * Expr::from(2.0f32) + Expr::from(1.0f32),
+                )
+            })
+        })
+    });
+    let f = PrimFunc::new("f", vec![Param::Buffer(a), Param::Buffer(b)], body);
+    let mut s = Schedule::new(f.clone());
+    let fused = s.fuse("y", "x").unwrap();
+    let (fo, fi) = s.split(&fused, 16).unwrap();
+    let out = s.cache_write("B", &fo).unwrap();
+    let inp = s.cache_read("A", &fo).unwrap();
+    s.vectorize(&fi).unwrap();
+    let g = s.finish().unwrap();
+    let text = g.to_string();
+    // Each cache is [1, 16]: the batch index and 16 consecutive elements of the fused pair.
+    for c in [&out, &inp] {
+        assert!(text.contains(&format!("{c}: float32[1, 16]")), "{c}\n{g}");
+    }
+    same_results(&f, &g, &[vec![4, 6, 8], vec![4, 6, 8]]);
+    // A split that does not divide the pair (48 by 20) guards the copies at the pair's end.
+    let mut s = Schedule::new(f.clone());
+    let fused = s.fuse("y", "x").unwrap();
+    let (fo, _) = s.split(&fused, 20).unwrap();
+    s.cache_write("B", &fo).unwrap();
+    s.cache_read("A", &fo).unwrap();
+    same_results(&f, &s.finish().unwrap(), &[vec![4, 6, 8], vec![4, 6, 8]]);
+}

@@ -1256,14 +1256,27 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
         assert_eq!(inlined, name == "conv2d_1x1", "{name}: {prefix:?}");
         let nests = space::nests(&g);
         let last = nests.len() - 1;
+        let all = space::regtile_values(&nests[last]).expect(name);
         let space::RegTiles {
             rows,
             mrs,
             nrs,
             packs,
-        } = space::regtile_values(&nests[last]).expect(name);
+            fused,
+        } = all.clone();
         assert_eq!((&rows, &nrs), (&want_rows, &want_nrs), "{name}");
         assert_eq!(packs, vec![0, 1], "{name}");
+        // The 1 x 1 convolution's rows and columns (4 x 16) fuse into one loop of 64 pixels:
+        // its tiles' rows are the output channels, their columns 8 to 64 of the 64.
+        assert_eq!(fused.is_some(), name == "conv2d_1x1", "{name}");
+        if let Some(t) = &fused {
+            assert_eq!(
+                (&t.rows, &t.mrs[0], &t.nrs),
+                (&vec![0], &vec![2, 3, 4, 6], &vec![8, 16, 32, 64]),
+                "{name}"
+            );
+            assert!(t.fused.is_none());
+        }
         let v = nests[last].vector_operand.as_ref().unwrap();
         assert_eq!((v.buffer.as_str(), v.dim), (operand, dim), "{name}");
         // Nests without a reduction (the initialization, the padding) have no such knob.
@@ -1271,45 +1284,55 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
             .iter()
             .all(|n| space::regtile_values(n).is_none()));
         let mut tried = 0;
-        for (&row, ms) in rows.iter().zip(&mrs) {
-            for &mr in ms {
-                for &nr in &nrs {
-                    for (unroll, parallel, pack) in
-                        [(0, 0, 0), (2, 1, 0), (0, 2, 0), (0, 0, 1), (2, 1, 1)]
-                    {
-                        let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
-                        c[last].regtile = [row as i64, mr, nr, pack];
-                        c[last].unroll = unroll;
-                        c[last].parallel = parallel;
-                        let steps = space::steps_for(&g, &nests, &c)
-                            .unwrap_or_else(|e| panic!("{name} {row} {mr}x{nr} {pack}: {e}"));
-                        assert!(
-                            steps.iter().any(|s| matches!(s, Step::CacheWrite { .. })),
-                            "{steps:?}"
-                        );
-                        let read = steps.iter().find_map(|s| match s {
-                            Step::CacheRead {
-                                buffer, innermost, ..
-                            } => Some((buffer.clone(), *innermost)),
-                            _ => None,
-                        });
-                        let transposed = (dim + 1 != shapes[1].len()).then_some(dim);
-                        assert_eq!(
-                            read,
-                            (pack == 1).then(|| (operand.to_string(), transposed)),
-                            "{name}: {steps:?}"
-                        );
-                        let steps: Vec<Step> = prefix.iter().cloned().chain(steps).collect();
-                        let mut s = kiln::schedule::Schedule::new(f.clone());
-                        s.apply(&steps).unwrap();
-                        let got = common::interp_last(&s.finish().unwrap(), &shapes);
-                        for (x, y) in got.iter().zip(&want) {
+        let modes = std::iter::once((0, &all)).chain(fused.as_deref().map(|t| (1, t)));
+        for (fuse, t) in modes {
+            for (&row, ms) in t.rows.iter().zip(&t.mrs) {
+                for &mr in ms {
+                    for &nr in &t.nrs {
+                        for (unroll, parallel, pack) in
+                            [(0, 0, 0), (2, 1, 0), (0, 2, 0), (0, 0, 1), (2, 1, 1)]
+                        {
+                            let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
+                            c[last].regtile = [row as i64, mr, nr, pack, fuse];
+                            c[last].unroll = unroll;
+                            c[last].parallel = parallel;
+                            let steps = space::steps_for(&g, &nests, &c)
+                                .unwrap_or_else(|e| panic!("{name} {row} {mr}x{nr} {pack}: {e}"));
                             assert!(
-                                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                                "{name} {row} {mr}x{nr}: {x} vs {y}"
+                                steps.iter().any(|s| matches!(s, Step::CacheWrite { .. })),
+                                "{steps:?}"
                             );
+                            assert_eq!(
+                                steps.iter().any(
+                                    |s| matches!(s, Step::Fuse { outer, inner } if outer == "yy_1" && inner == "xx_1")
+                                ),
+                                fuse == 1,
+                                "{steps:?}"
+                            );
+                            let read = steps.iter().find_map(|s| match s {
+                                Step::CacheRead {
+                                    buffer, innermost, ..
+                                } => Some((buffer.clone(), *innermost)),
+                                _ => None,
+                            });
+                            let transposed = (dim + 1 != shapes[1].len()).then_some(dim);
+                            assert_eq!(
+                                read,
+                                (pack == 1).then(|| (operand.to_string(), transposed)),
+                                "{name}: {steps:?}"
+                            );
+                            let steps: Vec<Step> = prefix.iter().cloned().chain(steps).collect();
+                            let mut s = kiln::schedule::Schedule::new(f.clone());
+                            s.apply(&steps).unwrap();
+                            let got = common::interp_last(&s.finish().unwrap(), &shapes);
+                            for (x, y) in got.iter().zip(&want) {
+                                assert!(
+                                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                                    "{name} {row} {mr}x{nr} fuse {fuse}: {x} vs {y}"
+                                );
+                            }
+                            tried += 1;
                         }
-                        tried += 1;
                     }
                 }
             }
@@ -1317,11 +1340,18 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
         assert!(tried >= 12, "{name}: {tried}");
         // A tile the knob does not offer is refused, not scheduled with a bounds guard.
         let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
-        c[last].regtile = [rows[0] as i64, 5, 8, 0];
+        c[last].regtile = [rows[0] as i64, 5, 8, 0, 0];
         assert!(space::steps_for(&g, &nests, &c).is_err());
+        // Columns fused where they do not fuse (a batched matmul's `i` and `j`, a padded
+        // convolution's input read at `yy + ry`) are refused too.
+        if fused.is_none() {
+            c[last].regtile = [rows[0] as i64, mrs[0][0], 8, 0, 1];
+            let e = space::steps_for(&g, &nests, &c).unwrap_err();
+            assert!(e.contains("no register tile"), "{name}: {e}");
+        }
         // The register tile excludes the tiling knobs it replaces.
         let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
-        c[last].regtile = [rows[0] as i64, mrs[0][0], nrs[0], 0];
+        c[last].regtile = [rows[0] as i64, mrs[0][0], nrs[0], 0, 0];
         c[last].tile = [8, 8];
         assert!(space::steps_for(&g, &nests, &c).is_err());
     }
@@ -1337,7 +1367,7 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
     // AVX2 (8 lanes): at most 12 accumulators, the most first; AVX-512 (16 lanes): up to 24.
     for (lanes, most) in [(8, 12), (16, 24)] {
         let seeds = space::seeds_for_lanes(&nests, lanes);
-        let tiles: Vec<[i64; 4]> = seeds
+        let tiles: Vec<[i64; 5]> = seeds
             .iter()
             .map(|c| c[last].regtile)
             .filter(|t| t[1] > 0)
@@ -1349,7 +1379,7 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
         }
         // `i` (12 rows) as rows: 6 x 16 (12 accumulators) for AVX2, 6 x 32 (12) for AVX-512.
         assert!(
-            tiles.contains(&[1, 6, 16 * lanes / 8, 0]),
+            tiles.contains(&[1, 6, 16 * lanes / 8, 0, 0]),
             "{lanes}: {tiles:?}"
         );
         // And the first tile of each row loop with `B` packed.
@@ -1369,14 +1399,19 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
         mrs,
         nrs,
         packs,
+        fused,
     } = space::regtile_values(&nests[last]).unwrap();
-    let valid = |t: [i64; 4]| {
+    assert!(fused.is_none());
+    let valid = |t: [i64; 5]| {
         t[1] == 0
             || rows
                 .iter()
                 .position(|&r| r as i64 == t[0])
                 .is_some_and(|p| {
-                    mrs[p].contains(&t[1]) && nrs.contains(&t[2]) && packs.contains(&t[3])
+                    mrs[p].contains(&t[1])
+                        && nrs.contains(&t[2])
+                        && packs.contains(&t[3])
+                        && t[4] == 0
                 })
     };
     let mut rng = space::Rng::new(5);
@@ -1395,14 +1430,55 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
         }
         seen.insert(t);
     }
-    assert!(seen.contains(&[0, 0, 0, 0]) && seen.len() > 10, "{seen:?}");
+    assert!(
+        seen.contains(&[0, 0, 0, 0, 0]) && seen.len() > 10,
+        "{seen:?}"
+    );
     assert!(seen.iter().any(|t| t[3] == 1), "{seen:?}");
     // Knobs written before the register tile read as none.
     let old: space::Knobs = serde_json::from_str(
         r#"{"tile":[0,0],"vector":0,"unroll":0,"parallel":1,"leaves":[0,0,0,0,0,0,0,0]}"#,
     )
     .unwrap();
-    assert_eq!(old.regtile, [0, 0, 0, 0]);
+    assert_eq!(old.regtile, [0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn fused_columns_are_seeded_reached_by_the_search_and_compile_to_the_same_results() {
+    // The 1 x 1 convolution: its rows and columns fuse into one loop of pixels, so its tiles
+    // need not divide a row. The seeds hold fused tiles (packed too); the search reaches both
+    // modes and only valid tiles; the fused seeds, compiled, compute what the function does.
+    let m = regtile_kernels();
+    let f = m.get("conv2d_1x1").unwrap().clone();
+    let (g, prefix) = space::normalize(&f);
+    let nests = space::nests(&g);
+    let last = nests.len() - 1;
+    assert!(nests[last].fusable, "{:?}", nests[last]);
+    let seeds = space::seeds_for_lanes(&nests, 8);
+    let fused: Vec<&space::Choice> = seeds.iter().filter(|c| c[last].regtile[4] == 1).collect();
+    assert!(fused.iter().any(|c| c[last].regtile[3] == 1), "{seeds:?}");
+    let shapes = [vec![1, 8, 4, 16], vec![12, 8, 1, 1], vec![1, 12, 4, 16]];
+    let want = common::interp_last(&f, &shapes);
+    let opts = common::target_opts(r#"{"kind": "llvm", "mcpu": "native"}"#);
+    for c in &fused {
+        assert_choice_compiles_to(&f, (&g, &prefix, &nests), c, &shapes, &want, &opts);
+    }
+    let mut rng = space::Rng::new(3);
+    let mut c = space::random_choice(&nests, &mut rng);
+    let mut modes = std::collections::HashSet::new();
+    for i in 0..400 {
+        c = if i % 7 == 0 {
+            space::random_choice(&nests, &mut rng)
+        } else {
+            space::mutate(&nests, &c, &mut rng)
+        };
+        let t = c[last].regtile;
+        if t[1] > 0 {
+            space::steps_for(&g, &nests, &c).unwrap_or_else(|e| panic!("{t:?}: {e}"));
+            modes.insert(t[4]);
+        }
+    }
+    assert_eq!(modes.len(), 2, "{modes:?}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use super::{for_, guard, imm, parts, Schedule, ScheduleResult};
 use crate::ir::rewrite::{self, linear, rw_stmt, Lin, Rewriter};
-use crate::ir::{Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
+use crate::ir::{BinOp, Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var};
 
 /// Which of the two caches [`Schedule::cache_untraced`] builds.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -99,13 +99,17 @@ impl Schedule {
                 ));
                 return Ok(s.clone());
             }
-            let nd = target.ndim();
+            // The region's dimensions: the buffer's, a fused loop's pair taken as one.
+            let dims = region_dims(&all, &target);
+            let vall: Vec<Vec<Expr>> = all.iter().map(|a| virtual_ix(a, &dims)).collect();
+            let vshape: Vec<Expr> = dims.iter().map(|d| d.extent(&target)).collect();
+            let nd = dims.len();
             let mut base: Vec<Lin> = Vec::new();
             let mut ext: Vec<i64> = Vec::new();
             for d in 0..nd {
                 let mut outer: Option<Lin> = None;
                 let (mut lo, mut hi) = (i64::MAX, i64::MIN);
-                for acc in &all {
+                for acc in &vall {
                     let Some(l) = linear(&acc[d]) else {
                         problem = Some(format!("needs affine indices of `{buffer}`, found `{}`", acc[d]));
                         return Ok(s.clone());
@@ -145,13 +149,16 @@ impl Schedule {
                 Cache::Write => None,
             };
             if let Some(d) = innermost {
-                if d >= nd {
+                if d >= target.ndim() {
                     problem = Some(format!(
-                        "needs a dimension of `{buffer}` to make innermost, found {d} (it has {nd})"
+                        "needs a dimension of `{buffer}` to make innermost, found {d} (it has {})",
+                        target.ndim()
                     ));
                     return Ok(s.clone());
                 }
             }
+            // The region's dimension holding it.
+            let innermost = innermost.and_then(|d| dims.iter().position(|x| x.holds(d)));
             if let Some(w) = panel {
                 // Every access's last index must be the region's start plus `p * w + q` with
                 // `q` in [0, w): then panel `p`, column `q`.
@@ -166,7 +173,7 @@ impl Schedule {
                     ));
                     return Ok(s.clone());
                 }
-                for acc in &all {
+                for acc in &vall {
                     let rel = linear(&acc[nd - 1]).expect("checked affine").minus(&base[nd - 1]);
                     let (_, q) = rel.div_mod(w);
                     if !q.range(&inner).is_some_and(|(lo, hi)| lo >= 0 && hi < w) {
@@ -193,7 +200,7 @@ impl Schedule {
                 }
             }
             let in_bounds = |d: usize| -> bool {
-                let Some(limit) = target.shape[d].as_int() else { return false };
+                let Some(limit) = vshape[d].as_int() else { return false };
                 let mut hi = base[d].c + ext[d] - 1;
                 let mut lo = base[d].c;
                 for (v, k) in &base[d].terms {
@@ -224,22 +231,23 @@ impl Schedule {
                 let gi: Vec<Expr> = (0..nd)
                     .map(|d| {
                         let g = rewrite::fold(base_e[d].clone() + offset(d));
-                        if target.shape[d].dtype() == t { g } else { g.cast(target.shape[d].dtype()) }
+                        if vshape[d].dtype() == t { g } else { g.cast(vshape[d].dtype()) }
                     })
                     .collect();
                 let ci: Vec<Expr> = match panel {
                     Some(_) => panel_order(r[nd - 1].clone(), &r[..nd - 1], r[nd].clone()),
                     None => last_order(&r, innermost),
                 };
+                let real = real_ix(&gi, &dims);
                 let mut st = if to_cache {
-                    cache.store(ci, target.load(gi.clone()))
+                    cache.store(ci, target.load(real))
                 } else {
-                    target.store(gi.clone(), cache.load(ci))
+                    target.store(real, cache.load(ci))
                 };
                 let mut cond: Option<Expr> = None;
                 for d in 0..nd {
                     if guarded[d] {
-                        let c = gi[d].clone().lt(target.shape[d].clone());
+                        let c = gi[d].clone().lt(vshape[d].clone());
                         cond = Some(match cond {
                             None => c,
                             Some(x) => x.and(c),
@@ -267,6 +275,7 @@ impl Schedule {
             };
             struct Redirect<'a> {
                 name: &'a str,
+                dims: &'a [Dim],
                 cache: &'a Buffer,
                 base: &'a [Lin],
                 panel: Option<i64>,
@@ -275,7 +284,7 @@ impl Schedule {
             impl Redirect<'_> {
                 fn local(&self, ix: &[Expr]) -> Vec<Expr> {
                     let t = DataType::i64();
-                    let mut rel: Vec<Lin> = ix
+                    let mut rel: Vec<Lin> = virtual_ix(ix, self.dims)
                         .iter()
                         .zip(self.base)
                         .map(|(i, b)| linear(i).expect("checked affine").minus(b))
@@ -313,7 +322,7 @@ impl Schedule {
                 }
             }
             let nbody = rw_stmt(
-                &mut Redirect { name: buffer, cache: &cache, base: &base, panel, innermost },
+                &mut Redirect { name: buffer, dims: &dims, cache: &cache, base: &base, panel, innermost },
                 body,
             );
             // The read-in is dead when the body's first statement overwrites the whole cache
@@ -337,6 +346,98 @@ impl Schedule {
             None => Ok(cname),
         }
     }
+}
+
+/// A dimension of a cached region: one of the buffer's, or two adjacent ones that every access
+/// indexes `(floordiv(e, n), floormod(e, n))` with `n` the inner one's constant extent (the
+/// indices of a loop fused from two: a convolution's output rows and columns as one loop of
+/// pixels), taken as one dimension of index `e` and extent `outer * n`.
+#[derive(Clone, Copy, Debug)]
+struct Dim {
+    /// The buffer's dimension (the outer of a pair).
+    first: usize,
+    /// For a pair: `n`, the inner dimension's extent.
+    merged: Option<i64>,
+}
+
+impl Dim {
+    /// Whether the buffer's dimension `d` is (in) this one.
+    fn holds(&self, d: usize) -> bool {
+        d == self.first || (self.merged.is_some() && d == self.first + 1)
+    }
+
+    /// Its extent.
+    fn extent(&self, target: &Buffer) -> Expr {
+        let e = &target.shape[self.first];
+        match (self.merged, e.as_int()) {
+            (Some(n), Some(outer)) => imm(e.dtype(), outer * n),
+            _ => e.clone(),
+        }
+    }
+}
+
+/// `a` when `e` is `op(a, n)`.
+fn divmod_of(e: &Expr, op: BinOp, n: i64) -> Option<&Expr> {
+    match e {
+        Expr::Binary { op: o, a, b } if *o == op && b.as_int() == Some(n) => Some(a),
+        _ => None,
+    }
+}
+
+/// The dimensions of the region `accesses` touch in `target` ([`Dim`]): adjacent pairs merged
+/// where every access indexes them as a fused loop does, left to right.
+fn region_dims(accesses: &[&Vec<Expr>], target: &Buffer) -> Vec<Dim> {
+    let nd = target.ndim();
+    let mut out = Vec::new();
+    let mut d = 0;
+    while d < nd {
+        let pair = (d + 1 < nd)
+            .then(|| (target.shape[d].as_int(), target.shape[d + 1].as_int()))
+            .and_then(|(o, n)| o.zip(n))
+            .filter(|&(o, n)| o > 0 && n > 1 && o.checked_mul(n).is_some())
+            .map(|(_, n)| n)
+            .filter(|&n| {
+                accesses.iter().all(|ix| {
+                    let q = divmod_of(&ix[d], BinOp::FloorDiv, n);
+                    q.is_some() && q == divmod_of(&ix[d + 1], BinOp::FloorMod, n)
+                })
+            });
+        out.push(Dim {
+            first: d,
+            merged: pair,
+        });
+        d += if pair.is_some() { 2 } else { 1 };
+    }
+    out
+}
+
+/// An access's indices in the region's dimensions: a merged pair's index `e`.
+fn virtual_ix(ix: &[Expr], dims: &[Dim]) -> Vec<Expr> {
+    dims.iter()
+        .map(|d| match d.merged {
+            Some(n) => divmod_of(&ix[d.first], BinOp::FloorDiv, n)
+                .cloned()
+                .unwrap_or_else(|| ix[d.first].clone()),
+            None => ix[d.first].clone(),
+        })
+        .collect()
+}
+
+/// Indices in the region's dimensions as the buffer's: a merged pair's `e` as `(floordiv(e,
+/// n), floormod(e, n))`.
+fn real_ix(ix: &[Expr], dims: &[Dim]) -> Vec<Expr> {
+    let mut out = Vec::new();
+    for (e, d) in ix.iter().zip(dims) {
+        match d.merged {
+            Some(n) => {
+                let n = imm(e.dtype(), n);
+                out.push(Expr::binary(BinOp::FloorDiv, e.clone(), n.clone()));
+                out.push(Expr::binary(BinOp::FloorMod, e.clone(), n));
+            }
+            None => out.push(e.clone()),
+        }
+    }
+    out
 }
 
 /// The buffer named `name` that an `allocate` in `s` declares (a workspace of the function:

@@ -58,6 +58,12 @@ pub struct Nest {
     /// (in one of its dimensions, which is given; not a buffer it stores): the operand a
     /// register tile's columns read as vectors, which [`Knobs::regtile`] may pack.
     pub vector_operand: Option<VectorOperand>,
+    /// In a perfect nest with three or more spatial loops: whether its two innermost spatial
+    /// loops index every buffer of the body as two adjacent dimensions, the inner one over
+    /// the whole of its dimension, or not at all (a 1 x 1 convolution's output rows and
+    /// columns). Fused, they are one loop of pixels that the caches read as one dimension, so
+    /// a register tile's columns need not divide a short row ([`Knobs::regtile`]'s `fuse`).
+    pub fusable: bool,
 }
 
 /// A buffer a nest's body reads along its innermost spatial loop ([`Nest::vector_operand`]).
@@ -92,8 +98,9 @@ pub struct Knobs {
     /// iteration of the chain's innermost loop (absent in records written before it: off).
     #[serde(default)]
     pub prefetch: bool,
-    /// A register tile `[row, mr, nr, pack]` ([`regtile_values`]): the nest's loop `row` (a
-    /// spatial loop) split by `mr` and its innermost spatial loop by `nr`, the reductions moved
+    /// A register tile `[row, mr, nr, pack, fuse]` ([`regtile_values`]): the nest's loop `row`
+    /// (a spatial loop) split by `mr` and its innermost spatial loop by `nr` (`fuse` 1: the
+    /// two innermost spatial loops fused first, [`Nest::fusable`], and the fused loop split), the reductions moved
     /// inside the two outer parts, the `mr x nr` tile of the output accumulated in registers
     /// (`cache_write`), its rows unrolled and its columns vectorized; `mr` 0: none (absent in
     /// records written before it). `pack` 1: the column tiles outside the row tiles, and the
@@ -101,7 +108,7 @@ pub struct Knobs {
     /// (`cache_read`, transposed where the buffer's last dimension is not the one the columns
     /// index), which every row tile then reads: BLAS's packing of `B`.
     #[serde(default)]
-    pub regtile: [i64; 4],
+    pub regtile: [i64; 5],
 }
 
 /// The knobs of every nest of a function: one candidate.
@@ -230,6 +237,12 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         .checked_sub(1)
         .filter(|_| perfect)
         .and_then(|col| vector_operand(cur, vars[col], &stores));
+    let fusable = perfect
+        && spatial >= 3
+        && loops[spatial - 2].extent.is_some()
+        && loops[spatial - 1]
+            .extent
+            .is_some_and(|eb| fusable_pair(cur, vars[spatial - 2], vars[spatial - 1], eb));
     let mut leaves = Vec::new();
     if perfect {
         leaves.extend(loops.last().filter(|l| l.reduction).cloned());
@@ -243,7 +256,55 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         leaves,
         stores,
         vector_operand,
+        fusable,
     })
+}
+
+/// Whether every access in `body` indexes with the loops `a` and `b` (extent `eb`) only as
+/// `[.., a, b, ..]`, two adjacent dimensions the second of which has extent `eb`, or not at
+/// all ([`Nest::fusable`]).
+fn fusable_pair(body: &Stmt, a: &Var, b: &Var, eb: i64) -> bool {
+    struct V<'a> {
+        a: &'a Var,
+        b: &'a Var,
+        eb: i64,
+        ok: bool,
+    }
+    impl V<'_> {
+        fn check(&mut self, buffer: &Buffer, ix: &[Expr]) {
+            let at =
+                |v: &Var| -> Vec<usize> { (0..ix.len()).filter(|&d| ix[d].mentions(v)).collect() };
+            let (pa, pb) = (at(self.a), at(self.b));
+            if pa.is_empty() && pb.is_empty() {
+                return;
+            }
+            let good = matches!((pa.as_slice(), pb.as_slice()), ([d], [e]) if *e == *d + 1
+                && ix[*d] == Expr::Var(self.a.clone())
+                && ix[*e] == Expr::Var(self.b.clone())
+                && buffer.shape[*e].as_int() == Some(self.eb));
+            self.ok &= good;
+        }
+    }
+    impl Visitor for V<'_> {
+        fn stmt(&mut self, s: &Stmt) {
+            if let Stmt::Store {
+                buffer, indices, ..
+            } = s
+            {
+                self.check(buffer, indices);
+            }
+            walk_stmt(self, s);
+        }
+        fn expr(&mut self, e: &Expr) {
+            if let Expr::Load { buffer, indices } = e {
+                self.check(buffer, indices);
+            }
+            crate::ir::visit::walk_expr(self, e);
+        }
+    }
+    let mut v = V { a, b, eb, ok: true };
+    v.stmt(body);
+    v.ok
 }
 
 /// The first buffer `body` loads (and does not store: `stored`) with exactly one index
@@ -535,18 +596,76 @@ pub struct RegTiles {
     /// The packings: 0 (the operands read in place), and 1 (the vector operand packed per
     /// column tile) where the nest has a [`Nest::vector_operand`].
     pub packs: Vec<i64>,
+    /// Where the nest is [`Nest::fusable`]: the tiles with the two innermost spatial loops
+    /// fused into the columns (`fuse` 1), whose `nrs` divide the fused loop.
+    pub fused: Option<Box<RegTiles>>,
+}
+
+impl RegTiles {
+    /// The tiles of one columns mode (`fuse` 0 or 1), if the nest has any.
+    fn mode(&self, fuse: i64) -> Option<&RegTiles> {
+        match fuse {
+            0 => Some(self).filter(|r| !r.rows.is_empty() && !r.nrs.is_empty()),
+            1 => self.fused.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 /// The register tiles a nest may take ([`Knobs::regtile`]): `None` where the nest has no such
 /// knob. It has one where the nest is a perfect chain of constant spatial loops (two or more)
 /// outside constant reduction loops (one or more) storing one buffer: a matmul, a batched
 /// matmul, a convolution as TVM writes them. The columns are the innermost spatial loop (`nr`:
-/// 8-48 lanes, or the whole loop up to 64, dividing it); the rows any other spatial loop
-/// (`mr`: 2-8, dividing it). Which row loop pays is the operand it leaves alone: a
-/// convolution's output channels (each a broadcast of one weight against the same input
-/// vector), a batched matmul's rows (a row of `A` against the same panel of `B`). Splits that
-/// divide their loops leave no bounds guard in the tile.
+/// 8-48 lanes, or the whole loop up to 64, dividing it), or, in a [`Nest::fusable`] nest, the
+/// two innermost fused (a 1 x 1 convolution's 56 x 56 pixels: 16 or 32 of 3136 rather than 8
+/// or 56 of 56); the rows any other spatial loop (`mr`: 2-8, dividing it). Which row loop pays
+/// is the operand it leaves alone: a convolution's output channels (each a broadcast of one
+/// weight against the same input vector), a batched matmul's rows (a row of `A` against the
+/// same panel of `B`). Splits that divide their loops leave no bounds guard in the tile.
 pub fn regtile_values(nest: &Nest) -> Option<RegTiles> {
+    let fused = fused_view(nest)
+        .and_then(|v| plain_regtiles(&v))
+        .map(Box::new);
+    match plain_regtiles(nest) {
+        Some(r) => Some(RegTiles { fused, ..r }),
+        None => fused.map(|f| RegTiles {
+            rows: Vec::new(),
+            mrs: Vec::new(),
+            nrs: Vec::new(),
+            packs: Vec::new(),
+            fused: Some(f),
+        }),
+    }
+}
+
+/// `nest` as it is once its two innermost spatial loops are fused (named `outer_inner`, as
+/// [`Schedule::fuse`] names it), where it is [`Nest::fusable`].
+fn fused_view(nest: &Nest) -> Option<Nest> {
+    if !nest.fusable {
+        return None;
+    }
+    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+    let (a, b) = (&nest.loops[spatial - 2], &nest.loops[spatial - 1]);
+    let extent = a.extent?.checked_mul(b.extent?)?;
+    let mut loads = a.loads.clone();
+    loads.extend(b.loads.iter().filter(|x| !a.loads.contains(x)).cloned());
+    let fused = LoopInfo {
+        name: format!("{}_{}", a.name, b.name),
+        extent: Some(extent),
+        reduction: false,
+        loads,
+    };
+    let mut loops = nest.loops.clone();
+    loops.splice(spatial - 2..spatial, [fused]);
+    Some(Nest {
+        loops,
+        fusable: false,
+        ..nest.clone()
+    })
+}
+
+/// The register tiles of `nest` with its columns as they are ([`regtile_values`]).
+fn plain_regtiles(nest: &Nest) -> Option<RegTiles> {
     if !nest.perfect || nest.stores.len() != 1 || nest.loops.iter().any(|l| l.extent.is_none()) {
         return None;
     }
@@ -587,15 +706,20 @@ pub fn regtile_values(nest: &Nest) -> Option<RegTiles> {
         mrs,
         nrs,
         packs,
+        fused: None,
     })
 }
 
-/// Whether `t` is a register tile [`regtile_values`] allows for `nest` (`[_, 0, _, _]`: none).
-fn regtile_ok(nest: &Nest, t: [i64; 4]) -> bool {
+/// Whether `t` is a register tile [`regtile_values`] allows for `nest` (`[_, 0, _, _, _]`:
+/// none).
+fn regtile_ok(nest: &Nest, t: [i64; 5]) -> bool {
     if t[1] == 0 {
         return true;
     }
-    let Some(r) = regtile_values(nest) else {
+    let Some(all) = regtile_values(nest) else {
+        return false;
+    };
+    let Some(r) = all.mode(t[4]) else {
         return false;
     };
     r.rows
@@ -606,39 +730,64 @@ fn regtile_ok(nest: &Nest, t: [i64; 4]) -> bool {
         && r.packs.contains(&t[3])
 }
 
-/// A random register tile of `r`.
-fn draw_regtile(r: &RegTiles, rng: &mut Rng) -> [i64; 4] {
-    let p = rng.below(r.rows.len());
+/// A random register tile of `r` (of either columns mode, where the nest has both).
+fn draw_regtile(r: &RegTiles, rng: &mut Rng) -> [i64; 5] {
+    let fuse = match (r.mode(0), r.mode(1)) {
+        (Some(_), Some(_)) => rng.below(2) as i64,
+        (None, Some(_)) => 1,
+        _ => 0,
+    };
+    let Some(m) = r.mode(fuse) else {
+        return [0; 5];
+    };
+    let p = rng.below(m.rows.len());
     [
-        r.rows[p] as i64,
-        rng.pick(&r.mrs[p]),
-        rng.pick(&r.nrs),
-        rng.pick(&r.packs),
+        m.rows[p] as i64,
+        rng.pick(&m.mrs[p]),
+        rng.pick(&m.nrs),
+        rng.pick(&m.packs),
+        fuse,
     ]
 }
 
 /// A random register tile of `nest` (none where it has no such knob or by chance).
-fn random_regtile(nest: &Nest, rng: &mut Rng) -> [i64; 4] {
+fn random_regtile(nest: &Nest, rng: &mut Rng) -> [i64; 5] {
     match regtile_values(nest) {
         Some(r) if rng.below(2) == 0 => draw_regtile(&r, rng),
-        _ => [0; 4],
+        _ => [0; 5],
     }
 }
 
-/// The steps of a register tile `[row, mr, nr, pack]` on `nest` ([`Knobs::regtile`]); returns
-/// the nest's loops after it, outermost first.
+/// The steps of a register tile `[row, mr, nr, pack, fuse]` on `nest` ([`Knobs::regtile`]);
+/// returns the nest's loops after it, outermost first.
 fn apply_regtile(
     s: &mut Schedule,
     nest: &Nest,
-    [row, mr, nr, pack]: [i64; 4],
+    [row, mr, nr, pack, fuse]: [i64; 5],
     steps: &mut Vec<Step>,
 ) -> Result<Vec<String>, String> {
     let e = |x: crate::schedule::ScheduleError| x.to_string();
-    if !regtile_ok(nest, [row, mr, nr, pack]) {
+    if !regtile_ok(nest, [row, mr, nr, pack, fuse]) {
         return Err(format!(
-            "no register tile {row}, {mr} x {nr}, packing {pack} in this nest"
+            "no register tile {row}, {mr} x {nr}, packing {pack}, fusing {fuse} in this nest"
         ));
     }
+    let view;
+    let nest = if fuse == 1 {
+        let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+        let (a, b) = (&nest.loops[spatial - 2].name, &nest.loops[spatial - 1].name);
+        let name = s.fuse(a, b).map_err(e)?;
+        steps.push(Step::Fuse {
+            outer: a.clone(),
+            inner: b.clone(),
+        });
+        let mut v = fused_view(nest).ok_or("the nest's columns do not fuse")?;
+        v.loops[spatial - 2].name = name;
+        view = v;
+        &view
+    } else {
+        nest
+    };
     let names: Vec<String> = nest.loops.iter().map(|l| l.name.clone()).collect();
     let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
     let (row, col) = (row as usize, spatial - 1);
@@ -918,7 +1067,7 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
                 parallel: rng.pick(&p),
                 leaves,
                 prefetch: false,
-                regtile: [0; 4],
+                regtile: [0; 5],
             };
             // Drawn only where the knob exists, so other functions' searches are unchanged.
             if prefetch_leaf(n).is_some() {
@@ -939,7 +1088,7 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
 /// unrolling (the leaf wins when `prefer_leaf`, else the other knob).
 fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
     if !regtile_ok(nest, k.regtile) {
-        k.regtile = [0; 4];
+        k.regtile = [0; 5];
     }
     if k.regtile[1] > 0 {
         // The register tile is the nest's tiling and vectorization.
@@ -947,6 +1096,14 @@ fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
         k.vector = 0;
         k.leaves = [0; MAX_LEAVES];
         k.prefetch = false;
+        // Packed, with the tile's rows and columns the nest's only spatial loops, the
+        // outermost loop (the column tiles) holds the panel's copy beside the row tiles: no
+        // second loop to fuse with it for the parallel loop.
+        let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+        let spatial = spatial - usize::from(k.regtile[4] == 1);
+        if k.regtile[3] == 1 && spatial == 2 && k.parallel == 2 {
+            k.parallel = 1;
+        }
         return;
     }
     if (k.tile[0] == 0) != (k.tile[1] == 0) {
@@ -988,10 +1145,16 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     // The register tile's four parts (row loop, mr, nr, packing) come last, where the knob
     // exists, so that other functions' searches are unchanged.
     let first_regtile = leaf_knobs + usize::from(has_prefetch);
-    let which = rng.below(first_regtile + if regtile.is_some() { 4 } else { 0 });
+    // Four parts of a register tile, and its columns mode where the nest has two.
+    let parts = match &regtile {
+        Some(r) if r.mode(0).is_some() && r.mode(1).is_some() => 5,
+        Some(_) => 4,
+        None => 0,
+    };
+    let which = rng.below(first_regtile + parts);
     // A knob the register tile replaces, changed, turns the register tile off.
     if which < 3 || (5..first_regtile).contains(&which) {
-        k.regtile = [0; 4];
+        k.regtile = [0; 5];
     }
     match which {
         0 => k.tile[0] = rng.pick(&t),
@@ -1016,33 +1179,49 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
 }
 
 /// The register tile `t` with its part `part` (0: the row loop, 1: `mr` or none, 2: `nr`, 3:
-/// the packing) changed; a tile that is off is drawn whole.
-fn mutate_regtile(t: [i64; 4], r: &RegTiles, part: usize, rng: &mut Rng) -> [i64; 4] {
-    let (rows, mrs, nrs) = (&r.rows, &r.mrs, &r.nrs);
-    let at = rows.iter().position(|&x| x as i64 == t[0]);
-    let Some(p) = at.filter(|_| t[1] > 0) else {
-        return draw_regtile(r, rng);
+/// the packing, 4: the columns mode, fused or not) changed; a tile that is off is drawn whole.
+fn mutate_regtile(t: [i64; 5], all: &RegTiles, part: usize, rng: &mut Rng) -> [i64; 5] {
+    let Some(r) = all.mode(t[4]).filter(|_| t[1] > 0) else {
+        return draw_regtile(all, rng);
     };
+    let (rows, mrs, nrs) = (&r.rows, &r.mrs, &r.nrs);
+    let Some(p) = rows.iter().position(|&x| x as i64 == t[0]) else {
+        return draw_regtile(all, rng);
+    };
+    // The value of `v` nearest `x`.
+    let nearest = |v: &[i64], x: i64| v.iter().copied().min_by_key(|&m| (m - x).abs());
     match part {
         0 => {
             // Another row loop, with the `mr` nearest the current one it allows.
             let q = rng.below(rows.len());
-            let mr = mrs[q]
-                .iter()
-                .copied()
-                .min_by_key(|&m| (m - t[1]).abs())
-                .unwrap_or(mrs[q][0]);
-            [rows[q] as i64, mr, t[2], t[3]]
+            let mr = nearest(&mrs[q], t[1]).unwrap_or(mrs[q][0]);
+            [rows[q] as i64, mr, t[2], t[3], t[4]]
         }
         1 => {
             let m = rng.below(mrs[p].len() + 1);
             match mrs[p].get(m) {
-                Some(&mr) => [t[0], mr, t[2], t[3]],
-                None => [0; 4],
+                Some(&mr) => [t[0], mr, t[2], t[3], t[4]],
+                None => [0; 5],
             }
         }
-        2 => [t[0], t[1], rng.pick(nrs), t[3]],
-        _ => [t[0], t[1], t[2], rng.pick(&r.packs)],
+        2 => [t[0], t[1], rng.pick(nrs), t[3], t[4]],
+        3 => [t[0], t[1], t[2], rng.pick(&r.packs), t[4]],
+        _ => {
+            // The other columns mode, as near this tile as it allows.
+            let fuse = 1 - t[4];
+            let Some(o) = all.mode(fuse) else {
+                return t;
+            };
+            let q = o
+                .rows
+                .iter()
+                .position(|&x| x as i64 == t[0])
+                .unwrap_or_else(|| rng.below(o.rows.len()));
+            let mr = nearest(&o.mrs[q], t[1]).unwrap_or(o.mrs[q][0]);
+            let nr = nearest(&o.nrs, t[2]).unwrap_or(o.nrs[0]);
+            let pack = if o.packs.contains(&t[3]) { t[3] } else { 0 };
+            [o.rows[q] as i64, mr, nr, pack, fuse]
+        }
     }
 }
 
@@ -1055,24 +1234,23 @@ fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
     let lanes = lanes.max(1);
     let most = if lanes >= 16 { 24 } else { 12 };
     // Per nest, the ranked tiles of each row loop.
-    let ranked: Vec<Vec<Vec<[i64; 4]>>> = nests
+    // Per nest, the ranked tiles of each row loop (of each columns mode: as written, then
+    // fused).
+    let ranked: Vec<Vec<Vec<[i64; 5]>>> = nests
         .iter()
         .map(|n| {
-            let Some(RegTiles {
-                rows,
-                mrs,
-                nrs,
-                packs,
-            }) = regtile_values(n)
-            else {
+            let Some(all) = regtile_values(n) else {
                 return Vec::new();
             };
-            rows.iter()
-                .zip(&mrs)
-                .map(|(&r, ms)| {
-                    let mut v: Vec<[i64; 4]> = ms
+            let mut out = Vec::new();
+            for fuse in [0, 1] {
+                let Some(r) = all.mode(fuse) else {
+                    continue;
+                };
+                for (&row, ms) in r.rows.iter().zip(&r.mrs) {
+                    let mut v: Vec<[i64; 5]> = ms
                         .iter()
-                        .flat_map(|&m| nrs.iter().map(move |&w| [r as i64, m, w, 0]))
+                        .flat_map(|&m| r.nrs.iter().map(move |&w| [row as i64, m, w, 0, fuse]))
                         .filter(|t| t[1] * ((t[2] + lanes - 1) / lanes) <= most)
                         .collect();
                     // Most accumulators first, then fewest loads and broadcasts per step.
@@ -1082,13 +1260,15 @@ fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
                     });
                     v.truncate(2);
                     // And the first packed, where the nest has an operand to pack.
-                    if let Some(&[r, m, w, _]) = v.first().filter(|_| packs.contains(&1)) {
-                        v.push([r, m, w, 1]);
+                    if let Some(&[r0, m, w, _, f]) = v.first().filter(|_| r.packs.contains(&1)) {
+                        v.push([r0, m, w, 1, f]);
                     }
-                    v
-                })
-                .filter(|v| !v.is_empty())
-                .collect()
+                    if !v.is_empty() {
+                        out.push(v);
+                    }
+                }
+            }
+            out
         })
         .collect();
     let most_rows = ranked.iter().map(Vec::len).max().unwrap_or(0);
