@@ -1272,7 +1272,7 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
         if let Some(t) = &fused {
             assert_eq!(
                 (&t.rows, &t.mrs[0], &t.nrs),
-                (&vec![0], &vec![2, 3, 4, 6], &vec![8, 16, 32, 64]),
+                (&vec![0], &vec![2, 3, 4, 6, 8], &vec![8, 16, 32, 64]),
                 "{name}"
             );
             assert!(t.fused.is_none());
@@ -1295,11 +1295,24 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
                             let mut c: space::Choice = vec![space::Knobs::default(); nests.len()];
                             c[last].regtile = [row as i64, mr, nr, pack, fuse];
                             c[last].unroll = unroll;
-                            c[last].parallel = parallel;
+                            // A tile that partitions the rows leaves no second loop to fuse
+                            // into the parallel one (the search never draws that).
+                            let rows = nests[last].loops[row].extent.unwrap();
+                            c[last].parallel = if rows % mr != 0 {
+                                parallel.min(1)
+                            } else {
+                                parallel
+                            };
                             let steps = space::steps_for(&g, &nests, &c)
                                 .unwrap_or_else(|e| panic!("{name} {row} {mr}x{nr} {pack}: {e}"));
                             assert!(
                                 steps.iter().any(|s| matches!(s, Step::CacheWrite { .. })),
+                                "{steps:?}"
+                            );
+                            // Rows `mr` does not divide: partitioned at the last whole tile.
+                            assert_eq!(
+                                steps.iter().any(|s| matches!(s, Step::Partition { .. })),
+                                rows % mr != 0,
                                 "{steps:?}"
                             );
                             assert_eq!(

@@ -687,10 +687,9 @@ fn plain_regtiles(nest: &Nest) -> Option<RegTiles> {
     let mut mrs = Vec::new();
     for i in 0..spatial - 1 {
         let e = extent(i);
-        let v: Vec<i64> = [2, 3, 4, 6, 8]
-            .into_iter()
-            .filter(|&m| e >= m && e % m == 0)
-            .collect();
+        // An `mr` that does not divide the rows leaves their last `e % mr` to a tile of
+        // their own ([`apply_regtile`]).
+        let v: Vec<i64> = [2, 3, 4, 6, 8].into_iter().filter(|&m| e >= m).collect();
         if !v.is_empty() {
             rows.push(i);
             mrs.push(v);
@@ -789,29 +788,86 @@ fn apply_regtile(
         nest
     };
     let names: Vec<String> = nest.loops.iter().map(|l| l.name.clone()).collect();
-    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
-    let (row, col) = (row as usize, spatial - 1);
-    let (ro, ri) = s.split(&names[row], mr).map_err(e)?;
-    steps.push(Step::Split {
+    let row = row as usize;
+    let rows = nest.loops[row].extent.unwrap_or(0);
+    let rem = rows % mr;
+    if rem == 0 {
+        return tile_part(s, nest, &names, row, (mr, nr, pack), Part::Whole, steps);
+    }
+    // The rows `mr` does not divide: the loop partitioned at the last whole tile, the first
+    // part tiled `mr x nr`, the rest (`rem` rows) a `rem x nr` tile of its own, which reads
+    // its operands in place.
+    let at = rows - rem;
+    let map = s.partition(&names[row], at).map_err(e)?;
+    steps.push(Step::Partition {
         loop_: names[row].clone(),
-        factor: mr,
+        at,
     });
+    let order = tile_part(s, nest, &names, row, (mr, nr, pack), Part::First, steps)?;
+    let rest: Vec<String> = names
+        .iter()
+        .map(|n| map.get(n).cloned().unwrap_or_else(|| n.clone()))
+        .collect();
+    tile_part(s, nest, &rest, row, (rem, nr, 0), Part::Rest, steps)?;
+    Ok(order)
+}
+
+/// Which rows of a nest [`tile_part`] tiles.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// All of them (`mr` divides them).
+    Whole,
+    /// The whole tiles of a row loop partitioned at the last one.
+    First,
+    /// The rows after them: fewer than `mr`, one tile.
+    Rest,
+}
+
+/// The steps of an `mr x nr` register tile ([`apply_regtile`]), packed or not (`pack`), on
+/// the loops `names` of `nest` (of one part of it, after a partition of the row loop);
+/// returns the nest's loops after it, outermost first. In a partitioned nest the loops
+/// outside the rows keep their place (their body is the two parts).
+fn tile_part(
+    s: &mut Schedule,
+    nest: &Nest,
+    names: &[String],
+    row: usize,
+    (mr, nr, pack): (i64, i64, i64),
+    part: Part,
+    steps: &mut Vec<Step>,
+) -> Result<Vec<String>, String> {
+    let e = |x: crate::schedule::ScheduleError| x.to_string();
+    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+    let col = spatial - 1;
+    // The rest's loop is the tile's rows, not split.
+    let (ro, ri) = if part == Part::Rest {
+        (None, names[row].clone())
+    } else {
+        let (ro, ri) = s.split(&names[row], mr).map_err(e)?;
+        steps.push(Step::Split {
+            loop_: names[row].clone(),
+            factor: mr,
+        });
+        (Some(ro), ri)
+    };
     let (co, ci) = s.split(&names[col], nr).map_err(e)?;
     steps.push(Step::Split {
         loop_: names[col].clone(),
         factor: nr,
     });
     let packed = nest.vector_operand.as_ref().filter(|_| pack == 1);
-    let mut order: Vec<String> = (0..spatial - 1)
+    // The loops outside the rows move inside them only in a nest not partitioned.
+    let first = if part == Part::Whole { 0 } else { row + 1 };
+    let mut order: Vec<String> = (first..spatial - 1)
         .filter(|&i| i != row)
         .map(|i| names[i].clone())
         .collect();
     // Packed, a column tile's panel is copied once and read by every row tile inside it.
     if packed.is_some() {
         order.push(co.clone());
-        order.push(ro.clone());
+        order.extend(ro.clone());
     } else {
-        order.push(ro.clone());
+        order.extend(ro.clone());
         order.push(co.clone());
     }
     order.extend(names[spatial..].iter().cloned());
@@ -823,7 +879,10 @@ fn apply_regtile(
         loops: order.clone(),
     });
     // The accumulators live over the reductions, inside the second of the two tile loops.
-    let acc_at = if packed.is_some() { &ro } else { &co };
+    let acc_at = match &ro {
+        Some(ro) if packed.is_some() => ro,
+        _ => &co,
+    };
     let c = &nest.stores[0];
     s.cache_write(c, acc_at).map_err(e)?;
     steps.push(Step::CacheWrite {
@@ -853,7 +912,9 @@ fn apply_regtile(
         loop_: ci,
         kind: "vectorized".into(),
     });
-    Ok(order)
+    let mut out: Vec<String> = names[..first.min(row)].to_vec();
+    out.extend(order);
+    Ok(out)
 }
 
 /// Applies `k` to the nest `nest` of the schedule `s`, appending the steps to `steps`.
@@ -1101,7 +1162,11 @@ fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
         // second loop to fuse with it for the parallel loop.
         let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
         let spatial = spatial - usize::from(k.regtile[4] == 1);
-        if k.regtile[3] == 1 && spatial == 2 && k.parallel == 2 {
+        // Nor in a nest whose rows the tile partitions (the loop outside them holds the two
+        // parts).
+        let rows = nest.loops[k.regtile[0] as usize].extent.unwrap_or(0);
+        let partitioned = rows % k.regtile[1] != 0;
+        if ((k.regtile[3] == 1 && spatial == 2) || partitioned) && k.parallel == 2 {
             k.parallel = 1;
         }
         return;
