@@ -255,6 +255,7 @@ fn any_step_json() -> impl Strategy<Value = serde_json::Value> {
             .prop_map(|(b, at)| json!({"cache_write": {"buffer": b, "at": at}})),
         (any_name(), any_name()).prop_map(|(b, at)| json!({"cache_read": {"buffer": b, "at": at}})),
         (any_name(), any_name()).prop_map(|(o, i)| json!({"rfactor": {"outer": o, "inner": i}})),
+        any_name().prop_map(|b| json!({"compute_inline": {"buffer": b}})),
         (
             any_name(),
             prop::sample::select(vec!["blockIdx.x", "threadIdx.x", "threadIdx.z", "warp"])
