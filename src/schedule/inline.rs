@@ -10,12 +10,84 @@
 
 use std::collections::HashMap;
 
-use super::{Schedule, ScheduleResult};
+use super::{Schedule, ScheduleResult, Step};
 use crate::ir::rewrite::{self, rw_stmt, Rewriter};
 use crate::ir::visit::{walk_expr, Visitor};
-use crate::ir::{Buffer, Expr, Stmt, Var, VarId};
+use crate::ir::{Buffer, Expr, Param, PrimFunc, Stmt, Var, VarId};
 
 const P: &str = "compute_inline";
+
+/// `f` with every buffer it allocates only to copy a parameter into unchanged (`pad_temp[0, c,
+/// y, x] = X[0, c, y, x]`: TOPI's padding of a convolution with none) read in place instead
+/// ([`Schedule::compute_inline`]), and the steps that did it. Only in a `noalias` function: the
+/// copy is a snapshot of the parameter, and reading the parameter later gives the same values
+/// only when nothing the function writes is another name for it.
+pub fn inline_copies(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
+    if !f.attrs.noalias {
+        return (f.clone(), Vec::new());
+    }
+    let mut s = Schedule::new(f.clone());
+    for name in identity_copies(f) {
+        let mut t = s.clone();
+        if t.compute_inline(&name).is_ok() {
+            s = t;
+        }
+    }
+    let steps = s.trace().to_vec();
+    match s.finish() {
+        Ok(g) => (g, steps),
+        Err(_) => (f.clone(), Vec::new()),
+    }
+}
+
+/// The buffers `f` allocates whose one producer, a nest at the top of the body, stores a
+/// parameter's element at the same indices, the two of the same shape and type.
+fn identity_copies(f: &PrimFunc) -> Vec<String> {
+    let params: Vec<&Buffer> = f
+        .params
+        .iter()
+        .filter_map(|p| match p {
+            Param::Buffer(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut tops = Vec::new();
+    top_loops(&f.body, &mut tops);
+    for st in tops {
+        let mut cur = st;
+        while let Stmt::For { body, .. } = cur {
+            cur = body;
+        }
+        if let Stmt::Store {
+            buffer,
+            indices,
+            value:
+                Expr::Load {
+                    buffer: src,
+                    indices: from,
+                },
+        } = cur
+        {
+            let is_param = params.iter().any(|p| p.name == src.name);
+            if is_param && from == indices && src.shape == buffer.shape && src.dtype == buffer.dtype
+            {
+                out.push(buffer.name.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The loops at the top of `s`, through sequences and allocations.
+fn top_loops<'s>(s: &'s Stmt, out: &mut Vec<&'s Stmt>) {
+    match s {
+        Stmt::For { .. } => out.push(s),
+        Stmt::Allocate { body, .. } => top_loops(body, out),
+        Stmt::Seq(v) => v.iter().for_each(|x| top_loops(x, out)),
+        _ => {}
+    }
+}
 
 impl Schedule {
     /// The body of [`Schedule::compute_inline`].

@@ -69,6 +69,7 @@ pub mod auto;
 mod cache;
 mod device;
 mod inline;
+pub use inline::inline_copies;
 mod kinds;
 mod layout;
 mod loops;

@@ -359,62 +359,17 @@ fn imperfect_chain(s: &Stmt) -> Option<Vec<String>> {
     }
 }
 
-/// The buffers `f` allocates only to copy a parameter into unchanged (`pad_temp[0, c, y, x] =
-/// X[0, c, y, x]`: TOPI's padding of a convolution with none), each computed by a top-level
-/// nest of its own. Read in place instead ([`Schedule::compute_inline`]), they cost nothing.
-fn identity_copies(f: &PrimFunc) -> Vec<String> {
-    let params: Vec<&Buffer> = f
-        .params
-        .iter()
-        .filter_map(|p| match p {
-            crate::ir::Param::Buffer(b) => Some(b),
-            _ => None,
-        })
-        .collect();
-    let mut out = Vec::new();
-    for st in nest_stmts(f) {
-        let mut cur = st;
-        while let Stmt::For { body, .. } = cur {
-            cur = body;
-        }
-        if let Stmt::Store {
-            buffer,
-            indices,
-            value:
-                Expr::Load {
-                    buffer: src,
-                    indices: from,
-                },
-        } = cur
-        {
-            let is_param = params.iter().any(|p| p.name == src.name);
-            if is_param && from == indices && src.shape == buffer.shape && src.dtype == buffer.dtype
-            {
-                out.push(buffer.name.clone());
-            }
-        }
-    }
-    out
-}
-
 /// `f` with its loop nests made perfect: copies of a parameter into a buffer of its own
-/// inlined ([`identity_copies`]); TVM's reductions (`for k { if k == 0 { init };
+/// inlined ([`crate::schedule::inline_copies`]); TVM's reductions (`for k { if k == 0 { init };
 /// update }`) decomposed ([`Schedule::decompose_reduction`]); then, where a reduction's
 /// initialization sits beside the reduction's loop (`for i { for j { C = 0; for k { C += .. } } }`, the form kiln's builder
 /// writes): `fission` from the inside out separates the initialization into a nest of its own,
 /// as a hand schedule does first. Returns the function and the steps; `f` itself, with no steps,
 /// when there is nothing to separate or a primitive refuses.
 pub fn normalize(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
-    let mut s = Schedule::new(f.clone());
-    let mut steps = Vec::new();
     // Copies of a parameter, unchanged, read in place.
-    for name in identity_copies(f) {
-        let mut t = s.clone();
-        if t.compute_inline(&name).is_ok() {
-            s = t;
-            steps.push(Step::ComputeInline { buffer: name });
-        }
-    }
+    let (g, mut steps) = crate::schedule::inline_copies(f);
+    let mut s = Schedule::new(g);
     // TVM's reductions (the init guarded in the first iteration) to kiln's form, outermost
     // reduction loops first.
     for _ in 0..16 {

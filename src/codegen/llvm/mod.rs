@@ -238,6 +238,17 @@ fn generate_parts(
                 f.name
             )));
         }
+        // A workspace that only copies a parameter unchanged (TOPI's padding of a
+        // convolution with none) is read in place: one copy of the input less per call
+        // (`schedule::inline_copies`, `noalias` functions only). Device host code keeps its
+        // kernels as written.
+        let inlined;
+        let f = if eo.device_host {
+            f
+        } else {
+            inlined = crate::schedule::inline_copies(f).0;
+            &inlined
+        };
         let sfx = linkage.suffix();
         let safe_params = "i8* %self, %ffi.any* %args, i32 %num_args, %ffi.any* %ret";
         if let Linkage::Checkers { .. } = linkage {
