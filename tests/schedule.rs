@@ -1262,18 +1262,24 @@ fn inline_case(
     )
 }
 
+/// `for i in 0..6 { for j in 0..ej { body(i, j) } }`.
+fn nest_2d(
+    ej: i64,
+    body: impl Fn(kiln::ir::Expr, kiln::ir::Expr) -> kiln::ir::Stmt,
+) -> kiln::ir::Stmt {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::ForKind;
+    for_range("i", 6i64, ForKind::Serial, |i| {
+        for_range("j", ej, ForKind::Serial, |j| body(i, j))
+    })
+}
+
 /// `for i in 0..6 { for j in 0..8 { T[i, j] = value(A, i, j) } }`.
 fn fill_nest(
     t: &kiln::ir::Buffer,
     value: impl Fn(kiln::ir::Expr, kiln::ir::Expr) -> kiln::ir::Expr,
 ) -> kiln::ir::Stmt {
-    use kiln::ir::builder::for_range;
-    use kiln::ir::ForKind;
-    for_range("i", 6i64, ForKind::Serial, |i| {
-        for_range("j", 8i64, ForKind::Serial, |j| {
-            t.store(vec![i.clone(), j.clone()], value(i, j))
-        })
-    })
+    nest_2d(8, |i, j| t.store(vec![i.clone(), j.clone()], value(i, j)))
 }
 
 #[test]
@@ -1344,10 +1350,8 @@ fn compute_inline_refuses_what_it_cannot_inline_and_changes_nothing() {
             // The fill covers half the columns.
             inline_case(
                 |a, _, t| {
-                    for_range("i", 6i64, ForKind::Serial, |i| {
-                        for_range("j", 4i64, ForKind::Serial, |j| {
-                            t.store(vec![i.clone(), j.clone()], a.load(vec![i, j]))
-                        })
+                    nest_2d(4, |i, j| {
+                        t.store(vec![i.clone(), j.clone()], a.load(vec![i, j]))
                     })
                 },
                 true,
@@ -1372,10 +1376,8 @@ fn compute_inline_refuses_what_it_cannot_inline_and_changes_nothing() {
             // The diagonal: `i` indexes both dimensions, the second of which it does not span.
             inline_case(
                 |a, _, t| {
-                    for_range("i", 6i64, ForKind::Serial, |i| {
-                        for_range("j", 8i64, ForKind::Serial, |j| {
-                            t.store(vec![i.clone(), i.clone()], a.load(vec![i, j]))
-                        })
+                    nest_2d(8, |i, j| {
+                        t.store(vec![i.clone(), i.clone()], a.load(vec![i, j]))
                     })
                 },
                 true,

@@ -1370,13 +1370,36 @@ fn batched_matmuls_and_convolutions_get_register_tiles_that_compute_the_same() {
     }
 }
 
-#[test]
-fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search() {
-    let m = regtile_kernels();
-    let f = m.get("batch_matmul").unwrap().clone();
+/// 400 choices as a search draws them from `seed`: a random one every seventh, mutations of
+/// the last in between.
+fn search_walk(nests: &[space::Nest], seed: u64) -> Vec<space::Choice> {
+    let mut rng = space::Rng::new(seed);
+    let mut c = space::random_choice(nests, &mut rng);
+    let mut out = Vec::new();
+    for i in 0..400 {
+        c = if i % 7 == 0 {
+            space::random_choice(nests, &mut rng)
+        } else {
+            space::mutate(nests, &c, &mut rng)
+        };
+        out.push(c.clone());
+    }
+    out
+}
+
+/// The function `name` of [`regtile_kernels`], its normal form with the steps to it, its
+/// nests, and the index of the last (the reduction's).
+fn regtile_nests(name: &str) -> (PrimFunc, PrimFunc, Vec<Step>, Vec<space::Nest>, usize) {
+    let f = regtile_kernels().get(name).unwrap().clone();
     let (g, prefix) = space::normalize(&f);
     let nests = space::nests(&g);
     let last = nests.len() - 1;
+    (f, g, prefix, nests, last)
+}
+
+#[test]
+fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search() {
+    let (f, g, prefix, nests, last) = regtile_nests("batch_matmul");
     // AVX2 (8 lanes): at most 12 accumulators, the most first; AVX-512 (16 lanes): up to 24.
     for (lanes, most) in [(8, 12), (16, 24)] {
         let seeds = space::seeds_for_lanes(&nests, lanes);
@@ -1427,15 +1450,8 @@ fn register_tiles_are_seeded_for_the_vector_width_and_kept_valid_by_the_search()
                         && t[4] == 0
                 })
     };
-    let mut rng = space::Rng::new(5);
-    let mut c = space::random_choice(&nests, &mut rng);
     let mut seen = std::collections::HashSet::new();
-    for i in 0..400 {
-        c = if i % 7 == 0 {
-            space::random_choice(&nests, &mut rng)
-        } else {
-            space::mutate(&nests, &c, &mut rng)
-        };
+    for c in search_walk(&nests, 5) {
         let t = c[last].regtile;
         assert!(valid(t), "{t:?}");
         if t[1] > 0 {
@@ -1461,11 +1477,7 @@ fn fused_columns_are_seeded_reached_by_the_search_and_compile_to_the_same_result
     // The 1 x 1 convolution: its rows and columns fuse into one loop of pixels, so its tiles
     // need not divide a row. The seeds hold fused tiles (packed too); the search reaches both
     // modes and only valid tiles; the fused seeds, compiled, compute what the function does.
-    let m = regtile_kernels();
-    let f = m.get("conv2d_1x1").unwrap().clone();
-    let (g, prefix) = space::normalize(&f);
-    let nests = space::nests(&g);
-    let last = nests.len() - 1;
+    let (f, g, prefix, nests, last) = regtile_nests("conv2d_1x1");
     assert!(nests[last].fusable, "{:?}", nests[last]);
     let seeds = space::seeds_for_lanes(&nests, 8);
     let fused: Vec<&space::Choice> = seeds.iter().filter(|c| c[last].regtile[4] == 1).collect();
@@ -1476,15 +1488,8 @@ fn fused_columns_are_seeded_reached_by_the_search_and_compile_to_the_same_result
     for c in &fused {
         assert_choice_compiles_to(&f, (&g, &prefix, &nests), c, &shapes, &want, &opts);
     }
-    let mut rng = space::Rng::new(3);
-    let mut c = space::random_choice(&nests, &mut rng);
     let mut modes = std::collections::HashSet::new();
-    for i in 0..400 {
-        c = if i % 7 == 0 {
-            space::random_choice(&nests, &mut rng)
-        } else {
-            space::mutate(&nests, &c, &mut rng)
-        };
+    for c in search_walk(&nests, 3) {
         let t = c[last].regtile;
         if t[1] > 0 {
             space::steps_for(&g, &nests, &c).unwrap_or_else(|e| panic!("{t:?}: {e}"));
