@@ -77,8 +77,10 @@ def quiesce(window=0.02, busy=0.1, limit=2.0):
 
 
 def quartiles(v):
-    """The first and third quartiles of `v`."""
-    q = statistics.quantiles(v, n=4) if len(v) >= 2 else [v[0]] * 3
+    """The first and third quartiles of `v`, within its range (numpy's default, linear
+    interpolation between the samples; the exclusive method extrapolated past the smallest and
+    largest sample when there were few, and printed a negative quartile for two)."""
+    q = statistics.quantiles(v, n=4, method="inclusive") if len(v) >= 2 else [v[0]] * 3
     return q[0], q[2]
 
 
