@@ -23,11 +23,16 @@ const P: &str = "compute_inline";
 /// copy is a snapshot of the parameter, and reading the parameter later gives the same values
 /// only when nothing the function writes is another name for it.
 pub fn inline_copies(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
-    if !f.attrs.noalias {
+    let copies = if f.attrs.noalias {
+        identity_copies(f)
+    } else {
+        Vec::new()
+    };
+    if copies.is_empty() {
         return (f.clone(), Vec::new());
     }
     let mut s = Schedule::new(f.clone());
-    for name in identity_copies(f) {
+    for name in copies {
         let mut t = s.clone();
         if t.compute_inline(&name).is_ok() {
             s = t;
