@@ -959,8 +959,13 @@ fn a_workspace_that_copies_a_parameter_unchanged_is_read_in_place() {
         .unwrap();
         // `T` (32 floats) would be on the stack.
         assert_eq!(!ir.contains("alloca float, i64 32"), noalias, "{ir}");
-        let (g, steps) = kiln::schedule::inline_copies(&f);
-        assert_eq!(steps.len(), usize::from(noalias), "{steps:?}");
-        assert_eq!(g.to_string().contains("allocate T"), !noalias, "{g}");
+        match kiln::schedule::inline_copies(&f) {
+            Some((g, steps)) => {
+                assert!(noalias);
+                assert_eq!(steps.len(), 1, "{steps:?}");
+                assert!(!g.to_string().contains("allocate T"), "{g}");
+            }
+            None => assert!(!noalias),
+        }
     }
 }

@@ -431,8 +431,8 @@ fn real_ix(ix: &[Expr], dims: &[Dim]) -> Vec<Expr> {
         match d.merged {
             Some(n) => {
                 let n = imm(e.dtype(), n);
-                out.push(Expr::binary(BinOp::FloorDiv, e.clone(), n.clone()));
-                out.push(Expr::binary(BinOp::FloorMod, e.clone(), n));
+                out.push(e.clone().floordiv(n.clone()));
+                out.push(e.clone().floormod(n));
             }
             None => out.push(e.clone()),
         }

@@ -19,17 +19,17 @@ const P: &str = "compute_inline";
 
 /// `f` with every buffer it allocates only to copy a parameter into unchanged (`pad_temp[0, c,
 /// y, x] = X[0, c, y, x]`: TOPI's padding of a convolution with none) read in place instead
-/// ([`Schedule::compute_inline`]), and the steps that did it. Only in a `noalias` function: the
-/// copy is a snapshot of the parameter, and reading the parameter later gives the same values
-/// only when nothing the function writes is another name for it.
-pub fn inline_copies(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
-    let copies = if f.attrs.noalias {
-        identity_copies(f)
-    } else {
-        Vec::new()
-    };
+/// ([`Schedule::compute_inline`]), and the steps that did it; `None` where it has no such
+/// copy. Only in a `noalias` function: the copy is a snapshot of the parameter, and reading
+/// the parameter later gives the same values only when nothing the function writes is another
+/// name for it.
+pub fn inline_copies(f: &PrimFunc) -> Option<(PrimFunc, Vec<Step>)> {
+    if !f.attrs.noalias {
+        return None;
+    }
+    let copies = identity_copies(f);
     if copies.is_empty() {
-        return (f.clone(), Vec::new());
+        return None;
     }
     let mut s = Schedule::new(f.clone());
     for name in copies {
@@ -39,59 +39,40 @@ pub fn inline_copies(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
         }
     }
     let steps = s.trace().to_vec();
-    match s.finish() {
-        Ok(g) => (g, steps),
-        Err(_) => (f.clone(), Vec::new()),
-    }
+    let g = s.finish().ok()?;
+    (!steps.is_empty()).then_some((g, steps))
 }
 
-/// The buffers `f` allocates whose one producer, a nest at the top of the body, stores a
-/// parameter's element at the same indices, the two of the same shape and type.
+/// The buffers `f` allocates whose producer ([`find_producer`]) stores a parameter's element
+/// at the same indices, the two of the same shape and type.
 fn identity_copies(f: &PrimFunc) -> Vec<String> {
-    let params: Vec<&Buffer> = f
-        .params
-        .iter()
-        .filter_map(|p| match p {
-            Param::Buffer(b) => Some(b),
-            _ => None,
-        })
-        .collect();
-    let mut out = Vec::new();
-    let mut tops = Vec::new();
-    top_loops(&f.body, &mut tops);
-    for st in tops {
-        let mut cur = st;
-        while let Stmt::For { body, .. } = cur {
-            cur = body;
-        }
-        if let Stmt::Store {
-            buffer,
-            indices,
-            value:
+    let mut names = Vec::new();
+    rewrite::allocated(&f.body, &mut names);
+    names.retain(|name| {
+        let (
+            Some(dst),
+            Some((
+                _,
+                ix,
                 Expr::Load {
                     buffer: src,
-                    indices: from,
+                    indices,
                 },
-        } = cur
-        {
-            let is_param = params.iter().any(|p| p.name == src.name);
-            if is_param && from == indices && src.shape == buffer.shape && src.dtype == buffer.dtype
-            {
-                out.push(buffer.name.clone());
-            }
-        }
-    }
-    out
-}
-
-/// The loops at the top of `s`, through sequences and allocations.
-fn top_loops<'s>(s: &'s Stmt, out: &mut Vec<&'s Stmt>) {
-    match s {
-        Stmt::For { .. } => out.push(s),
-        Stmt::Allocate { body, .. } => top_loops(body, out),
-        Stmt::Seq(v) => v.iter().for_each(|x| top_loops(x, out)),
-        _ => {}
-    }
+            )),
+        ) = (
+            super::cache::allocated(&f.body, name),
+            find_producer(&f.body, name),
+        )
+        else {
+            return false;
+        };
+        let is_param = f
+            .params
+            .iter()
+            .any(|p| matches!(p, Param::Buffer(b) if b.name == src.name));
+        is_param && indices == ix && src.shape == dst.shape && src.dtype == dst.dtype
+    });
+    names
 }
 
 impl Schedule {
@@ -283,9 +264,6 @@ fn find_producer(s: &Stmt, name: &str) -> Option<(Vec<(Var, Expr, Expr)>, Vec<Ex
 
 /// Whether a statement of `s` before the producer of `name` reads it.
 fn read_before(s: &Stmt, name: &str) -> bool {
-    fn is_producer(s: &Stmt, name: &str) -> bool {
-        matches!(s, Stmt::For { .. }) && find_producer(s, name).is_some()
-    }
     fn reads(s: &Stmt, name: &str) -> bool {
         let (mut l, mut st) = (vec![], vec![]);
         rewrite::accesses(s, name, &mut l, &mut st);
@@ -295,12 +273,9 @@ fn read_before(s: &Stmt, name: &str) -> bool {
         Stmt::Allocate { body, .. } => read_before(body, name),
         Stmt::Seq(v) => {
             for x in v {
-                if is_producer(x, name) {
-                    return false;
-                }
-                if matches!(x, Stmt::Seq(_) | Stmt::Allocate { .. })
-                    && find_producer(x, name).is_some()
-                {
+                // The statement holding the producer: what comes before it in there (nothing,
+                // for the producer's nest itself).
+                if find_producer(x, name).is_some() {
                     return read_before(x, name);
                 }
                 if reads(x, name) {

@@ -66,6 +66,13 @@ pub struct Nest {
     pub fusable: bool,
 }
 
+impl Nest {
+    /// How many of its loops, from the outermost, are spatial (before the first reduction).
+    pub fn spatial(&self) -> usize {
+        self.loops.iter().take_while(|l| !l.reduction).count()
+    }
+}
+
 /// A buffer a nest's body reads along its innermost spatial loop ([`Nest::vector_operand`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VectorOperand {
@@ -100,8 +107,8 @@ pub struct Knobs {
     pub prefetch: bool,
     /// A register tile `[row, mr, nr, pack, fuse]` ([`regtile_values`]): the nest's loop `row`
     /// (a spatial loop) split by `mr` and its innermost spatial loop by `nr` (`fuse` 1: the
-    /// two innermost spatial loops fused first, [`Nest::fusable`], and the fused loop split), the reductions moved
-    /// inside the two outer parts, the `mr x nr` tile of the output accumulated in registers
+    /// two innermost spatial loops fused first, [`Nest::fusable`], and the fused loop split),
+    /// the reductions moved inside the two outer parts, the `mr x nr` tile of the output accumulated in registers
     /// (`cache_write`), its rows unrolled and its columns vectorized; `mr` 0: none (absent in
     /// records written before it). `pack` 1: the column tiles outside the row tiles, and the
     /// nest's [`Nest::vector_operand`] copied per column tile into a contiguous panel
@@ -368,7 +375,8 @@ fn imperfect_chain(s: &Stmt) -> Option<Vec<String>> {
 /// when there is nothing to separate or a primitive refuses.
 pub fn normalize(f: &PrimFunc) -> (PrimFunc, Vec<Step>) {
     // Copies of a parameter, unchanged, read in place.
-    let (g, mut steps) = crate::schedule::inline_copies(f);
+    let (g, mut steps) =
+        crate::schedule::inline_copies(f).unwrap_or_else(|| (f.clone(), Vec::new()));
     let mut s = Schedule::new(g);
     // TVM's reductions (the init guarded in the first iteration) to kiln's form, outermost
     // reduction loops first.
@@ -599,7 +607,7 @@ fn fused_view(nest: &Nest) -> Option<Nest> {
     if !nest.fusable {
         return None;
     }
-    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+    let spatial = nest.spatial();
     let (a, b) = (&nest.loops[spatial - 2], &nest.loops[spatial - 1]);
     let extent = a.extent?.checked_mul(b.extent?)?;
     let mut loads = a.loads.clone();
@@ -624,7 +632,7 @@ fn plain_regtiles(nest: &Nest) -> Option<RegTiles> {
     if !nest.perfect || nest.stores.len() != 1 || nest.loops.iter().any(|l| l.extent.is_none()) {
         return None;
     }
-    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+    let spatial = nest.spatial();
     let reductions = nest.loops.len() - spatial;
     if spatial < 2 || reductions == 0 || nest.loops[spatial..].iter().any(|l| !l.reduction) {
         return None;
@@ -728,7 +736,7 @@ fn apply_regtile(
     }
     let view;
     let nest = if fuse == 1 {
-        let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+        let spatial = nest.spatial();
         let (a, b) = (&nest.loops[spatial - 2].name, &nest.loops[spatial - 1].name);
         let name = s.fuse(a, b).map_err(e)?;
         steps.push(Step::Fuse {
@@ -792,7 +800,7 @@ fn tile_part(
     steps: &mut Vec<Step>,
 ) -> Result<Vec<String>, String> {
     let e = |x: crate::schedule::ScheduleError| x.to_string();
-    let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
+    let spatial = nest.spatial();
     let col = spatial - 1;
     // The rest's loop is the tile's rows, not split.
     let (ro, ri) = if part == Part::Rest {
@@ -867,7 +875,9 @@ fn tile_part(
         loop_: ci,
         kind: "vectorized".into(),
     });
-    let mut out: Vec<String> = names[..first.min(row)].to_vec();
+    // In a partitioned nest, the loops outside the rows stay outermost.
+    let outside = if part == Part::Whole { 0 } else { row };
+    let mut out: Vec<String> = names[..outside].to_vec();
     out.extend(order);
     Ok(out)
 }
@@ -1115,8 +1125,7 @@ fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
         // Packed, with the tile's rows and columns the nest's only spatial loops, the
         // outermost loop (the column tiles) holds the panel's copy beside the row tiles: no
         // second loop to fuse with it for the parallel loop.
-        let spatial = nest.loops.iter().take_while(|l| !l.reduction).count();
-        let spatial = spatial - usize::from(k.regtile[4] == 1);
+        let spatial = nest.spatial() - usize::from(k.regtile[4] == 1);
         // Nor in a nest whose rows the tile partitions (the loop outside them holds the two
         // parts).
         let rows = nest.loops[k.regtile[0] as usize].extent.unwrap_or(0);
@@ -1162,8 +1171,9 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
     let leaf_knobs = 5 + usize::from(!lv.is_empty()) * 2;
     let has_prefetch = prefetch_leaf(&nests[i]).is_some();
     let regtile = regtile_values(&nests[i]);
-    // The register tile's four parts (row loop, mr, nr, packing) come last, where the knob
-    // exists, so that other functions' searches are unchanged.
+    // The register tile's parts (row loop, mr, nr, packing, and the columns mode where the
+    // nest has two) come last, where the knob exists, so that other functions' searches are
+    // unchanged.
     let first_regtile = leaf_knobs + usize::from(has_prefetch);
     // Four parts of a register tile, and its columns mode where the nest has two.
     let parts = match &regtile {

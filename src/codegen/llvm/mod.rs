@@ -242,13 +242,10 @@ fn generate_parts(
         // convolution with none) is read in place: one copy of the input less per call
         // (`schedule::inline_copies`, `noalias` functions only). Device host code keeps its
         // kernels as written.
-        let inlined;
-        let f = if eo.device_host {
-            f
-        } else {
-            inlined = crate::schedule::inline_copies(f).0;
-            &inlined
-        };
+        let inlined = (!eo.device_host)
+            .then(|| crate::schedule::inline_copies(f))
+            .flatten();
+        let f = inlined.as_ref().map_or(f, |(g, _)| g);
         let sfx = linkage.suffix();
         let safe_params = "i8* %self, %ffi.any* %args, i32 %num_args, %ffi.any* %ret";
         if let Linkage::Checkers { .. } = linkage {
