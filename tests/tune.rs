@@ -424,7 +424,8 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
             same_width && t.tiles.mr != t0.tiles.mr,
             t.tiles.mr == t0.tiles.mr && t.tiles.mb != t0.tiles.mb,
             t.tiles.kc != t0.tiles.kc,
-            t.pack != t0.pack,
+            // A new width keeps one task per thread, its panels counted at that width.
+            same_width && t.pack != t0.pack,
             t.pack_a != t0.pack_a,
         ];
         assert_eq!(
@@ -489,6 +490,81 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
         && t.tiles == t0.tiles
         && t.pack == t0.pack
         && ts.steps(t).is_ok()));
+}
+
+/// A matmul of few rows starts with one task per thread (each packing its share of every row
+/// of `B` in one sweep), `k` in short passes, at the target's width and the wide one; each of
+/// them computes the product, and the one-task-per-thread packing is a neighbour of every
+/// other packing.
+#[test]
+fn few_rows_start_with_one_task_per_thread() {
+    use kiln::schedule::kernels::PackB;
+    use kiln::tune::templates::TemplateSpace;
+    let (m, n, k) = (12, 256, 256);
+    let f = kernels::matmul_sized(m, n, k);
+    let shapes = [vec![m, k], vec![k, n], vec![m, n]];
+    let want = common::interp_last(&f, &shapes);
+    for threads in [2, 3] {
+        let target = Target::parse(&format!(
+            r#"{{"kind": "llvm", "mcpu": "native", "num-cores": {threads}}}"#
+        ))
+        .unwrap();
+        let ts = TemplateSpace::new(&f, &target).unwrap();
+        let seeds = ts.seeds();
+        let per_thread = |nr: i64| (n / nr + threads - 1) / threads;
+        let t0 = seeds[0];
+        assert_eq!(
+            t0.pack,
+            PackB::InTask {
+                panels: per_thread(t0.tiles.nr)
+            },
+            "{threads} threads: {seeds:?}"
+        );
+        assert_eq!(t0.tiles.kc, 128, "{t0:?}");
+        assert!(seeds.iter().any(|t| t.tiles.kc == 64
+            && t.pack
+                == PackB::InTask {
+                    panels: per_thread(t.tiles.nr)
+                }));
+        let wide = seeds
+            .iter()
+            .find(|t| t.tiles.nr != t0.tiles.nr)
+            .unwrap_or_else(|| panic!("no wide seed among {seeds:?}"));
+        assert_eq!(
+            wide.pack,
+            PackB::InTask {
+                panels: per_thread(wide.tiles.nr)
+            },
+            "{wide:?}"
+        );
+        for t in [t0, *wide] {
+            let mut s = kiln::schedule::Schedule::new(f.clone());
+            s.apply(&ts.steps(&t).unwrap()).unwrap();
+            let got = common::interp_last(&s.finish().unwrap(), &shapes);
+            for (x, y) in got.iter().zip(&want) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                    "{t:?}: {x} vs {y}"
+                );
+            }
+        }
+        for t in seeds
+            .iter()
+            .filter(|t| t.pack != t0.pack && t.tiles.nr == t0.tiles.nr)
+        {
+            assert!(ts.neighbours(t).iter().any(|x| x.pack == t0.pack), "{t:?}");
+        }
+    }
+    // One thread: no such seed (the other packings come first, as before).
+    let one = Target::parse(r#"{"kind": "llvm", "mcpu": "native", "num-cores": 1}"#).unwrap();
+    let seeds = TemplateSpace::new(&f, &one).unwrap().seeds();
+    assert_ne!(
+        seeds[0].pack,
+        PackB::InTask {
+            panels: n / seeds[0].tiles.nr
+        },
+        "{seeds:?}"
+    );
 }
 
 /// The matmul is recognized by its loops, in kiln's form and TVM's, under any names and with

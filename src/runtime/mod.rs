@@ -37,7 +37,7 @@ pub mod parallel;
 
 pub use device_module::{load_device_module, register_kernel_loader, DeviceModule, KernelBackend};
 pub use library::{LibraryError, LibraryModule};
-pub use parallel::ThreadPool;
+pub use parallel::{default_num_threads, ThreadPool};
 
 /// Registers every runtime service as a context slot and initializes the device runtime (the
 /// built-in backends, the workspace slots). Idempotent and cheap after the first call; the

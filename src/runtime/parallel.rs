@@ -117,14 +117,21 @@ fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
+/// The number of workers the process-wide pool has, or will have once created:
+/// `KILN_NUM_THREADS` where it is set to a positive count, else the physical cores. It does
+/// not create the pool.
+pub fn default_num_threads() -> usize {
+    env_usize("KILN_NUM_THREADS")
+        .filter(|&n| n > 0)
+        .unwrap_or_else(physical_cores)
+}
+
 impl ThreadPool {
     /// The process-wide pool, created on first use.
     pub fn global() -> &'static ThreadPool {
         static POOL: OnceLock<ThreadPool> = OnceLock::new();
         POOL.get_or_init(|| {
-            let n = env_usize("KILN_NUM_THREADS")
-                .filter(|&n| n > 0)
-                .unwrap_or_else(physical_cores);
+            let n = default_num_threads();
             let spin = env_usize("KILN_THREAD_POOL_SPIN")
                 .unwrap_or(100_000)
                 .min(u32::MAX as usize) as u32;
