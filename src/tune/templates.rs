@@ -8,7 +8,8 @@
 //! variable type. Its templates are [`crate::schedule::kernels::matmul_tiled_on`] with the
 //! register tiles [`MatmulTiles::for_target_and_depth`] picks for the target and their
 //! neighbours with `B` packed up front, the target's tiles with `B` packed by each parallel
-//! task a pass of `k` at a time (`cache_read_panels`, a few column panels per task), the first
+//! task a pass of `k` at a time (`cache_read_panels`, a few column panels per task; for a
+//! matmul of one or two row blocks, first of all, one task per thread), the first
 //! three with `B` read in place, the first two with `A` packed into row panels as well
 //! ([`PackA`]), and the first two with tiles half again as wide (4 x 24 for AVX2). They are
 //! points of a [`TemplateSpace`], whose neighbours (one parameter changed) the search tries
