@@ -411,17 +411,30 @@ fn matmul_row_blocks_follow_the_l2_cache() {
     ] {
         let l2 = host_l2.unwrap_or(table_l2);
         assert_eq!(kiln::target::l2_bytes(&target(t)), l2, "{t}");
-        let kc = sk::depth_block(l2, 1024);
-        let depth = if kc > 0 { kc } else { 1024 };
         let got = tiles(t, 1024);
+        let least = sk::MATMUL_MB_MIN / mr * mr;
         assert_eq!(
             (got.mr, got.nr, got.mb, got.kc),
-            (mr, nr, sk::block_rows(l2, depth, mr), kc),
+            (mr, nr, sk::block_rows(l2, 1024, mr).max(least), 0),
             "{t}"
         );
     }
-    // With 256 KiB of L2 (a Haswell's), 30 rows of depth 1024 would fit; 126 rows of 256 steps
-    // do: k in passes.
+    // One pass, whatever the depth: where the block of A does not fit half the L2, the least
+    // rows (120 in tiles of 6 or 8), A streaming past the panels of B.
+    for k in [64, 1024, 4096, 100_000] {
+        for t in [
+            r#"{"kind": "llvm", "mcpu": "haswell"}"#,
+            r#"{"kind": "llvm", "mcpu": "sapphirerapids"}"#,
+        ] {
+            let got = tiles(t, k);
+            assert_eq!(got.kc, 0, "{t} k={k}");
+            assert!(got.mb >= 120 && got.mb % got.mr == 0, "{t} k={k}: {got:?}");
+            assert!(got.mb <= sk::MATMUL_MB_MAX, "{t} k={k}: {got:?}");
+        }
+    }
+    // The passes that would keep 120 rows in half the L2 (a starting point of the tuner):
+    // with 256 KiB of L2 (a Haswell's), 30 rows of depth 1024 would fit; 126 rows of 256 steps
+    // do.
     assert_eq!(sk::depth_block(256 << 10, 1024), 256);
     assert_eq!(sk::block_rows(256 << 10, 256, 6), 126);
     // Passes of k: none when MATMUL_MB_MIN rows fit; else the fewest that divide k.
@@ -436,11 +449,12 @@ fn matmul_row_blocks_follow_the_l2_cache() {
     let native = tiles(native_t, 1024);
     let l2 = kiln::target::l2_bytes(&target(native_t));
     assert_eq!(l2, host_l2.unwrap_or(256 << 10));
-    let kc = sk::depth_block(l2, 1024);
-    let depth = if kc > 0 { kc } else { 1024 };
     assert_eq!(
         (native.mb, native.kc),
-        (sk::block_rows(l2, depth, native.mr), kc)
+        (
+            sk::block_rows(l2, 1024, native.mr).max(sk::MATMUL_MB_MIN / native.mr * native.mr),
+            0
+        )
     );
     assert!(native.mb % native.mr == 0 && native.mb <= sk::MATMUL_MB_MAX);
 }

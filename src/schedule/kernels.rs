@@ -9,7 +9,7 @@
 //! | kernel | schedule |
 //! |---|---|
 //! | `vadd` | one parallel loop (each thread a contiguous chunk, vectorized by LLVM) |
-//! | `matmul` | `B` packed into `nr`-column panels; `i` tiled `mb` x `mr`, `j` by `nr`; the `mr` x `nr` block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; (row block, column panel) pairs in parallel. 8 x 32 with AVX-512 (32 zmm), 6 x 16 with AVX2 (16 ymm) ([`MatmulTiles::for_target`]); `mb` rows of `A` fit in half the L2 ([`MatmulTiles::for_target_and_depth`]: for `k` = 1024, 256 rows with a 2 MiB L2 and AVX-512, 128 with 1 MiB; with 256 KiB and AVX2, `k` in passes of 256 and 126 rows); rows split into parts (whole blocks, whole tiles, the last `m % mr` rows) so that no split leaves a bounds guard in the `k` loop |
+//! | `matmul` | `B` packed into `nr`-column panels; `i` tiled `mb` x `mr`, `j` by `nr`; the `mr` x `nr` block of `C` accumulated in registers (`cache_write`) over the whole `k` loop, rows unrolled, columns vectorized; (row block, column panel) pairs in parallel. 8 x 32 with AVX-512 (32 zmm), 6 x 16 with AVX2 (16 ymm) ([`MatmulTiles::for_target`]); `mb` rows of `A` fit in half the L2 ([`MatmulTiles::for_target_and_depth`]: for `k` = 1024, 256 rows with a 2 MiB L2 and AVX-512, 128 with 1 MiB; at least 120 rows, the whole `k` loop in one pass); rows split into parts (whole blocks, whole tiles, the last `m % mr` rows) so that no split leaves a bounds guard in the `k` loop |
 //! | `rowsum` | reduction split by 64 and `rfactor`ed into 64 vector lanes; rows in parallel |
 //! | `softmax` | rows in parallel; max and sum reductions `rfactor`ed into 64 lanes (the max in 32 with AVX2, [`SoftmaxLanes`]); `exp` and the scaling vectorized by 16 (`exp` by 32 with AVX2); the next row prefetched in the `exp` loop |
 //!
@@ -120,32 +120,38 @@ impl MatmulTiles {
     /// and as many rows per task block (`mb`, a multiple of `mr`, at most [`MATMUL_MB_MAX`]) as keep the
     /// block of `A` (`mb x k` floats, reused by every panel of `B`) in half the L2 cache
     /// ([`crate::target::l2_bytes`]: the host's, whatever CPU the target names; a named CPU's,
-    /// or 256 KiB, where the host's cannot be read); at least `mr` rows. When that leaves fewer
-    /// than [`MATMUL_MB_MIN`] rows (a small L2, or a deep `k`), `k` is taken in passes of `kc`
-    /// steps ([`depth_block`]) and
-    /// the rows fill half the L2 for that depth: with a 256 KiB L2 and `k` = 1024, 126 rows x
-    /// 256 steps with AVX2's tiles instead of 30 rows x 1024.
+    /// or 256 KiB, where the host's cannot be read), and at least [`MATMUL_MB_MIN`] rows
+    /// (rounded down to whole tiles), the whole `k` loop in one pass.
+    ///
+    /// Where the block of `A` does not fit (a small L2, or a deep `k`), the rows stay at
+    /// [`MATMUL_MB_MIN`] and `A` streams from beyond the L2 while each panel of `B` stays
+    /// there, rather than `k` being taken in passes ([`depth_block`], which the tuner still
+    /// tries): passes reload every register tile of `C` once per pass, and were never faster.
+    /// Measured with AVX2's tiles: on an AMD EPYC Zen 3 (512 KiB L2, 2 cores; paired with numpy
+    /// in one process) one pass of 126 rows ran 1.011x numpy at 1024³ against 0.956x for 126
+    /// rows in passes of 512, and 0.97x against 0.94x at 2048³; on a Zen 4, passes ran 10 %
+    /// slower; on a Xeon with 2 MiB of L2, alike (120 rows: 219 and 221 GFLOP/s).
     pub fn for_target_and_depth(t: &crate::target::Target, k: i64) -> MatmulTiles {
         let tiles = MatmulTiles::for_target(t);
         let l2 = crate::target::l2_bytes(t);
-        let kc = depth_block(l2, k);
+        let least = (MATMUL_MB_MIN / tiles.mr * tiles.mr).max(tiles.mr);
         MatmulTiles {
-            mb: block_rows(l2, if kc > 0 { kc } else { k }, tiles.mr),
-            kc,
+            mb: block_rows(l2, k, tiles.mr).max(least),
+            kc: 0,
             ..tiles
         }
     }
 }
 
-/// The fewest rows per task block worth keeping the whole `k` loop in one pass for
-/// ([`MatmulTiles::for_target_and_depth`]): below it, the `B` panels are loaded from beyond
-/// the L2 once per few rows. Measured on a Xeon built for `haswell` (6 x 16 tiles, 1024^3,
+/// The fewest rows per task block ([`MatmulTiles::for_target_and_depth`]): below it, the `B`
+/// panels are loaded from beyond the L2 once per few rows. Measured on a Xeon built for `haswell` (6 x 16 tiles, 1024^3,
 /// interleaved runs): 30 / 60 / 120 / 252 rows ran 208 / 207 / 219 / 222 GFLOP/s, and 120 rows
 /// in passes of 256 steps 221.
 pub const MATMUL_MB_MIN: i64 = 120;
 
-/// The steps of `k` per pass for a CPU with `l2` bytes of L2 ([`MatmulTiles::kc`]): 0 (one
-/// pass) when [`MATMUL_MB_MIN`] rows of depth `k` fit in half the L2; else `k / p` for the
+/// The steps of `k` per pass that would keep [`MATMUL_MB_MIN`] rows of `A` in half of `l2`
+/// bytes of L2 ([`MatmulTiles::kc`]; a starting point of the tuner's, not the default): 0 (one
+/// pass) when they fit at depth `k`; else `k / p` for the
 /// fewest passes `p` that make them fit, when `p` divides `k` (a pass of another length would
 /// need a bounds guard in the inner loop), and 0 when none does up to 64-step passes.
 pub fn depth_block(l2: u64, k: i64) -> i64 {
