@@ -264,6 +264,20 @@ fn kiln_tune_records_and_kiln_build_applies() {
         "{text}"
     );
     let last = db.records.last().unwrap();
+    // Where two candidates or more beat the default, the fastest (up to four) met in a final
+    // round first; its winner is the record paired, and carries the round.
+    assert_eq!(
+        text.contains("finals:  the fastest "),
+        last.finals.is_some(),
+        "{text}\n{last:?}"
+    );
+    if let Some(fr) = last.finals {
+        assert!(
+            (2..=tune::FINALISTS).contains(&fr.entrants) && fr.rounds == 3,
+            "{fr:?}"
+        );
+        assert!(text.contains("in 3 alternating rounds ("), "{text}");
+    }
     assert!(
         last.paired.is_some_and(|p| (5..=20).contains(&p.rounds)
             && p.speedup > 1.0
@@ -1640,4 +1654,169 @@ fn kilns_auto_parallel_build_is_a_candidate_of_every_cpu_search() {
     let mut fake = Fake { calls: Vec::new() };
     tune::tune(&f, &host(), &mut fake, &opts, |_, _, _| {}).unwrap();
     assert!(!fake.calls.contains(&want), "{:?}", fake.calls);
+}
+
+/// A measurer whose candidates take scripted times: per candidate (by its steps), the times of
+/// its successive measurements, cycled; `None` fails.
+struct Scripted {
+    times: Vec<(Vec<Step>, Vec<Option<f64>>)>,
+    calls: Vec<Vec<Step>>,
+}
+
+impl Measurer for Scripted {
+    fn baseline(&self) -> Timing {
+        flat(10.0)
+    }
+
+    fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
+        let n = self.calls.iter().filter(|s| s.as_slice() == steps).count();
+        self.calls.push(steps.to_vec());
+        let (_, v) = self
+            .times
+            .iter()
+            .find(|(s, _)| s.as_slice() == steps)
+            .unwrap_or_else(|| panic!("unscripted {steps:?}"));
+        match v[n % v.len()] {
+            Some(t) => Outcome::Ok(flat(t)),
+            None => Outcome::Crashed("scripted".into()),
+        }
+    }
+}
+
+/// The final round measures every entrant once per round, the order reversed every other
+/// round, and crowns the lowest median over the rounds, not the luckiest single time; an
+/// entrant that fails a round is out; bad calls are errors, not panics.
+#[test]
+fn the_final_round_crowns_the_lowest_median_over_its_rounds() {
+    let (a, b, c) = (par("i"), par("j"), par("k0"));
+    let mut m = Scripted {
+        times: vec![
+            // The search's luckiest time, but slower in most rounds.
+            (a.clone(), vec![Some(1.0), Some(1.5), Some(1.6)]),
+            (b.clone(), vec![Some(1.2), Some(1.25), Some(1.3)]),
+            (c.clone(), vec![Some(0.5), None]),
+        ],
+        calls: Vec::new(),
+    };
+    let entrants = vec![
+        (a.clone(), flat(1.0)),
+        (b.clone(), flat(1.1)),
+        (c.clone(), flat(1.2)),
+    ];
+    let fr = tune::final_round(&mut m, &entrants, 3).unwrap();
+    assert_eq!(fr.rounds, 3);
+    assert_eq!(fr.winner, 1, "{fr:?}");
+    assert_eq!(fr.times[1].as_ref().unwrap().median, 1.25);
+    assert_eq!(fr.times[0].as_ref().unwrap().median, 1.5);
+    assert!(fr.times[2].is_err(), "{fr:?}");
+    // Round 1 in order, round 2 reversed, round 3 in order; the failed entrant is skipped
+    // after it failed.
+    assert_eq!(
+        m.calls,
+        vec![
+            a.clone(),
+            b.clone(),
+            c.clone(),
+            c.clone(),
+            b.clone(),
+            a.clone(),
+            a.clone(),
+            b.clone()
+        ]
+    );
+    // Errors.
+    assert!(tune::final_round(&mut m, &[], 3).is_err());
+    assert!(tune::final_round(&mut m, &entrants, 0).is_err());
+    let mut none = Scripted {
+        times: vec![(a.clone(), vec![None])],
+        calls: Vec::new(),
+    };
+    let e = tune::final_round(&mut none, &[(a.clone(), flat(1.0))], 2).unwrap_err();
+    assert!(e.contains("no entrant"), "{e}");
+}
+
+/// A search's leaders are its fastest candidates by median that beat the default, fastest
+/// first, at most `FINALISTS`.
+#[test]
+fn a_search_reports_its_fastest_candidates_for_the_final_round() {
+    let f = kernels::matmul_sized(64, 64, 64);
+    let mut m = Fake { calls: Vec::new() };
+    let opts = TuneOptions {
+        trials: 24,
+        ..TuneOptions::default()
+    };
+    let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {}).unwrap();
+    assert!(!r.leaders.is_empty() && r.leaders.len() <= tune::FINALISTS);
+    assert!(r.leaders.windows(2).all(|w| w[0].1.median <= w[1].1.median));
+    assert!(r.leaders.iter().all(|(_, t)| t.median < 1.0));
+    // None measured faster than the last leader was left out.
+    let last = r.leaders.last().unwrap().1.median;
+    let mut fake = Fake { calls: Vec::new() };
+    let faster = m
+        .calls
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter(|s| match fake.measure(s, None) {
+            Outcome::Ok(t) => t.median < last,
+            _ => false,
+        })
+        .count();
+    assert!(faster < r.leaders.len(), "{faster}");
+}
+
+/// Without paired records, the winner of a final round outranks faster records a search wrote
+/// on the way (single measurements, the lucky ones among them); a paired winner outranks both;
+/// the field round-trips and a record without it still reads.
+#[test]
+fn final_round_winners_outrank_records_written_on_the_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = kernels::matmul_sized(32, 32, 32);
+    let target = host();
+    let cpu = tune::db::host_cpu();
+    let finals = |r: Record| Record {
+        finals: Some(tune::Finals {
+            entrants: 4,
+            rounds: 3,
+        }),
+        ..r
+    };
+    let mut db = Database::open(&dir.path().join("db.jsonl")).unwrap();
+    db.append(record(&f, &target, par("i"), 0.9, &cpu)).unwrap();
+    db.append(finals(record(&f, &target, par("j"), 1.0, &cpu)))
+        .unwrap();
+    // Another search's final winner, slower: the faster winner stays.
+    db.append(finals(record(&f, &target, par("k0"), 1.1, &cpu)))
+        .unwrap();
+    let db = Database::open(&dir.path().join("db.jsonl")).unwrap();
+    assert_eq!(db.records.len(), 3, "{:?}", db.warnings);
+    assert_eq!(db.best(&f, &target, false).unwrap().steps, par("j"));
+    let line = serde_json::to_string(&db.records[1]).unwrap();
+    assert!(
+        line.contains(r#""finals":{"entrants":4,"rounds":3}"#),
+        "{line}"
+    );
+    assert!(!serde_json::to_string(&db.records[0])
+        .unwrap()
+        .contains("finals"));
+    // A paired winner outranks a final round's.
+    let mut db = db;
+    db.append(Record {
+        paired: Some(tune::Paired {
+            rounds: 5,
+            speedup: 1.5,
+            low: 1.4,
+            high: 1.6,
+            se: Some(0.01),
+        }),
+        ..record(&f, &target, par("k0"), 1.3, &cpu)
+    })
+    .unwrap();
+    assert_eq!(db.best(&f, &target, false).unwrap().steps, par("k0"));
+    // An unknown field inside `finals` is a corrupt record: skipped with a warning.
+    let mut v = serde_json::to_value(finals(record(&f, &target, par("i"), 0.1, &cpu))).unwrap();
+    v["finals"]["extra"] = serde_json::json!(1);
+    std::fs::write(dir.path().join("bad.jsonl"), format!("{v}\n")).unwrap();
+    let bad = Database::open(&dir.path().join("bad.jsonl")).unwrap();
+    assert!(bad.records.is_empty());
+    assert_eq!(bad.warnings.len(), 1, "{:?}", bad.warnings);
 }

@@ -51,6 +51,12 @@ pub struct TuneArgs {
     /// where a call of the default takes 0.25 s or less.
     #[arg(long, value_name = "ROUNDS", default_value_t = 5)]
     pair: usize,
+    /// Rounds of the final round after the search (0: none): the fastest candidates (at most
+    /// four) measured again, each once per round, the order reversed every other round; the
+    /// one with the lowest median over the rounds is the winner (a search's fastest single
+    /// measurement is the likeliest to be a lucky one).
+    #[arg(long, value_name = "ROUNDS", default_value_t = 3)]
+    finals: usize,
     /// The bound on the paired speedup's relative standard error: past `--pair` rounds, the
     /// pairing goes on (up to four times as many rounds) until the speedup is known to within
     /// it (0: exactly `--pair` rounds).
@@ -258,10 +264,11 @@ fn tune_one(
         seed: a.seed,
         kiln: env!("CARGO_PKG_VERSION").to_owned(),
         paired: None,
+        finals: None,
     };
     let mut save_err = None;
     let mut last: Option<Record> = None;
-    let report = tune::tune(f, target, measurer.as_mut(), &opts, |steps, t, trials| {
+    let mut report = tune::tune(f, target, measurer.as_mut(), &opts, |steps, t, trials| {
         let r = record(steps.to_vec(), t, trials);
         if let Err(e) = db.append(r.clone()) {
             save_err.get_or_insert(e);
@@ -270,6 +277,49 @@ fn tune_one(
     })?;
     if let Some(e) = save_err {
         return Err(e.into());
+    }
+    // The fastest few measured again side by side: the winner's record, with its time from
+    // the final round, outranks the records written on the way.
+    let mut final_line = None;
+    if a.finals > 0 && report.leaders.len() >= 2 {
+        let entrants = report.leaders.clone();
+        let started = std::time::Instant::now();
+        let fr = tune::final_round(measurer.as_mut(), &entrants, a.finals)?;
+        let took = started.elapsed().as_secs_f64();
+        let t = fr.times[fr.winner].clone()?;
+        let steps = entrants[fr.winner].0.clone();
+        let mut r = record(steps.clone(), t, report.trials);
+        r.finals = Some(tune::Finals {
+            entrants: entrants.len(),
+            rounds: fr.rounds,
+        });
+        db.append(r.clone())?;
+        let was_best = report.best.as_ref().is_some_and(|(s, _)| *s == steps);
+        let others: Vec<String> = fr
+            .times
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != fr.winner)
+            .map(|(_, t)| match t {
+                Ok(t) => format!("{:.4}", t.median * 1e3),
+                Err(_) => "failed".to_owned(),
+            })
+            .collect();
+        final_line = Some(format!(
+            "finals:  the fastest {} measured again in {} alternating rounds ({:.1} s): {:.4} ms against {} ms; {}",
+            entrants.len(),
+            fr.rounds,
+            took,
+            t.median * 1e3,
+            others.join(", "),
+            if was_best {
+                "the search's best won"
+            } else {
+                "the winner replaces the search's best"
+            }
+        ));
+        report.best = Some((steps, t));
+        last = Some(r);
     }
     // The winner against the default, in alternating rounds: its record again, with the
     // pairing, which outranks the records written on the way.
@@ -309,6 +359,9 @@ fn tune_one(
                 default.median / t.median.max(f64::MIN_POSITIVE)
             );
             println!("steps:   {}", serde_json::to_string(steps)?);
+            if let Some(l) = &final_line {
+                println!("{l}");
+            }
             // The noise of the pairing: the standard error reached, against the bound.
             let noise = |p: &tune::Paired| match p.se {
                 Some(se) if a.pair_se > 0.0 && se > a.pair_se => format!(

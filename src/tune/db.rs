@@ -67,6 +67,21 @@ pub struct Record {
     /// (absent from the records a search writes as it goes, and from older kilns').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paired: Option<Paired>,
+    /// The record's schedule won a final round after the search ([`crate::tune::final_round`]),
+    /// its `time` taken there (absent from the records a search writes as it goes, and from
+    /// older kilns').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finals: Option<Finals>,
+}
+
+/// How a record's schedule won its search's final round ([`Record::finals`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Finals {
+    /// The entrants: the search's fastest candidates.
+    pub entrants: usize,
+    /// Rounds, each entrant measured once per round.
+    pub rounds: usize,
 }
 
 /// What the database holds for a function ([`Database::lookup`]).
@@ -290,7 +305,8 @@ impl Database {
     /// Records paired against the default (`kiln tune`'s last step) outrank the others (what
     /// a search writes as it goes, or an older kiln wrote): among them, the fastest whose
     /// paired speedup is above 1, and none when no paired record beat the default. Without
-    /// paired records, the fastest record.
+    /// paired records, the fastest winner of a final round ([`Record::finals`]: its time was
+    /// measured beside its rivals', not in one lucky batch); without those, the fastest record.
     pub fn lookup(&self, f: &PrimFunc, target: &Target, any_cpu: bool) -> Lookup<'_> {
         let w = workload(f);
         let t = target.to_string();
@@ -318,6 +334,10 @@ impl Database {
             return fastest(paired)
                 .and_then(|r| Some(Lookup::KeepDefault(r, r.paired?)))
                 .unwrap_or(Lookup::None);
+        }
+        if matching.iter().any(|r| r.finals.is_some()) {
+            let finals = matching.iter().copied().filter(|r| r.finals.is_some());
+            return fastest(finals).map_or(Lookup::None, Lookup::Apply);
         }
         fastest(matching.into_iter()).map_or(Lookup::None, Lookup::Apply)
     }

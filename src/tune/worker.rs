@@ -122,8 +122,9 @@ pub struct InProcess {
     recent: Vec<(Vec<Step>, PrimFunc, PackedFunc)>,
 }
 
-/// How many of its latest builds [`InProcess`] keeps for measuring again.
-const RECENT: usize = 2;
+/// How many of its latest builds [`InProcess`] keeps for measuring again: a final round's
+/// entrants and the default ([`super::final_round`], then the pairing).
+const RECENT: usize = super::FINALISTS + 1;
 
 impl InProcess {
     /// Builds and times the default of `f`.

@@ -524,6 +524,7 @@ pub fn tune_record(
         seed: 0,
         kiln: "test".into(),
         paired: None,
+        finals: None,
     }
 }
 
