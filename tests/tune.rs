@@ -1188,15 +1188,9 @@ fn paired_records_read_with_and_without_a_standard_error() {
     assert_eq!(db.records[1].paired, r.paired);
 }
 
-/// Records paired against the default outrank the others; a paired record that did not beat
-/// the default keeps the default build, and `apply` says so.
-#[test]
-fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let f = kernels::matmul_sized(32, 32, 32);
-    let target = host();
-    let cpu = tune::db::host_cpu();
-    let paired = |r: Record, speedup: f64| Record {
+/// `r` with a pairing against the default of `speedup` over 5 rounds.
+fn paired(r: Record, speedup: f64) -> Record {
+    Record {
         paired: Some(tune::Paired {
             rounds: 5,
             speedup,
@@ -1205,7 +1199,17 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
             se: Some(0.01),
         }),
         ..r
-    };
+    }
+}
+
+/// Records paired against the default outrank the others; a paired record that did not beat
+/// the default keeps the default build, and `apply` says so.
+#[test]
+fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = kernels::matmul_sized(32, 32, 32);
+    let target = host();
+    let cpu = tune::db::host_cpu();
     let m = IRModule::from_functions(vec![f.clone()]);
     // A record written on the way (1 ms), then the same winner paired: 0.97x the default.
     let mut db = Database::open(&dir.path().join("lost.jsonl")).unwrap();
@@ -1800,17 +1804,8 @@ fn final_round_winners_outrank_records_written_on_the_way() {
         .contains("finals"));
     // A paired winner outranks a final round's.
     let mut db = db;
-    db.append(Record {
-        paired: Some(tune::Paired {
-            rounds: 5,
-            speedup: 1.5,
-            low: 1.4,
-            high: 1.6,
-            se: Some(0.01),
-        }),
-        ..record(&f, &target, par("k0"), 1.3, &cpu)
-    })
-    .unwrap();
+    db.append(paired(record(&f, &target, par("k0"), 1.3, &cpu), 1.5))
+        .unwrap();
     assert_eq!(db.best(&f, &target, false).unwrap().steps, par("k0"));
     // An unknown field inside `finals` is a corrupt record: skipped with a warning.
     let mut v = serde_json::to_value(finals(record(&f, &target, par("i"), 0.1, &cpu))).unwrap();

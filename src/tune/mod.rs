@@ -150,15 +150,10 @@ pub fn final_round(
             (0..entrants.len()).rev().collect()
         };
         for i in order {
-            if medians[i].is_err() {
-                continue;
-            }
+            // An entrant that failed a round is out.
+            let Ok(v) = &mut medians[i] else { continue };
             match m.measure(&entrants[i].0, None) {
-                Outcome::Ok(t) => {
-                    if let Ok(v) = &mut medians[i] {
-                        v.push(t.median);
-                    }
-                }
+                Outcome::Ok(t) => v.push(t.median),
                 other => medians[i] = Err(format!("did not measure: {other:?}")),
             }
         }

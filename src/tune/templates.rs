@@ -430,19 +430,17 @@ impl TemplateSpace {
         let panels = (128 / base.nr.max(1)).max(1);
         let mut packings: Vec<(i64, i64, i64)> = Vec::new();
         let few_rows = m <= 2 * base.mb;
+        // Rows that the target's tile height leaves a remainder of (64 rows in tiles of 6): a
+        // height that divides them has no narrower last tile (64 x 4096 x 4096 for AVX2: 4 x
+        // 16 tiles 1.09x 6 x 16).
+        let dividing = (m % base.mr != 0)
+            .then(|| heights.iter().copied().find(|&h| m % h == 0))
+            .flatten();
         if few_rows && self.threads > 1 {
             // One task per thread, `k` in short passes (the packed block of `B` in the L2):
             // first, for a matmul with few rows ([`TemplateSpace::per_thread`]), in tiles of a
             // height that divides the rows where the target's does not.
-            let mr = if m % base.mr == 0 {
-                base.mr
-            } else {
-                heights
-                    .iter()
-                    .copied()
-                    .find(|&h| m % h == 0)
-                    .unwrap_or(base.mr)
-            };
+            let mr = dividing.unwrap_or(base.mr);
             packings.extend(
                 [128, 64]
                     .into_iter()
@@ -456,13 +454,8 @@ impl TemplateSpace {
                 (base.mr, kc, panels * 2),
                 (base.mr, kc, (panels / 2).max(1)),
             ]);
-            // Rows that the target's tile height leaves a remainder of (64 rows in tiles of
-            // 6): a height that divides them has no narrower last tile (64 x 4096 x 4096 for
-            // AVX2: 4 x 16 tiles 1.09x 6 x 16).
-            if m % base.mr != 0 {
-                if let Some(&h) = heights.iter().find(|&&h| h != base.mr && m % h == 0) {
-                    packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels)));
-                }
+            if let Some(h) = dividing {
+                packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels)));
             }
         }
         let in_task: Vec<MatmulTemplate> = packings
@@ -527,7 +520,7 @@ impl TemplateSpace {
                     pack: PackB::Whole,
                     pack_a: PackA::Whole,
                 })
-                .filter(|t| !out[..out.len().min(1)].contains(t))
+                .filter(|t| out.first() != Some(t))
                 .collect();
             out.retain(|t| !big.contains(t));
             let at = out.len().min(1);
