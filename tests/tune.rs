@@ -1154,6 +1154,15 @@ fn pairing_goes_on_until_the_speedup_is_known_to_the_bound() {
     };
     let (p, _) = tune::pair_until(&mut m, &steps, tune::PairPlan::new(5, 0.0)).unwrap();
     assert_eq!((p.rounds, m.calls), (5, 5), "{p:?}");
+    // Past the deadline (`kiln tune --seconds`): the rounds asked for, none added.
+    let mut m = Settling {
+        calls: 0,
+        noisy: usize::MAX,
+    };
+    let mut late = plan;
+    late.deadline = Some(std::time::Instant::now());
+    let (p, _) = tune::pair_until(&mut m, &steps, late).unwrap();
+    assert_eq!((p.rounds, m.calls), (5, 5), "{p:?}");
     for bad in [-0.01, f64::NAN, f64::INFINITY] {
         let err = tune::pair_until(&mut m, &steps, tune::PairPlan::new(5, bad)).unwrap_err();
         assert!(err.contains("bound on the standard error"), "{bad}: {err}");
@@ -1814,4 +1823,55 @@ fn final_round_winners_outrank_records_written_on_the_way() {
     let bad = Database::open(&dir.path().join("bad.jsonl")).unwrap();
     assert!(bad.records.is_empty());
     assert_eq!(bad.warnings.len(), 1, "{:?}", bad.warnings);
+}
+
+#[test]
+fn a_budget_of_seconds_leaves_the_rounds_after_the_search_their_time() {
+    // The fake's calls take no time, but its timings say 0.1-1.1 s a call, against a default of
+    // 1 s: a final round of three rounds over two or more such leaders is projected at 3 s or
+    // more, past the budget of 2 s, so the search stops as soon as it has two leaders.
+    let f = kernels::matmul_sized(64, 64, 64);
+    let run = |finals| {
+        let mut m = Fake { calls: Vec::new() };
+        let opts = TuneOptions {
+            trials: 40,
+            seconds: Some(2.0),
+            finals,
+            ..TuneOptions::default()
+        };
+        let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {}).unwrap();
+        (r.trials, r.leaders.len())
+    };
+    assert_eq!(run(0).0, 40);
+    let (trials, leaders) = run(3);
+    assert!((2..40).contains(&trials), "{trials} trials");
+    assert_eq!(leaders, 2, "{trials} trials");
+}
+
+#[test]
+fn the_rounds_after_a_search_are_projected_from_its_fastest_times() {
+    use tune::measure::measure_seconds;
+    // Nothing to project without leaders, and no final round with one.
+    assert_eq!(tune::follow_up_seconds(3, 5, &[], 0.01), 0.0);
+    assert_eq!(tune::follow_up_seconds(3, 0, &[0.005], 0.01), 0.0);
+    // The pairing: the best and the default once per round, where the default is quick.
+    let p = tune::follow_up_seconds(0, 5, &[0.005], 0.01);
+    assert!((p - 5.0 * (measure_seconds(0.005) + measure_seconds(0.01))).abs() < 1e-12);
+    assert_eq!(tune::follow_up_seconds(0, 5, &[0.005], 1.0), 0.0);
+    // The final round: the fastest `FINALISTS` once per round.
+    let leaders = [0.06, 0.07, 0.08, 0.09, 0.5, 0.6];
+    let want: f64 = 3.0
+        * leaders[..tune::FINALISTS]
+            .iter()
+            .map(|&t| measure_seconds(t))
+            .sum::<f64>();
+    assert!((tune::follow_up_seconds(3, 0, &leaders, 1.0) - want).abs() < 1e-12);
+    // A measurement's projection: the calls (five of a slow call, at least 2 ms batches of a
+    // quick one) and the overhead; never negative or NaN.
+    assert!((measure_seconds(0.1) - (0.5 + tune::measure::MEASURE_OVERHEAD_S)).abs() < 1e-12);
+    assert!(measure_seconds(1e-6) > 17.0 * 2.2e-3);
+    assert!(measure_seconds(0.01) < measure_seconds(0.02));
+    for bad in [f64::NAN, -1.0, f64::INFINITY] {
+        assert_eq!(measure_seconds(bad), measure_seconds(0.0), "{bad}");
+    }
 }

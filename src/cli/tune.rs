@@ -33,7 +33,8 @@ pub struct TuneArgs {
     /// Measured candidates at most.
     #[arg(long, default_value_t = 64)]
     trials: usize,
-    /// Seconds at most.
+    /// Seconds at most, for each function: the search stops early enough to leave the final
+    /// round (`--finals`) and the pairing (`--pair`) their projected time.
     #[arg(long)]
     seconds: Option<f64>,
     /// The tuning database (JSON lines) records are appended to [default: $KILN_TUNING_DB, else
@@ -243,9 +244,13 @@ fn tune_one(
         default.min * 1e3,
         default.max * 1e3
     );
+    // The budget of seconds counts from here: the search, its final round and the pairing.
+    let budget_from = std::time::Instant::now();
     let opts = TuneOptions {
         trials: a.trials,
         seconds: a.seconds,
+        finals: a.finals,
+        pair: a.pair,
         seed: a.seed,
         progress: !a.quiet,
         stop: None,
@@ -325,7 +330,10 @@ fn tune_one(
     // pairing, which outranks the records written on the way.
     let mut confirmed = None;
     if let (Some(mut r), true) = (last, a.pair > 0 && default.median <= tune::PAIR_MAX_CALL_S) {
-        let plan = tune::PairPlan::new(a.pair, a.pair_se);
+        let mut plan = tune::PairPlan::new(a.pair, a.pair_se);
+        plan.deadline = a
+            .seconds
+            .and_then(|s| budget_from.checked_add(std::time::Duration::try_from_secs_f64(s).ok()?));
         let (p, t) = tune::pair_until(measurer.as_mut(), &r.steps, plan)?;
         r.paired = Some(p);
         r.time = t;
@@ -365,9 +373,14 @@ fn tune_one(
             // The noise of the pairing: the standard error reached, against the bound.
             let noise = |p: &tune::Paired| match p.se {
                 Some(se) if a.pair_se > 0.0 && se > a.pair_se => format!(
-                    " (standard error {:.1} %: over the bound of {:.1} % after the most rounds)",
+                    " (standard error {:.1} %: over the bound of {:.1} % {})",
                     se * 100.0,
-                    a.pair_se * 100.0
+                    a.pair_se * 100.0,
+                    if p.rounds < a.pair.saturating_mul(4) {
+                        "when the budget of seconds ran out"
+                    } else {
+                        "after the most rounds"
+                    }
                 ),
                 Some(se) if a.pair_se > 0.0 => format!(
                     " (standard error {:.1} %, bound {:.1} %)",

@@ -654,6 +654,26 @@ impl Bench {
     }
 }
 
+/// The projected seconds of one measurement of a candidate already built whose calls take `t`
+/// seconds (a `Measurer::measure` in a final round or a pairing): the checking call, then
+/// [`time_runs`]'s first call, its batches of at least 2 ms found by doubling, and its batches
+/// (3 for calls of 50 ms or more, else at most 15: 7, and more while the spread is over 10 %,
+/// as it often is on a shared machine), plus [`MEASURE_OVERHEAD_S`].
+pub fn measure_seconds(t: f64) -> f64 {
+    let t = if t.is_finite() { t.max(0.0) } else { 0.0 };
+    let batch = t.max(2.2e-3);
+    let calls = if t >= 0.05 {
+        2.0 * t + 3.0 * t
+    } else {
+        2.0 * t + 2.0 * batch + 15.0 * batch
+    };
+    calls + MEASURE_OVERHEAD_S
+}
+
+/// What a measurement costs beside the calls: the inputs copied, the results compared, the
+/// worker's messages (about a millisecond for small arrays; tens for a 2048³ matmul's).
+pub const MEASURE_OVERHEAD_S: f64 = 0.01;
+
 /// The cutoff a search passes with each candidate ([`Bench::time_within`]): this many times its
 /// best time so far, which the timing reads back from it (racing).
 pub const CUTOFF_TIMES_BEST: f64 = 3.0;

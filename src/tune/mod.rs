@@ -27,7 +27,9 @@
 //! of four, and one random candidate in five, so it does not stall in a corner). Every candidate
 //! is checked against the default build's results before it is timed, so a schedule that
 //! computes something else can never win. It stops after a number of measured candidates or of
-//! seconds, whichever comes first.
+//! seconds, whichever comes first; a budget of seconds holds for what follows the search as
+//! well (the [`final_round`] and the pairing with the default, [`pair_until`]): the search stops
+//! early enough to leave them their projected time ([`follow_up_seconds`]).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,8 +56,16 @@ use crate::schedule::Step;
 pub struct TuneOptions {
     /// Measured candidates at most.
     pub trials: usize,
-    /// Seconds at most.
+    /// Seconds at most, the rounds after the search (`finals`, `pair`) included: the search
+    /// stops when what it took and their projected time ([`follow_up_seconds`]) reach it.
     pub seconds: Option<f64>,
+    /// Rounds of the [`final_round`] the caller runs after the search (0: none); only counted
+    /// against `seconds`.
+    pub finals: usize,
+    /// Rounds of the pairing with the default the caller runs after the search ([`pair_until`];
+    /// 0: none); only counted against `seconds`, and only where the default's call takes at
+    /// most [`PAIR_MAX_CALL_S`], as for `kiln tune --pair`.
+    pub pair: usize,
     /// The seed of the search and of the inputs.
     pub seed: u64,
     /// Print a line per candidate on stderr.
@@ -69,6 +79,8 @@ impl Default for TuneOptions {
         Self {
             trials: 64,
             seconds: None,
+            finals: 0,
+            pair: 0,
             seed: 0,
             progress: false,
             stop: None,
@@ -117,6 +129,32 @@ pub struct FinalRound {
     pub times: Vec<Result<Timing, String>>,
     /// The entrant with the lowest median over the rounds.
     pub winner: usize,
+}
+
+/// The projected seconds of what follows a search: `finals` rounds of a [`final_round`] of
+/// `leaders` (the medians of the search's fastest candidates, fastest first; none where fewer
+/// than two, as `kiln tune` then has no final round), and `pair` rounds of the pairing of the
+/// best (the first leader) with the default build (`default`: its median), where the default's
+/// call takes at most [`PAIR_MAX_CALL_S`]. Each measurement is projected by
+/// [`measure::measure_seconds`].
+pub fn follow_up_seconds(finals: usize, pair: usize, leaders: &[f64], default: f64) -> f64 {
+    let finals = if leaders.len() >= 2 {
+        let round: f64 = leaders
+            .iter()
+            .take(FINALISTS)
+            .map(|&t| measure::measure_seconds(t))
+            .sum();
+        finals as f64 * round
+    } else {
+        0.0
+    };
+    let pairing = match leaders.first() {
+        Some(&best) if default <= PAIR_MAX_CALL_S => {
+            pair as f64 * (measure::measure_seconds(best) + measure::measure_seconds(default))
+        }
+        _ => 0.0,
+    };
+    finals + pairing
 }
 
 /// Measures `entrants` (a search's [`TuneReport::leaders`]) again, each once per round in
@@ -260,13 +298,21 @@ pub fn tune(
         .collect();
     let mut hand: std::collections::VecDeque<(Vec<Step>, Option<Choice>)> = hand.into();
     let mut attempts = 0usize;
-    let out_of_time = |start: &Instant| {
-        opts.seconds
-            .is_some_and(|s| start.elapsed().as_secs_f64() >= s)
+    // Out of time: the search's seconds and the projected seconds of the rounds after it
+    // (over the fastest candidates so far) reach the budget.
+    let out_of_time = |start: &Instant, measured: &[(Timing, Vec<Step>)]| {
+        opts.seconds.is_some_and(|s| {
+            let mut fastest: Vec<f64> = measured.iter().map(|(t, _)| t.median).collect();
+            fastest.sort_by(f64::total_cmp);
+            let after = follow_up_seconds(opts.finals, opts.pair, &fastest, default.median);
+            start.elapsed().as_secs_f64() + after >= s
+        })
     };
     let width = m.batch_width().max(1);
     while report.trials < opts.trials && attempts < opts.trials * 50 + 100 {
-        if out_of_time(&start) || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+        if out_of_time(&start, &measured)
+            || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
+        {
             break;
         }
         // The next candidates, as many as the measurer builds at once: (steps, the knobs they
@@ -402,6 +448,7 @@ pub fn pair_with_default(
             rounds,
             se: 0.0,
             max_rounds: rounds,
+            deadline: None,
         },
     )
 }
@@ -416,6 +463,10 @@ pub struct PairPlan {
     pub se: f64,
     /// Rounds at most, where the bound is not reached sooner.
     pub max_rounds: usize,
+    /// Rounds past `rounds` are added only before this moment (`kiln tune --seconds`: the
+    /// pairing's first `rounds` are counted in the search's budget, the rounds it adds are
+    /// not).
+    pub deadline: Option<Instant>,
 }
 
 impl PairPlan {
@@ -426,6 +477,7 @@ impl PairPlan {
             rounds,
             se,
             max_rounds: rounds.saturating_mul(4),
+            deadline: None,
         }
     }
 
@@ -447,7 +499,8 @@ impl PairPlan {
 
 /// [`pair_with_default`], with rounds added past `plan.rounds` until the speedup's relative
 /// standard error is at most `plan.se` (and at least three rounds measured), or
-/// `plan.max_rounds` are done: "measured until the noise is under a stated bound". The
+/// `plan.max_rounds` are done, or `plan.deadline` has passed: "measured until the noise is
+/// under a stated bound". The
 /// [`Paired`] it returns says how many rounds it took and the standard error reached, which
 /// may be over the bound where `max_rounds` ended it.
 ///
@@ -472,7 +525,10 @@ pub fn pair_until(
     for r in 0..most {
         if r >= plan.rounds {
             let p = Paired::of(&ratios).expect("rounds were measured");
-            if plan.se == 0.0 || (r >= 3 && p.se.is_some_and(|se| se <= plan.se)) {
+            if plan.se == 0.0
+                || (r >= 3 && p.se.is_some_and(|se| se <= plan.se))
+                || plan.deadline.is_some_and(|d| Instant::now() >= d)
+            {
                 break;
             }
         }
