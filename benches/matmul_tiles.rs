@@ -4,7 +4,7 @@
 //!
 //! Each configuration `mr,nr,mb,kc[,pack[,a]]` is `kiln::schedule::kernels::matmul_tiled_packing`
 //! with those tiles (`kc` 0: the whole `k` loop in one pass) and `B` packed up front (`pack`
-//! `whole`, the default), by each task (`task`, or `taskG` for `G` column panels per task) or not at all (`none`), and `A` packed up front too when `a` follows, JIT-compiled for the target (`KILN_BENCH_MCPU`,
+//! `whole`, the default), by each task (`task`, or `taskG` for `G` column panels per task, `taskGp` with the next pass's slice prefetched) or not at all (`none`), and `A` packed up front too when `a` follows, JIT-compiled for the target (`KILN_BENCH_MCPU`,
 //! default `native`; `num-cores` = the logical CPUs), and called on the same 1024^3 inputs. The
 //! configurations run in interleaved rounds (every configuration once per round, a few calls
 //! each), so that the machine's load hits them alike; the table gives each one's median GFLOP/s
@@ -40,7 +40,8 @@ fn parse_config(s: &str) -> (MatmulTiles, PackB, PackA) {
     let pack = match fields.get(4) {
         None | Some(&"whole") => PackB::Whole,
         Some(t) if t.starts_with("task") => PackB::InTask {
-            panels: t[4..].parse().unwrap_or(1),
+            panels: t[4..].trim_end_matches('p').parse().unwrap_or(1),
+            ahead: t.ends_with('p'),
         },
         Some(&"none") => PackB::InPlace,
         Some(other) => panic!("expected the pack mode whole, task or none, got {other:?} in {s:?}"),

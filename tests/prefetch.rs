@@ -234,3 +234,161 @@ fn a_prefetch_step_replays_from_json() {
         s.finish().unwrap().to_string()
     );
 }
+
+/// The matmul of `m x n x k` with `B` packed by each task, `panels` at a time, `k` in passes
+/// of `kc`, the next pass's slice prefetched ([`sk::PackB::InTask`] `ahead`).
+fn packed_ahead(m: i64, n: i64, k: i64, kc: i64, panels: i64) -> Schedule {
+    let tiles = sk::MatmulTiles {
+        mr: 4,
+        nr: 16,
+        mb: m,
+        kc,
+    };
+    sk::matmul_tiled_packing(
+        Schedule::new(kiln::ir::kernels::matmul_sized(m, n, k)),
+        &sk::MatmulParts::default(),
+        [m, n, k],
+        tiles,
+        sk::PackB::InTask {
+            panels,
+            ahead: true,
+        },
+        sk::PackA::InPlace,
+    )
+    .unwrap()
+}
+
+/// `f` with each prefetch of `B` made a store of a mark into a buffer `H` of `B`'s columns and
+/// `extra` more rows (a prefetch may name the rows past the end), a parameter after the others:
+/// what the interpreter then leaves in `H` shows which elements were prefetched.
+fn marking_prefetches(f: &PrimFunc, rows: i64, cols: i64) -> PrimFunc {
+    fn mark(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                if o.get("stmt").and_then(|s| s.as_str()) == Some("prefetch") {
+                    assert_eq!(o["buffer"], "B");
+                    let indices = o["indices"].clone();
+                    *v = serde_json::json!({"stmt": "store", "buffer": "H", "indices": indices,
+                        "value": {"const": MARK, "dtype": "float32"}});
+                    return;
+                }
+                o.values_mut().for_each(mark);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(mark),
+            _ => {}
+        }
+    }
+    let mut j = IRModule::from_functions(vec![f.clone()]).to_json();
+    mark(&mut j["functions"][0]["body"]);
+    j["functions"][0]["params"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"kind": "buffer", "name": "H", "dtype": "float32", "shape": [rows, cols]}));
+    IRModule::from_json(&j).unwrap().functions.remove(0)
+}
+
+const MARK: f32 = 12345.0;
+
+#[test]
+fn prefetch_next_fetches_every_line_of_the_next_pass_spread_over_the_tiles() {
+    for (m, n, k, kc, panels) in [(16, 96, 64, 16, 2), (8, 64, 48, 8, 4), (12, 48, 32, 16, 1)] {
+        let s = packed_ahead(m, n, k, kc, panels);
+        assert!(
+            s.trace()
+                .iter()
+                .any(|t| matches!(t, Step::PrefetchNext { .. })),
+            "{:?}",
+            s.trace()
+        );
+        let f = s.finish().unwrap();
+        let text = f.to_string();
+        // Spread over the register tiles' `k` loop, split into slots: not in the copy.
+        assert!(text.contains("prefetch B["), "{text}");
+        assert!(text.contains("k0_i_o"), "{text}");
+        // The same results, JIT-compiled and interpreted.
+        let shapes = vec![vec![m, k], vec![k, n], vec![m, n]];
+        let want = common::interp_last(&kiln::ir::kernels::matmul_sized(m, n, k), &shapes);
+        let got = common::jit_last(&f, &shapes, &CodegenOptions::host());
+        for (x, y) in got.iter().zip(&want) {
+            assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{x} vs {y}");
+        }
+        // Which elements the prefetches name: every 16-float line of every row of every pass
+        // but the first (which nothing precedes), once each, and the rows of the pass past
+        // the end; nothing of the first pass.
+        let rows = k + kc;
+        let marked = marking_prefetches(&f, rows, n);
+        let mut shapes = shapes.clone();
+        shapes.push(vec![rows, n]);
+        let h = common::interp_last(&marked, &shapes);
+        for r in 0..rows {
+            for c in (0..n).step_by(16) {
+                let hit = h[(r * n + c) as usize] == MARK;
+                assert_eq!(hit, r >= kc, "{m}x{n}x{k}, kc {kc}: row {r}, column {c}");
+            }
+        }
+        let hits = h.iter().filter(|&&x| x == MARK).count() as i64;
+        assert_eq!(hits, k * n / 16, "{m}x{n}x{k}: each line once");
+    }
+}
+
+#[test]
+fn prefetch_next_refuses_what_it_cannot_spread_and_replays() {
+    let (m, n, k) = (16, 96, 64);
+    let plain = || {
+        let tiles = sk::MatmulTiles {
+            mr: 4,
+            nr: 16,
+            mb: m,
+            kc: 16,
+        };
+        sk::matmul_tiled_packing(
+            Schedule::new(kiln::ir::kernels::matmul_sized(m, n, k)),
+            &sk::MatmulParts::default(),
+            [m, n, k],
+            tiles,
+            sk::PackB::InTask {
+                panels: 2,
+                ahead: false,
+            },
+            sk::PackA::InPlace,
+        )
+        .unwrap()
+    };
+    let msg = |e: ScheduleError| e.to_string();
+    // No copy into that buffer.
+    let e = msg(plain()
+        .prefetch_next("A_local", "k0_o", "k0_i")
+        .unwrap_err());
+    assert!(
+        e.contains("exactly one copy into `A_local`") && e.contains("found 0"),
+        "{e}"
+    );
+    // `loop` not around `at`.
+    let e = msg(plain()
+        .prefetch_next("B_local", "k0_i", "k0_i")
+        .unwrap_err());
+    assert!(e.contains("needs `k0_i` to be a loop around `k0_i`"), "{e}");
+    // `loop` around `at` but not around the copy (the copy's own loop).
+    let e = msg(plain()
+        .prefetch_next("B_local", "B_cr0", "k0_i")
+        .unwrap_err());
+    assert!(e.contains("`B_cr0`"), "{e}");
+    // An unknown loop.
+    assert!(plain().prefetch_next("B_local", "k0_o", "nope").is_err());
+    // A refused step leaves the schedule as it was; a good one replays from its JSON.
+    let mut s = plain();
+    let before = s.func().to_string();
+    assert!(s.prefetch_next("B_local", "k0_o", "nope").is_err());
+    assert_eq!(s.func().to_string(), before);
+    let lines = s.prefetch_next("B_local", "k0_o", "k0_i").unwrap();
+    assert_eq!(lines, 16 * 2, "16 rows of 2 panels of one line each");
+    let json = serde_json::to_string(s.trace()).unwrap();
+    assert!(
+        json.contains(r#"{"prefetch_next":{"cache":"B_local","loop":"k0_o","at":"k0_i"}}"#),
+        "{json}"
+    );
+    let steps: Vec<Step> = serde_json::from_str(&json).unwrap();
+    let mut again = Schedule::new(kiln::ir::kernels::matmul_sized(m, n, k));
+    again.apply(&steps).unwrap();
+    assert_eq!(again.func().to_string(), s.func().to_string());
+}

@@ -1120,7 +1120,10 @@ fn second_caches_of_a_buffer_get_loop_names_of_their_own() {
         &sk::MatmulParts::default(),
         [m, n, k],
         tiles,
-        sk::PackB::InTask { panels: 2 },
+        sk::PackB::InTask {
+            panels: 2,
+            ahead: false,
+        },
         sk::PackA::InPlace,
     )
     .unwrap();
@@ -1157,31 +1160,39 @@ fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
         (13, 104, 6, 2, 8),
         (20, 64, 12, 0, 2),
     ] {
-        let tiles = sk::MatmulTiles {
-            mr: 6,
-            nr: 16,
-            mb: 12,
-            kc,
-        };
-        let f = kernels::matmul_sized(m, n, k);
-        let s = Schedule::new(f.clone());
-        let g = sk::matmul_tiled_packing(
-            s,
-            &sk::MatmulParts::default(),
-            [m, n, k],
-            tiles,
-            sk::PackB::InTask { panels },
-            sk::PackA::InPlace,
-        )
-        .unwrap()
-        .finish()
-        .unwrap();
-        let text = g.to_string();
-        assert!(
-            text.contains("B_local") && !text.contains("Bp"),
-            "{m}x{n}x{k}\n{g}"
-        );
-        same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+        for ahead in [false, true] {
+            let tiles = sk::MatmulTiles {
+                mr: 6,
+                nr: 16,
+                mb: 12,
+                kc,
+            };
+            let f = kernels::matmul_sized(m, n, k);
+            let s = Schedule::new(f.clone());
+            let g = sk::matmul_tiled_packing(
+                s,
+                &sk::MatmulParts::default(),
+                [m, n, k],
+                tiles,
+                sk::PackB::InTask { panels, ahead },
+                sk::PackA::InPlace,
+            )
+            .unwrap()
+            .finish()
+            .unwrap();
+            let text = g.to_string();
+            assert!(
+                text.contains("B_local") && !text.contains("Bp"),
+                "{m}x{n}x{k}\n{g}"
+            );
+            // The next pass prefetched where there are passes, and only when asked.
+            assert_eq!(
+                text.contains("prefetch B["),
+                ahead && kc > 0,
+                "{m}x{n}x{k} kc {kc}\n{g}"
+            );
+            same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+        }
     }
 }
 
@@ -1199,7 +1210,14 @@ fn matmul_with_a_packed_computes_the_matmul() {
     ] {
         for pack in [
             sk::PackB::Whole,
-            sk::PackB::InTask { panels: 2 },
+            sk::PackB::InTask {
+                panels: 2,
+                ahead: false,
+            },
+            sk::PackB::InTask {
+                panels: 2,
+                ahead: true,
+            },
             sk::PackB::InPlace,
         ] {
             let tiles = sk::MatmulTiles {

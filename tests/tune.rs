@@ -506,61 +506,81 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
         && ts.steps(t).is_ok()));
 }
 
-/// A matmul of few rows starts with one task per thread (each packing its share of every row
-/// of `B` in one sweep), `k` in short passes, at the target's width and the wide one; each of
-/// them computes the product, and the one-task-per-thread packing is a neighbour of every
-/// other packing.
+/// A matmul of few rows starts with a few panels per task in passes, the next pass's slice of
+/// `B` prefetched, then one task per thread (each packing its share of every row of `B` in one
+/// sweep), `k` in short passes, at the target's width and the wide one; each of them computes
+/// the product; the one-task-per-thread packing is a neighbour of every other packing, and the
+/// prefetch is flipped by a neighbour.
 #[test]
 fn few_rows_start_with_one_task_per_thread() {
     use kiln::schedule::kernels::PackB;
-    use kiln::tune::templates::TemplateSpace;
+    use kiln::tune::templates::{MatmulTemplate, TemplateSpace};
     let (m, n, k) = (12, 256, 256);
     let f = kernels::matmul_sized(m, n, k);
     let shapes = [vec![m, k], vec![k, n], vec![m, n]];
     let want = common::interp_last(&f, &shapes);
-    for threads in [2, 3] {
+    let computes = |ts: &TemplateSpace, t: &MatmulTemplate| {
+        let mut s = kiln::schedule::Schedule::new(f.clone());
+        s.apply(&ts.steps(t).unwrap()).unwrap();
+        let got = common::interp_last(&s.finish().unwrap(), &shapes);
+        for (x, y) in got.iter().zip(&want) {
+            assert!(
+                (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                "{t:?}: {x} vs {y}"
+            );
+        }
+    };
+    for threads in [1, 2, 3] {
         let target = Target::parse(&format!(
             r#"{{"kind": "llvm", "mcpu": "native", "num-cores": {threads}}}"#
         ))
         .unwrap();
         let ts = TemplateSpace::new(&f, &target).unwrap();
         let seeds = ts.seeds();
-        let per_thread = |nr: i64| (n / nr + threads - 1) / threads;
-        let t0 = seeds[0];
+        // First: a few panels a task (a row of `B` 512 bytes at a time), passes of 128 (256
+        // is all of `k` here), the next pass prefetched.
+        let a = seeds[0];
         assert_eq!(
-            t0.pack,
+            a.pack,
             PackB::InTask {
-                panels: per_thread(t0.tiles.nr)
+                panels: (128 / a.tiles.nr).max(1),
+                ahead: true
             },
             "{threads} threads: {seeds:?}"
         );
-        assert_eq!(t0.tiles.kc, 128, "{t0:?}");
-        assert!(seeds.iter().any(|t| t.tiles.kc == 64
-            && t.pack
+        assert_eq!(a.tiles.kc, 128, "{a:?}");
+        computes(&ts, &a);
+        let flipped = PackB::InTask {
+            panels: (128 / a.tiles.nr).max(1),
+            ahead: false,
+        };
+        assert!(ts
+            .neighbours(&a)
+            .iter()
+            .any(|t| t.pack == flipped && t.tiles == a.tiles));
+        let per_thread = |nr: i64| (n / nr + threads - 1) / threads;
+        let one_each = |t: &MatmulTemplate| {
+            t.pack
                 == PackB::InTask {
-                    panels: per_thread(t.tiles.nr)
-                }));
+                    panels: per_thread(t.tiles.nr),
+                    ahead: false,
+                }
+        };
+        if threads == 1 {
+            // One thread: no such seed (the other packings come first, as before).
+            assert!(!seeds[..4].iter().any(one_each), "{seeds:?}");
+            continue;
+        }
+        let t0 = seeds[1];
+        assert!(one_each(&t0), "{threads} threads: {seeds:?}");
+        assert_eq!(t0.tiles.kc, 128, "{t0:?}");
+        assert!(seeds.iter().any(|t| t.tiles.kc == 64 && one_each(t)));
         let wide = seeds
             .iter()
-            .find(|t| t.tiles.nr != t0.tiles.nr)
-            .unwrap_or_else(|| panic!("no wide seed among {seeds:?}"));
-        assert_eq!(
-            wide.pack,
-            PackB::InTask {
-                panels: per_thread(wide.tiles.nr)
-            },
-            "{wide:?}"
-        );
+            .find(|t| t.tiles.nr != t0.tiles.nr && one_each(t))
+            .unwrap_or_else(|| panic!("no wide seed of one task per thread among {seeds:?}"));
         for t in [t0, *wide] {
-            let mut s = kiln::schedule::Schedule::new(f.clone());
-            s.apply(&ts.steps(&t).unwrap()).unwrap();
-            let got = common::interp_last(&s.finish().unwrap(), &shapes);
-            for (x, y) in got.iter().zip(&want) {
-                assert!(
-                    (x - y).abs() <= 1e-4 * y.abs().max(1.0),
-                    "{t:?}: {x} vs {y}"
-                );
-            }
+            computes(&ts, &t);
         }
         for t in seeds
             .iter()
@@ -569,16 +589,6 @@ fn few_rows_start_with_one_task_per_thread() {
             assert!(ts.neighbours(t).iter().any(|x| x.pack == t0.pack), "{t:?}");
         }
     }
-    // One thread: no such seed (the other packings come first, as before).
-    let one = Target::parse(r#"{"kind": "llvm", "mcpu": "native", "num-cores": 1}"#).unwrap();
-    let seeds = TemplateSpace::new(&f, &one).unwrap().seeds();
-    assert_ne!(
-        seeds[0].pack,
-        PackB::InTask {
-            panels: n / seeds[0].tiles.nr
-        },
-        "{seeds:?}"
-    );
 }
 
 /// The matmul is recognized by its loops, in kiln's form and TVM's, under any names and with

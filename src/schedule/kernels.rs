@@ -290,6 +290,13 @@ pub enum PackB {
     InTask {
         /// Column panels per task.
         panels: i64,
+        /// With `k` in passes: each pass's register tiles prefetch the rows of `B` the next
+        /// pass packs, one cache line every few `k` steps ([`Schedule::prefetch_next`]), so
+        /// that the copy finds them in the cache instead of waiting on memory with nothing to
+        /// compute (64 x 4096 x 4096 for AVX2 on a Zen 3, both cores, 5 panels of 24 a task,
+        /// passes of 128, paired with numpy in one process: 0.95x numpy's speed without, 1.00x
+        /// with). No effect with `k` in one pass.
+        ahead: bool,
     },
     /// Not packed: every register tile reads `B` where it is.
     InPlace,
@@ -322,7 +329,7 @@ pub fn matmul_tiled_packing(
         return Ok(s);
     }
     let in_task = match pack {
-        PackB::InTask { panels } => Some(panels.max(1)),
+        PackB::InTask { panels, ahead } => Some((panels.max(1), ahead)),
         _ => None,
     };
     matmul_columns(s, parts, [m, n, k], tiles, in_task)
@@ -382,7 +389,7 @@ fn matmul_columns(
     parts: &MatmulParts,
     [m, n, k]: [i64; 3],
     tiles: MatmulTiles,
-    pack_in_task: Option<i64>,
+    pack_in_task: Option<(i64, bool)>,
 ) -> ScheduleResult<Schedule> {
     let nr = tiles.nr.max(1);
     let (i, j, k0) = (parts.i.clone(), parts.j.clone(), parts.k.clone());
@@ -397,13 +404,13 @@ fn matmul_columns(
     for (i, j, k0, width) in column_parts {
         // Panels per task: the most up to the request that divide this part's panels (the
         // narrow last part is one panel).
-        let b = pack_in_task.map(|g| {
+        let b = pack_in_task.map(|(g, ahead)| {
             let count = if width == nr { whole_panels.max(1) } else { 1 };
             let g = (1..=g.min(count))
                 .rev()
                 .find(|g| count % g == 0)
                 .unwrap_or(1);
-            (parts.b.as_str(), g)
+            (parts.b.as_str(), g, ahead)
         });
         matmul_rows(&mut s, (&parts.c, b), (i, j, k0), [m, k], tiles, width)?;
     }
@@ -411,10 +418,11 @@ fn matmul_columns(
 }
 
 /// The row parts, register tiles and parallel tasks of one column part of [`matmul_tiled_on`];
-/// `b`: the operand to pack in each task and the panels per task ([`PackB::InTask`]).
+/// `b`: the operand to pack in each task, the panels per task and whether the next pass's
+/// slice is prefetched ([`PackB::InTask`]).
 fn matmul_rows(
     s: &mut Schedule,
-    (c, b): (&str, Option<(&str, i64)>),
+    (c, b): (&str, Option<(&str, i64, bool)>),
     (i, j, k0): (String, String, String),
     [m, k]: [i64; 2],
     tiles: MatmulTiles,
@@ -448,17 +456,18 @@ fn matmul_rows(
         // The task's column loop: the panel loop, or groups of `g` panels when B is packed by
         // the task (`jg`: the panels of a group).
         let (jt, jg) = match b {
-            Some((_, g)) if g > 1 => {
+            Some((_, g, _)) if g > 1 => {
                 let (jt, jg) = s.split(&jo, g)?;
                 (jt, Some(jg))
             }
             _ => (jo.clone(), None),
         };
-        let pack_at = |s: &mut Schedule, at: &str| -> ScheduleResult<()> {
+        // The cache packed at `at`, if any.
+        let pack_at = |s: &mut Schedule, at: &str| -> ScheduleResult<Option<String>> {
             match b {
-                Some((b, g)) if g > 1 => s.cache_read_panels(b, at, nr).map(drop),
-                Some((b, _)) => s.cache_read(b, at).map(drop),
-                None => Ok(()),
+                Some((b, g, _)) if g > 1 => s.cache_read_panels(b, at, nr).map(Some),
+                Some((b, _, _)) => s.cache_read(b, at).map(Some),
+                None => Ok(None),
             }
         };
         if passes {
@@ -473,7 +482,9 @@ fn matmul_rows(
             s.reorder(&[&ki, &ir, &ji])?;
             s.unroll(&ir)?;
             s.vectorize(&ji)?;
-            pack_at(s, &ko)?;
+            if let (Some(cache), Some((_, _, true))) = (pack_at(s, &ko)?, b) {
+                s.prefetch_next(&cache, &ko, &ki)?;
+            }
         } else {
             match &jg {
                 Some(jg) => s.reorder(&[&io, &jt, jg, &it, &ir, &ji])?,

@@ -14,9 +14,12 @@
 
 use std::collections::HashMap;
 
-use super::{imm, parts, Schedule, ScheduleResult};
+/// Bytes one prefetch brings in: a cache line on every CPU kiln targets.
+const LINE_BYTES: i64 = 64;
+
+use super::{guard, imm, parts, Schedule, ScheduleResult};
 use crate::ir::rewrite::{rw_expr, rw_stmt, subst_stmt, Rewriter};
-use crate::ir::{Buffer, Expr, Stmt};
+use crate::ir::{Buffer, DataType, Expr, Stmt, Var, VarId};
 
 /// The loads of buffer `name` in an expression, in order, each once.
 struct Loads<'a> {
@@ -132,5 +135,346 @@ impl Schedule {
             Ok(out)
         })?;
         outcome.map_err(|m| self.form("prefetch", m))
+    }
+}
+
+/// A copy nest (`cache_read`'s fill): its loops, outermost first, as (variable, extent), the
+/// buffer it reads, and the indices of that load.
+struct Fill {
+    loops: Vec<(Var, i64)>,
+    src: Buffer,
+    indices: Vec<Expr>,
+    /// The variables of the loops around the nest, outermost first.
+    around: Vec<VarId>,
+}
+
+/// The fills of `cache` in `s`: perfect nests of loops of constant bounds from 0 whose one
+/// store writes `cache` with a load of another buffer.
+fn fills(s: &Stmt, cache: &str, around: &mut Vec<VarId>, out: &mut Vec<Fill>) {
+    match s {
+        Stmt::For { var, body, .. } => {
+            let mut loops = Vec::new();
+            let mut at = s;
+            while let Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } = at
+            {
+                match (min.as_int(), extent.as_int()) {
+                    (Some(0), Some(e)) if e >= 1 => loops.push((var.clone(), e)),
+                    _ => break,
+                }
+                at = body;
+            }
+            if let Stmt::Store {
+                buffer,
+                value:
+                    Expr::Load {
+                        buffer: src,
+                        indices,
+                    },
+                ..
+            } = at
+            {
+                if *buffer.name == *cache && src.name != buffer.name {
+                    out.push(Fill {
+                        loops,
+                        src: src.clone(),
+                        indices: indices.clone(),
+                        around: around.clone(),
+                    });
+                    return;
+                }
+            }
+            around.push(var.id);
+            fills(body, cache, around, out);
+            around.pop();
+        }
+        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => fills(body, cache, around, out),
+        Stmt::IfThenElse {
+            then_case,
+            else_case,
+            ..
+        } => {
+            fills(then_case, cache, around, out);
+            if let Some(e) = else_case {
+                fills(e, cache, around, out);
+            }
+        }
+        Stmt::Seq(v) => v.iter().for_each(|x| fills(x, cache, around, out)),
+        _ => {}
+    }
+}
+
+/// The variables an expression reads.
+struct Reads(Vec<VarId>);
+
+impl Rewriter for Reads {
+    fn post_expr(&mut self, e: Expr) -> Expr {
+        if let Expr::Var(v) = &e {
+            self.0.push(v.id);
+        }
+        e
+    }
+}
+
+/// What [`Schedule::prefetch_next`] found before it changes anything: the fill, the
+/// iterations of `at` per prefetch slot, the slots and the cache lines to fetch.
+struct Plan {
+    fill: Fill,
+    /// Lines per run of the fill's innermost loop, and the elements a line holds.
+    per_run: i64,
+    step: i64,
+    /// Cache lines in all (one iteration of `var`'s fill).
+    lines: i64,
+    /// Prefetches per slot.
+    per_slot: i64,
+}
+
+impl Schedule {
+    /// The body of [`Schedule::prefetch_next`] (which records it in the trace).
+    pub(super) fn prefetch_next_untraced(
+        &mut self,
+        cache: &str,
+        var: &str,
+        at: &str,
+    ) -> ScheduleResult<usize> {
+        let prim = "prefetch_next";
+        let mut found = Vec::new();
+        fills(&self.func.body, cache, &mut Vec::new(), &mut found);
+        let fill = match found.len() {
+            1 => found.pop().expect("one fill"),
+            n => {
+                return Err(self.form(
+                    prim,
+                    format!(
+                        "needs exactly one copy into `{cache}` (a nest of loops from 0 of constant extents whose one store writes `{cache}` with a load of another buffer), found {n}"
+                    ),
+                ))
+            }
+        };
+        let esize = (fill.src.dtype.bytes() as i64).max(1);
+        let (inner, inner_ext) = fill.loops.last().cloned().expect("a fill has a loop");
+        // The innermost loop's elements: contiguous in the source where only its last index
+        // moves with it, by 1; then one prefetch per line of the run, else one per element.
+        let moves = |e: &Expr| {
+            let mut r = Reads(Vec::new());
+            rw_expr(&mut r, e);
+            r.0.contains(&inner.id)
+        };
+        let n = fill.indices.len();
+        // The last index's terms that move with the loop (others, such as a fused task's
+        // `floormod`, are an offset) must be the loop's variable, once.
+        let contiguous = n >= 1 && fill.indices[..n - 1].iter().all(|e| !moves(e)) && {
+            let mut terms = Vec::new();
+            add_terms(&fill.indices[n - 1], &mut terms);
+            let moving: Vec<&Expr> = terms.into_iter().filter(|e| moves(e)).collect();
+            moving.len() == 1
+                && crate::ir::rewrite::linear(moving[0]).is_some_and(|l| {
+                    l.terms.len() == 1 && l.terms[0].0.id == inner.id && l.terms[0].1 == 1
+                })
+        };
+        let step = if contiguous {
+            (LINE_BYTES / esize).max(1)
+        } else {
+            1
+        };
+        let per_run = (inner_ext + step - 1) / step;
+        let runs: i64 = fill.loops[..fill.loops.len() - 1]
+            .iter()
+            .map(|(_, e)| *e)
+            .product();
+        let lines = runs * per_run;
+        // Where the prefetches go: the loops from inside `var` down to `at`, their iterations
+        // the slots.
+        let mut plan: Result<(i64, i64, i64), String> = Err(String::new());
+        let around = fill.around.clone();
+        let indices = fill.indices.clone();
+        self.edit(at, &mut |s, enc| {
+            let (v, min, extent, ..) = parts(s);
+            let Some(p) = enc.iter().position(|(x, _, _)| &*x.name == var) else {
+                plan = Err(format!("needs `{var}` to be a loop around `{at}`; it is not"));
+                return Ok(s.clone());
+            };
+            let var_id = enc[p].0.id;
+            let Some(q) = around.iter().position(|x| *x == var_id) else {
+                plan = Err(format!(
+                    "needs `{var}` to be a loop around the copy into `{cache}`; it is not"
+                ));
+                return Ok(s.clone());
+            };
+            // The load must read nothing bound between `var` and the copy, which `at` does not see.
+            let mut r = Reads(Vec::new());
+            indices.iter().for_each(|e| {
+                rw_expr(&mut r, e);
+            });
+            if let Some(x) = r.0.iter().find(|x| around[q + 1..].contains(x)) {
+                let name = enc
+                    .iter()
+                    .find(|(v, _, _)| v.id == *x)
+                    .map_or_else(|| "a loop".to_string(), |(v, _, _)| format!("`{}`", v.name));
+                plan = Err(format!(
+                    "needs the copy into `{cache}` to read with the loops of `{var}` and around it and its own only, but it reads {name} between them"
+                ));
+                return Ok(s.clone());
+            }
+            let mut outer = 1i64;
+            for (x, lo, e) in enc[p + 1..].iter() {
+                match (lo.as_int(), e.as_int()) {
+                    (Some(0), Some(e)) if e >= 1 => outer *= e,
+                    _ => {
+                        plan = Err(format!(
+                            "needs the loops between `{var}` and `{at}` to run from 0 to a constant; `{}` does not",
+                            x.name
+                        ));
+                        return Ok(s.clone());
+                    }
+                }
+            }
+            let Some(ext) = extent.as_int().filter(|e| *e >= 1 && min.as_int() == Some(0)) else {
+                plan = Err(format!("needs loop `{}` to run from 0 to a constant", v.name));
+                return Ok(s.clone());
+            };
+            plan = Ok((outer, ext, 0));
+            Ok(s.clone())
+        })?;
+        let (outer, ext, _) = plan.map_err(|m| self.form(prim, m))?;
+        // As thin as the slots allow: the most iterations of `at` per slot that still leave a
+        // slot for each line; where even one iteration a slot is too few, several per slot.
+        let every = (1..=ext)
+            .rev()
+            .find(|g| ext % g == 0 && outer.saturating_mul(ext / g) >= lines)
+            .unwrap_or(1);
+        let slots = outer.saturating_mul(ext / every);
+        let per_slot = (lines + slots - 1) / slots;
+        let p = Plan {
+            fill,
+            per_run,
+            step,
+            lines,
+            per_slot,
+        };
+        let at_slot = if every > 1 {
+            self.split_untraced(at, every)?.0
+        } else {
+            at.to_string()
+        };
+        self.edit(&at_slot, &mut |s, enc| {
+            let (v, min, extent, kind, body) = parts(s);
+            let p_at = enc
+                .iter()
+                .position(|(x, _, _)| &*x.name == var)
+                .expect("checked above");
+            // The slot: the loops inside `var` down to this one, as one mixed-radix number.
+            let mut slot: Option<Expr> = None;
+            for (x, _, e) in enc[p_at + 1..].iter().chain(std::iter::once(&(
+                v.clone(),
+                min.clone(),
+                extent.clone(),
+            ))) {
+                let t = x.dtype;
+                let xv = if t == DataType::i64() {
+                    Expr::Var(x.clone())
+                } else {
+                    Expr::Var(x.clone()).cast(DataType::i64())
+                };
+                slot = Some(match slot {
+                    None => xv,
+                    Some(acc) => acc * imm(DataType::i64(), e.as_int().unwrap_or(1)) + xv,
+                });
+            }
+            let slot = slot.expect("at least the loop itself");
+            let var_v = enc[p_at].0.clone();
+            let mut stmts = Vec::new();
+            for t in 0..p.per_slot {
+                let l = slot.clone() * imm(DataType::i64(), p.per_slot) + imm(DataType::i64(), t);
+                // The line's run and its line within the run, then each loop of the copy.
+                let mut map: HashMap<VarId, Expr> = HashMap::new();
+                let (last, _) = p.fill.loops.last().expect("a fill has a loop");
+                map.insert(
+                    last.id,
+                    cast_back(
+                        Expr::binary(
+                            crate::ir::BinOp::FloorMod,
+                            l.clone(),
+                            imm(DataType::i64(), p.per_run),
+                        ) * imm(DataType::i64(), p.step),
+                        last.dtype,
+                    ),
+                );
+                let mut rest = Expr::binary(
+                    crate::ir::BinOp::FloorDiv,
+                    l.clone(),
+                    imm(DataType::i64(), p.per_run),
+                );
+                for (x, e) in p.fill.loops[..p.fill.loops.len() - 1].iter().rev() {
+                    map.insert(
+                        x.id,
+                        cast_back(
+                            Expr::binary(
+                                crate::ir::BinOp::FloorMod,
+                                rest.clone(),
+                                imm(DataType::i64(), *e),
+                            ),
+                            x.dtype,
+                        ),
+                    );
+                    rest = Expr::binary(crate::ir::BinOp::FloorDiv, rest, imm(DataType::i64(), *e));
+                }
+                map.insert(var_v.id, Expr::Var(var_v.clone()) + imm(var_v.dtype, 1));
+                let pf = Stmt::Prefetch {
+                    buffer: p.fill.src.clone(),
+                    indices: p
+                        .fill
+                        .indices
+                        .iter()
+                        .map(|e| crate::ir::rewrite::fold(crate::ir::rewrite::subst_expr(e, &map)))
+                        .collect(),
+                };
+                // Past the last line (slots to spare): nothing.
+                let needs_guard = slots.saturating_mul(p.per_slot) > p.lines;
+                stmts.push(if needs_guard {
+                    guard(l.lt(imm(DataType::i64(), p.lines)), pf)
+                } else {
+                    pf
+                });
+            }
+            stmts.push(body.clone());
+            Ok(Stmt::For {
+                var: v.clone(),
+                min: min.clone(),
+                extent: extent.clone(),
+                kind,
+                body: Box::new(Stmt::Seq(stmts)),
+            })
+        })?;
+        Ok(usize::try_from(p.lines).unwrap_or(usize::MAX))
+    }
+}
+
+/// The terms of a sum, `a + b + ...`, in order.
+fn add_terms<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
+    match e {
+        Expr::Binary {
+            op: crate::ir::BinOp::Add,
+            a,
+            b,
+        } => {
+            add_terms(a, out);
+            add_terms(b, out);
+        }
+        _ => out.push(e),
+    }
+}
+
+/// `e` (an `int64`) as type `t`.
+fn cast_back(e: Expr, t: DataType) -> Expr {
+    if t == DataType::i64() {
+        e
+    } else {
+        e.cast(t)
     }
 }

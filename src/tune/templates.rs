@@ -340,9 +340,12 @@ impl TemplateSpace {
     fn widened_template(&self, t: &MatmulTemplate) -> MatmulTemplate {
         let tiles = self.widened(t.tiles);
         let pack = match t.pack {
-            PackB::InTask { panels } if panels == self.per_thread(t.tiles.nr) => PackB::InTask {
-                panels: self.per_thread(tiles.nr),
-            },
+            PackB::InTask { panels, ahead } if panels == self.per_thread(t.tiles.nr) => {
+                PackB::InTask {
+                    panels: self.per_thread(tiles.nr),
+                    ahead,
+                }
+            }
             p => p,
         };
         MatmulTemplate { tiles, pack, ..*t }
@@ -428,7 +431,8 @@ impl TemplateSpace {
         // Panels per task: a row of B read 512 bytes at a time when packing (4 panels of 32
         // floats, 8 of 16), then twice and half that.
         let panels = (128 / base.nr.max(1)).max(1);
-        let mut packings: Vec<(i64, i64, i64)> = Vec::new();
+        // (tile height, pass depth, panels per task, the next pass prefetched).
+        let mut packings: Vec<(i64, i64, i64, bool)> = Vec::new();
         let few_rows = m <= 2 * base.mb;
         // Rows that the target's tile height leaves a remainder of (64 rows in tiles of 6): a
         // height that divides them has no narrower last tile (64 x 4096 x 4096 for AVX2: 4 x
@@ -436,6 +440,19 @@ impl TemplateSpace {
         let dividing = (m % base.mr != 0)
             .then(|| heights.iter().copied().find(|&h| m % h == 0))
             .flatten();
+        if few_rows {
+            // A few panels per task in passes of 128 and 256, each pass prefetching the rows
+            // of `B` the next one packs: the copy of a slice then finds them in the cache
+            // (64 x 4096 x 4096 for AVX2 on a Zen 3, both cores, paired with numpy in one
+            // process: 0.98-1.00x numpy, 0.93-0.95x without the prefetch).
+            let mr = dividing.unwrap_or(base.mr);
+            packings.extend(
+                [128, 256]
+                    .into_iter()
+                    .filter(|kc| depths.contains(kc))
+                    .map(|kc| (mr, kc, panels, true)),
+            );
+        }
         if few_rows && self.threads > 1 {
             // One task per thread, `k` in short passes (the packed block of `B` in the L2):
             // first, for a matmul with few rows ([`TemplateSpace::per_thread`]), in tiles of a
@@ -445,27 +462,35 @@ impl TemplateSpace {
                 [128, 64]
                     .into_iter()
                     .filter(|kc| depths.contains(kc))
-                    .map(|kc| (mr, kc, self.per_thread(base.nr))),
+                    .map(|kc| (mr, kc, self.per_thread(base.nr), false)),
             );
         }
-        packings.extend(depths.iter().take(3).map(|&kc| (base.mr, kc, panels)));
+        packings.extend(
+            depths
+                .iter()
+                .take(3)
+                .map(|&kc| (base.mr, kc, panels, false)),
+        );
         if let Some(&kc) = depths.first() {
             packings.extend([
-                (base.mr, kc, panels * 2),
-                (base.mr, kc, (panels / 2).max(1)),
+                (base.mr, kc, panels * 2, false),
+                (base.mr, kc, (panels / 2).max(1), false),
             ]);
             if let Some(h) = dividing {
-                packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels)));
+                packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels, false)));
             }
         }
-        let in_task: Vec<MatmulTemplate> = packings
-            .iter()
-            .map(|&(mr, kc, panels)| MatmulTemplate {
+        let mut in_task: Vec<MatmulTemplate> = Vec::new();
+        for &(mr, kc, panels, ahead) in &packings {
+            let t = MatmulTemplate {
                 tiles: MatmulTiles { mr, kc, ..base },
-                pack: PackB::InTask { panels },
+                pack: PackB::InTask { panels, ahead },
                 pack_a: PackA::InPlace,
-            })
-            .collect();
+            };
+            if !in_task.contains(&t) {
+                in_task.push(t);
+            }
+        }
         let in_place = variants.iter().take(3).map(|&tiles| MatmulTemplate {
             tiles,
             pack: PackB::InPlace,
@@ -558,18 +583,34 @@ impl TemplateSpace {
         }
         let panels = (128 / tl.nr.max(1)).max(1);
         let packs = match t.pack {
-            PackB::InTask { panels: p } => vec![
-                PackB::InTask { panels: p * 2 },
+            PackB::InTask { panels: p, ahead } => vec![
+                PackB::InTask {
+                    panels: p * 2,
+                    ahead,
+                },
                 PackB::InTask {
                     panels: (p / 2).max(1),
+                    ahead,
+                },
+                PackB::InTask {
+                    panels: p,
+                    ahead: !ahead,
                 },
                 PackB::Whole,
                 PackB::InPlace,
             ],
-            _ => vec![PackB::Whole, PackB::InTask { panels }, PackB::InPlace],
+            _ => vec![
+                PackB::Whole,
+                PackB::InTask {
+                    panels,
+                    ahead: false,
+                },
+                PackB::InPlace,
+            ],
         };
         let packs = packs.into_iter().chain([PackB::InTask {
             panels: self.per_thread(tl.nr),
+            ahead: false,
         }]);
         for pack in packs {
             add(tl, pack, t.pack_a);
