@@ -538,26 +538,35 @@ fn few_rows_start_with_one_task_per_thread() {
         let ts = TemplateSpace::new(&f, &target).unwrap();
         let seeds = ts.seeds();
         // First: a few panels a task (a row of `B` 512 bytes at a time), passes of 128 (256
-        // is all of `k` here), the next pass prefetched.
-        let a = seeds[0];
-        assert_eq!(
-            a.pack,
-            PackB::InTask {
-                panels: (128 / a.tiles.nr).max(1),
-                ahead: true
-            },
-            "{threads} threads: {seeds:?}"
-        );
-        assert_eq!(a.tiles.kc, 128, "{a:?}");
-        computes(&ts, &a);
-        let flipped = PackB::InTask {
-            panels: (128 / a.tiles.nr).max(1),
-            ahead: false,
-        };
-        assert!(ts
-            .neighbours(&a)
+        // is all of `k` here), the next pass prefetched; at the wide width, then the target's.
+        let ahead: Vec<MatmulTemplate> = seeds
             .iter()
-            .any(|t| t.pack == flipped && t.tiles == a.tiles));
+            .take_while(|t| matches!(t.pack, PackB::InTask { ahead: true, .. }))
+            .copied()
+            .collect();
+        assert_eq!(ahead.len(), 2, "{threads} threads: {seeds:?}");
+        assert!(ahead[0].tiles.nr > ahead[1].tiles.nr, "{ahead:?}");
+        for a in &ahead {
+            assert_eq!(
+                a.pack,
+                PackB::InTask {
+                    panels: (128 / a.tiles.nr).max(1),
+                    ahead: true
+                },
+                "{a:?}"
+            );
+            assert_eq!(a.tiles.kc, 128, "{a:?}");
+            assert_eq!(m % a.tiles.mr, 0, "{a:?}");
+            computes(&ts, a);
+            let flipped = PackB::InTask {
+                panels: (128 / a.tiles.nr).max(1),
+                ahead: false,
+            };
+            assert!(ts
+                .neighbours(a)
+                .iter()
+                .any(|t| t.pack == flipped && t.tiles == a.tiles));
+        }
         let per_thread = |nr: i64| (n / nr + threads - 1) / threads;
         let one_each = |t: &MatmulTemplate| {
             t.pack
@@ -568,10 +577,10 @@ fn few_rows_start_with_one_task_per_thread() {
         };
         if threads == 1 {
             // One thread: no such seed (the other packings come first, as before).
-            assert!(!seeds[..4].iter().any(one_each), "{seeds:?}");
+            assert!(!seeds[..6].iter().any(one_each), "{seeds:?}");
             continue;
         }
-        let t0 = seeds[1];
+        let t0 = seeds[2];
         assert!(one_each(&t0), "{threads} threads: {seeds:?}");
         assert_eq!(t0.tiles.kc, 128, "{t0:?}");
         assert!(seeds.iter().any(|t| t.tiles.kc == 64 && one_each(t)));

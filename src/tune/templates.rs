@@ -431,8 +431,8 @@ impl TemplateSpace {
         // Panels per task: a row of B read 512 bytes at a time when packing (4 panels of 32
         // floats, 8 of 16), then twice and half that.
         let panels = (128 / base.nr.max(1)).max(1);
-        // (tile height, pass depth, panels per task, the next pass prefetched).
-        let mut packings: Vec<(i64, i64, i64, bool)> = Vec::new();
+        // (tile height, pass depth, panels per task).
+        let mut packings: Vec<(i64, i64, i64)> = Vec::new();
         let few_rows = m <= 2 * base.mb;
         // Rows that the target's tile height leaves a remainder of (64 rows in tiles of 6): a
         // height that divides them has no narrower last tile (64 x 4096 x 4096 for AVX2: 4 x
@@ -440,19 +440,6 @@ impl TemplateSpace {
         let dividing = (m % base.mr != 0)
             .then(|| heights.iter().copied().find(|&h| m % h == 0))
             .flatten();
-        if few_rows {
-            // A few panels per task in passes of 128 and 256, each pass prefetching the rows
-            // of `B` the next one packs: the copy of a slice then finds them in the cache
-            // (64 x 4096 x 4096 for AVX2 on a Zen 3, both cores, paired with numpy in one
-            // process: 0.98-1.00x numpy, 0.93-0.95x without the prefetch).
-            let mr = dividing.unwrap_or(base.mr);
-            packings.extend(
-                [128, 256]
-                    .into_iter()
-                    .filter(|kc| depths.contains(kc))
-                    .map(|kc| (mr, kc, panels, true)),
-            );
-        }
         if few_rows && self.threads > 1 {
             // One task per thread, `k` in short passes (the packed block of `B` in the L2):
             // first, for a matmul with few rows ([`TemplateSpace::per_thread`]), in tiles of a
@@ -462,29 +449,27 @@ impl TemplateSpace {
                 [128, 64]
                     .into_iter()
                     .filter(|kc| depths.contains(kc))
-                    .map(|kc| (mr, kc, self.per_thread(base.nr), false)),
+                    .map(|kc| (mr, kc, self.per_thread(base.nr))),
             );
         }
-        packings.extend(
-            depths
-                .iter()
-                .take(3)
-                .map(|&kc| (base.mr, kc, panels, false)),
-        );
+        packings.extend(depths.iter().take(3).map(|&kc| (base.mr, kc, panels)));
         if let Some(&kc) = depths.first() {
             packings.extend([
-                (base.mr, kc, panels * 2, false),
-                (base.mr, kc, (panels / 2).max(1), false),
+                (base.mr, kc, panels * 2),
+                (base.mr, kc, (panels / 2).max(1)),
             ]);
             if let Some(h) = dividing {
-                packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels, false)));
+                packings.extend(depths.iter().take(2).map(|&kc| (h, kc, panels)));
             }
         }
         let mut in_task: Vec<MatmulTemplate> = Vec::new();
-        for &(mr, kc, panels, ahead) in &packings {
+        for &(mr, kc, panels) in &packings {
             let t = MatmulTemplate {
                 tiles: MatmulTiles { mr, kc, ..base },
-                pack: PackB::InTask { panels, ahead },
+                pack: PackB::InTask {
+                    panels,
+                    ahead: false,
+                },
                 pack_a: PackA::InPlace,
             };
             if !in_task.contains(&t) {
@@ -550,13 +535,45 @@ impl TemplateSpace {
             out.retain(|t| !big.contains(t));
             let at = out.len().min(1);
             out.splice(at..at, big);
+        } else {
+            // Few rows: first, a few panels per task (a row of `B` read 512 bytes at a time)
+            // in passes of 128 and 256, each pass prefetching the rows of `B` the next one
+            // packs, so that the copy of a slice finds them in the cache instead of waiting on
+            // memory with nothing to compute; at the wide width, then the target's. 64 x 4096
+            // x 4096 for AVX2 on a Zen 3, both cores, paired with numpy in one process: 4 x 24
+            // tiles, 5 panels a task, 0.98-0.99x numpy's time with the prefetch, 0.93-0.96x
+            // without; 4 x 16 tiles 0.96x; 10 panels a task (the slice and the next past the
+            // L2) 0.91x; passes of 512 0.97x.
+            let mut ahead: Vec<MatmulTemplate> = Vec::new();
+            for (nr, hs) in [(self.wide.0, self.wide.1), (base.nr, heights)] {
+                let mr = hs.iter().copied().find(|&h| m % h == 0).unwrap_or(hs[0]);
+                for kc in [128, 256].into_iter().filter(|kc| depths.contains(kc)) {
+                    let t = MatmulTemplate {
+                        tiles: MatmulTiles {
+                            kc,
+                            ..reshaped(base, mr, nr)
+                        },
+                        pack: PackB::InTask {
+                            panels: (128 / nr).max(1),
+                            ahead: true,
+                        },
+                        pack_a: PackA::InPlace,
+                    };
+                    if !ahead.contains(&t) {
+                        ahead.push(t);
+                    }
+                }
+            }
+            out.retain(|t| !ahead.contains(t));
+            out.splice(0..0, ahead);
         }
         out
     }
 
     /// The templates one parameter away from `t`: another tile height, a row block a tile
     /// height more or less or half or double, another pass depth, another packing of `B` (up
-    /// front, in the task with twice or half the panels, in place), `A` packed or not, and the
+    /// front, in the task with twice or half the panels, with the next pass prefetched or not,
+    /// one task per thread, in place), `A` packed or not, and the
     /// other tile width (half again the target's, with its first height).
     pub fn neighbours(&self, t: &MatmulTemplate) -> Vec<MatmulTemplate> {
         let mut out: Vec<MatmulTemplate> = Vec::new();
