@@ -262,24 +262,29 @@ fn packed_ahead(m: i64, n: i64, k: i64, kc: i64, panels: i64) -> Schedule {
 /// `extra` more rows (a prefetch may name the rows past the end), a parameter after the others:
 /// what the interpreter then leaves in `H` shows which elements were prefetched.
 fn marking_prefetches(f: &PrimFunc, rows: i64, cols: i64) -> PrimFunc {
-    fn mark(v: &mut serde_json::Value) {
+    marking_prefetches_of(f, "B", rows, cols)
+}
+
+/// [`marking_prefetches`] of buffer `b`.
+fn marking_prefetches_of(f: &PrimFunc, b: &str, rows: i64, cols: i64) -> PrimFunc {
+    fn mark(v: &mut serde_json::Value, b: &str) {
         match v {
             serde_json::Value::Object(o) => {
                 if o.get("stmt").and_then(|s| s.as_str()) == Some("prefetch") {
-                    assert_eq!(o["buffer"], "B");
+                    assert_eq!(o["buffer"], b);
                     let indices = o["indices"].clone();
                     *v = serde_json::json!({"stmt": "store", "buffer": "H", "indices": indices,
                         "value": {"const": MARK, "dtype": "float32"}});
                     return;
                 }
-                o.values_mut().for_each(mark);
+                o.values_mut().for_each(|x| mark(x, b));
             }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(mark),
+            serde_json::Value::Array(a) => a.iter_mut().for_each(|x| mark(x, b)),
             _ => {}
         }
     }
     let mut j = IRModule::from_functions(vec![f.clone()]).to_json();
-    mark(&mut j["functions"][0]["body"]);
+    mark(&mut j["functions"][0]["body"], b);
     j["functions"][0]["params"]
         .as_array_mut()
         .unwrap()
@@ -391,4 +396,74 @@ fn prefetch_next_refuses_what_it_cannot_spread_and_replays() {
     let mut again = Schedule::new(kiln::ir::kernels::matmul_sized(m, n, k));
     again.apply(&steps).unwrap();
     assert_eq!(again.func().to_string(), s.func().to_string());
+}
+
+/// TVM's form (the corpus's `matmul`, 64 x 40 x 48, `int32` shapes: its indices are computed in
+/// `int64` and converted back): the copy's rows are still seen as contiguous runs, one prefetch
+/// per line, not one per element.
+#[test]
+fn prefetch_next_sees_runs_through_tvms_int32_indices() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tvm027_topi_corpus.json"
+    ))
+    .unwrap();
+    let module = IRModule::from_json_str(&text).unwrap();
+    let f = module
+        .functions
+        .iter()
+        .find(|f| f.name == "matmul")
+        .unwrap()
+        .clone();
+    let mm = kiln::tune::templates::match_matmul(&f).unwrap();
+    let [m, n, k] = mm.shape;
+    let (kc, nr, panels) = (16, 8, 5);
+    let mut s = Schedule::new(f.clone());
+    s.apply(&mm.prefix).unwrap();
+    let s = sk::matmul_tiled_packing(
+        s,
+        &mm.parts,
+        mm.shape,
+        sk::MatmulTiles {
+            mr: 4,
+            nr,
+            mb: m,
+            kc,
+        },
+        sk::PackB::InTask {
+            panels,
+            ahead: true,
+        },
+        sk::PackA::InPlace,
+    )
+    .unwrap();
+    let g = s.finish().unwrap();
+    let text = g.to_string();
+    assert!(text.contains("prefetch Bm["), "{text}");
+    let shapes = vec![vec![m, k], vec![k, n], vec![m, n]];
+    let want = common::interp_last(&f, &shapes);
+    let got = common::jit_last(&g, &shapes, &CodegenOptions::host());
+    for (x, y) in got.iter().zip(&want) {
+        assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{x} vs {y}");
+    }
+    let rows = k + kc;
+    let marked = marking_prefetches_of(&g, "Bm", rows, n);
+    let mut shapes = shapes;
+    shapes.push(vec![rows, n]);
+    let h = common::interp_last(&marked, &shapes);
+    for r in 0..rows {
+        let cols: Vec<i64> = (0..n)
+            .filter(|&c| h[(r * n + c) as usize] == MARK)
+            .collect();
+        if r < kc {
+            assert!(cols.is_empty(), "row {r}: {cols:?}");
+        } else {
+            // One prefetch per panel's run of 8 floats (32 bytes, in one line), at its start.
+            assert_eq!(
+                cols,
+                (0..n).step_by(nr as usize).collect::<Vec<_>>(),
+                "row {r}"
+            );
+        }
+    }
 }

@@ -455,9 +455,17 @@ impl Schedule {
     }
 }
 
-/// The terms of a sum, `a + b + ...`, in order.
+/// The terms of a sum, `a + b + ...`, in order, through conversions between integer types (a
+/// TVM function's `int32` indices computed in `int64`): an index in bounds has the same value
+/// in either.
 fn add_terms<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
     match e {
+        Expr::Cast { dtype, value, .. }
+            if dtype.code == crate::ir::TypeCode::Int
+                && value.dtype().code == crate::ir::TypeCode::Int =>
+        {
+            add_terms(value, out);
+        }
         Expr::Binary {
             op: crate::ir::BinOp::Add,
             a,
