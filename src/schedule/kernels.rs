@@ -294,8 +294,9 @@ pub enum PackB {
         /// pass packs, one cache line every few `k` steps ([`Schedule::prefetch_next`]), so
         /// that the copy finds them in the cache instead of waiting on memory with nothing to
         /// compute (64 x 4096 x 4096 for AVX2 on a Zen 3, both cores, 5 panels of 24 a task,
-        /// passes of 128, paired with numpy in one process: 0.95x numpy's speed without, 1.00x
-        /// with). No effect with `k` in one pass.
+        /// passes of 128, paired with numpy in one process on its arrays, in 2 MiB pages:
+        /// 0.93-0.95x numpy's speed without, 0.98-0.99x with; on 4 KiB pages it loses). No
+        /// effect with `k` in one pass.
         ahead: bool,
     },
     /// Not packed: every register tile reads `B` where it is.

@@ -11,6 +11,15 @@
 //! then waits on memory, and read again from L1 by the `exp` pass, which computes while the
 //! memory system idles. A prefetch of the next row in the `exp` pass overlaps the two:
 //! `prefetch("je_o", "A", "i", 1)`.
+//!
+//! `prefetch_next` is for data that no load of the loop reads: what a copy (a `cache_read`'s
+//! fill) will read in the next iteration of an outer loop. A matmul that packs its slice of
+//! `B` a `k` pass at a time reads the next pass's rows only in the next pass's copy, which then
+//! waits on memory with nothing to compute. The primitive enumerates the cache lines that copy
+//! reads (one per 64 bytes of each contiguous run of its innermost loop), numbers the
+//! iterations of the loops between the outer loop and a loop `at` of the compute as slots, and
+//! puts one line's prefetch in each slot, `at` split so that the slots are as few iterations
+//! apart as the lines allow: the next pass's rows arrive spread over this pass's work.
 
 use std::collections::HashMap;
 

@@ -656,7 +656,7 @@ impl Bench {
 
 /// The projected seconds of one measurement of a candidate already built whose calls take `t`
 /// seconds (a `Measurer::measure` in a final round or a pairing): the checking call, then
-/// [`time_runs`]'s first call, its batches of at least 2 ms found by doubling, and its batches
+/// the timing's first call, its batches of at least 2 ms found by doubling, and its batches
 /// (3 for calls of 50 ms or more, else at most 15: 7, and more while the spread is over 10 %,
 /// as it often is on a shared machine), plus [`MEASURE_OVERHEAD_S`].
 pub fn measure_seconds(t: f64) -> f64 {

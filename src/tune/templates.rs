@@ -540,10 +540,11 @@ impl TemplateSpace {
             // in passes of 128 and 256, each pass prefetching the rows of `B` the next one
             // packs, so that the copy of a slice finds them in the cache instead of waiting on
             // memory with nothing to compute; at the wide width, then the target's. 64 x 4096
-            // x 4096 for AVX2 on a Zen 3, both cores, paired with numpy in one process: 4 x 24
-            // tiles, 5 panels a task, 0.98-0.99x numpy's time with the prefetch, 0.93-0.96x
-            // without; 4 x 16 tiles 0.96x; 10 panels a task (the slice and the next past the
-            // L2) 0.91x; passes of 512 0.97x.
+            // x 4096 for AVX2 on a Zen 3, both cores, paired with numpy in one process on its
+            // arrays (2 MiB pages): 4 x 24 tiles, 5 panels a task, 0.98-0.99x numpy's speed
+            // with the prefetch, 0.93-0.96x without; 4 x 16 tiles 0.96x; 10 panels a task (the
+            // slice and the next past the L2) 0.91x; passes of 512 0.97x. On 4 KiB pages the
+            // prefetch loses (16.5 against 14.8 ms): the search measures which holds here.
             let mut ahead: Vec<MatmulTemplate> = Vec::new();
             for (nr, hs) in [(self.wide.0, self.wide.1), (base.nr, heights)] {
                 let mr = hs.iter().copied().find(|&h| m % h == 0).unwrap_or(hs[0]);
