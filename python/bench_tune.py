@@ -6,7 +6,8 @@
 Per shape (M x N x K, float32, C = A @ B): the matmul as TVM writes it (`te.compute` with
 `te.sum`, converted by `kiln.to_kiln`: no kiln hand schedule in it), tuned by `kiln tune
 --target {"kind": "llvm", "mcpu": MCPU}` with at most `--trials` candidates or `--seconds`
-seconds, built with `kiln build --db`, loaded with `tvm_ffi.load_module`, and timed against
+seconds (`--huge-pages`: on inputs in huge pages, as numpy's arrays are), built with `kiln
+build --db`, loaded with `tvm_ffi.load_module`, and timed against
 `np.matmul` on the same 64-byte-aligned arrays in interleaved rounds (kiln first in odd rounds,
 numpy first in even; each block a few calls after a warm-up block, started once the other
 side's thread pool has gone idle, `bench_util.quiesce`). Reported per shape: each
@@ -71,8 +72,10 @@ def main():
             with open(mod, "w") as fh:
                 json.dump(kiln.to_kiln(te_matmul(m, n, k)), fh)
             db, so = os.path.join(d, f"db_{shape}.jsonl"), os.path.join(d, f"mm_{shape}.so")
+            # Tuned on inputs in huge pages: the kernel runs on numpy's arrays, which numpy
+            # advises into them (a streamed `B` ranks its candidates differently on 4 KiB pages).
             trials, tune_s, why = tune_and_build(a.kiln, mod, "matmul", target, a.trials,
-                                                 a.seconds, db, so)
+                                                 a.seconds, db, so, huge_pages=True)
             if why:
                 print(f"| {shape} | {why} | | | |")
                 ok = False

@@ -96,9 +96,12 @@ def te_matmul(m, n, k):
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")
 
 
-def tune_and_build(kiln_bin, module, func, target, trials, seconds, db, so, keep_default=False):
+def tune_and_build(kiln_bin, module, func, target, trials, seconds, db, so, keep_default=False,
+                   huge_pages=False):
     """`kiln tune` of `func` in the kiln-ir file `module` for `target` (at most `trials`
-    candidates or `seconds` seconds, records into `db`), then `kiln build --db` into `so`.
+    candidates or `seconds` seconds, records into `db`; with `huge_pages`, measured on inputs in
+    transparent huge pages, where numpy keeps its arrays of 4 MiB or more), then `kiln build
+    --db` into `so`.
     Returns (candidates measured, as text, tuning seconds, None), or (None, None, why) when a
     step failed or the build did not apply a record (with `keep_default`, a record that keeps
     the default build, because no candidate beat it, counts as applied)."""
@@ -107,7 +110,8 @@ def tune_and_build(kiln_bin, module, func, target, trials, seconds, db, so, keep
 
     t0 = time.perf_counter()
     p = subprocess.run([kiln_bin, "tune", module, func, "--target", target, "--trials",
-                        str(trials), "--seconds", str(seconds), "--db", db],
+                        str(trials), "--seconds", str(seconds), "--db", db]
+                       + (["--huge-pages"] if huge_pages else []),
                        capture_output=True, text=True)
     tune_s = time.perf_counter() - t0
     if p.returncode != 0:

@@ -12,9 +12,48 @@
 //! `'|V2'` (what numpy itself writes for `a.view('V2')`) as bfloat16. In Python:
 //! `np.load(p).view(ml_dtypes.bfloat16)` reads kiln's file (or `.view(np.uint16)` for the
 //! bits); `np.save(p, a)` with an `ml_dtypes.bfloat16` array writes one kiln reads.
+//!
+//! Memory: like numpy's arrays, kiln's can be asked to live in transparent huge pages
+//! ([`set_huge_pages`], numpy's `_set_madvise_hugepage`, which numpy turns on by default): an
+//! array of 4 MiB or more is then aligned to 2 MiB and advised (`madvise(MADV_HUGEPAGE)`) before
+//! its pages are first touched. A kernel that streams a large operand can run at another speed
+//! in 2 MiB pages than in 4 KiB ones, so `kiln tune --huge-pages` measures in the pages the
+//! tensors will have. Off by default: TVM's and PyTorch's allocators do not ask for them.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static HUGE_PAGES: AtomicBool = AtomicBool::new(false);
+
+/// Arrays of at least this many bytes go in huge pages when [`set_huge_pages`] asks for them
+/// (numpy's threshold).
+pub const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
+
+/// A transparent huge page on x86-64 and most Linux systems.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// Whether arrays allocated from now on (of [`HUGE_PAGE_MIN_BYTES`] or more) are advised into
+/// transparent huge pages, for this process; returns the previous setting. Only Linux has the
+/// advice; elsewhere it is a no-op. Where the system's THP mode is `never`, the advice changes
+/// nothing; where it is `always`, every large array is in huge pages anyway.
+pub fn set_huge_pages(on: bool) -> bool {
+    HUGE_PAGES.swap(on, Ordering::SeqCst)
+}
+
+/// The setting of [`set_huge_pages`].
+pub fn huge_pages() -> bool {
+    HUGE_PAGES.load(Ordering::SeqCst)
+}
+
+#[cfg(target_os = "linux")]
+extern "C" {
+    fn madvise(addr: *mut c_void, len: usize, advice: std::ffi::c_int) -> std::ffi::c_int;
+}
+
+/// Linux's `MADV_HUGEPAGE`.
+#[cfg(target_os = "linux")]
+const MADV_HUGEPAGE: std::ffi::c_int = 14;
 
 use crate::packed_func::ffi::{DLDataTypeCode, DLDeviceType};
 use crate::packed_func::{DLDataType, DLDevice, DLTensor};
@@ -28,10 +67,11 @@ fn err<T>(msg: impl Into<String>) -> Result<T, NpyError> {
     Err(NpyError(msg.into()))
 }
 
-/// Bytes aligned to 64.
+/// Bytes aligned to 64 (to 2 MiB when in huge pages: [`set_huge_pages`]).
 pub struct AlignedBytes {
     ptr: *mut u8,
     len: usize,
+    align: usize,
 }
 
 // SAFETY: `AlignedBytes` uniquely owns its allocation, like a `Vec<u8>`.
@@ -45,14 +85,37 @@ impl AlignedBytes {
     /// # Errors
     /// When the allocation fails or `len` is absurd.
     pub fn zeroed(len: usize) -> Result<Self, NpyError> {
-        let layout = Layout::from_size_align(len.max(1), 64)
+        let huge = cfg!(target_os = "linux") && len >= HUGE_PAGE_MIN_BYTES && huge_pages();
+        let align = if huge { HUGE_PAGE_BYTES } else { 64 };
+        let layout = Layout::from_size_align(len.max(1), align)
             .map_err(|_| NpyError(format!("cannot allocate {len} bytes")))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
+        let ptr = if huge {
+            // SAFETY: the layout has a non-zero size.
+            let ptr = unsafe { alloc(layout) };
+            if !ptr.is_null() {
+                // The advice before the first touch, so that the first faults map huge pages;
+                // a system without them refuses it, which changes nothing.
+                #[cfg(target_os = "linux")]
+                // SAFETY: `ptr .. ptr + len` is this allocation, aligned to a huge page.
+                unsafe {
+                    madvise(
+                        ptr.cast(),
+                        len / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES,
+                        MADV_HUGEPAGE,
+                    );
+                }
+                // SAFETY: `ptr` owns `len` writable bytes.
+                unsafe { std::ptr::write_bytes(ptr, 0, len) };
+            }
+            ptr
+        } else {
+            // SAFETY: the layout has a non-zero size.
+            unsafe { alloc_zeroed(layout) }
+        };
         if ptr.is_null() {
             return err(format!("out of memory allocating {len} bytes"));
         }
-        Ok(AlignedBytes { ptr, len })
+        Ok(AlignedBytes { ptr, len, align })
     }
 
     /// The bytes.
@@ -74,7 +137,7 @@ impl Drop for AlignedBytes {
         unsafe {
             dealloc(
                 self.ptr,
-                Layout::from_size_align_unchecked(self.len.max(1), 64),
+                Layout::from_size_align_unchecked(self.len.max(1), self.align),
             )
         };
     }

@@ -204,3 +204,43 @@ fn ml_dtypes_bfloat16_files_are_read() {
         }
     }
 }
+
+/// `set_huge_pages`: arrays of 4 MiB or more are then aligned to 2 MiB (and advised into huge
+/// pages where the system has them), zeroed, and freed with their layout; smaller ones keep
+/// 64 bytes; the setting reads back and is restored. (Where the THP mode is `madvise` and a huge
+/// page was free, the mapping shows `AnonHugePages`; printed, not asserted: memory may be too
+/// fragmented for one.)
+#[test]
+fn huge_pages_align_large_arrays_and_keep_them_zeroed() {
+    use kiln::npy::{huge_pages, set_huge_pages, AlignedBytes, HUGE_PAGE_MIN_BYTES};
+    let before = set_huge_pages(true);
+    assert!(huge_pages());
+    for len in [HUGE_PAGE_MIN_BYTES, HUGE_PAGE_MIN_BYTES * 3 + 12345] {
+        let mut b = AlignedBytes::zeroed(len).unwrap();
+        let p = b.as_slice().as_ptr() as usize;
+        if cfg!(target_os = "linux") {
+            assert_eq!(p % (2 << 20), 0, "{len} bytes at {p:#x}");
+        }
+        assert!(b.as_slice().iter().all(|&x| x == 0), "{len}");
+        b.as_mut_slice()[len - 1] = 7;
+        assert_eq!(b.as_slice()[len - 1], 7);
+        if let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") {
+            let huge: u64 = smaps
+                .lines()
+                .filter_map(|l| l.strip_prefix("AnonHugePages:"))
+                .filter_map(|l| l.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .sum();
+            eprintln!("{len} bytes: AnonHugePages in this process {huge} kB");
+        }
+    }
+    let small = AlignedBytes::zeroed(HUGE_PAGE_MIN_BYTES - 1).unwrap();
+    assert_eq!(small.as_slice().as_ptr() as usize % 64, 0);
+    let f32 =
+        kiln::packed_func::DLDataType::new(kiln::packed_func::ffi::DLDataTypeCode::FLOAT, 32, 1);
+    let a = NpyArray::zeros(f32, &[1024, 1024 + 3]).unwrap();
+    if cfg!(target_os = "linux") {
+        assert_eq!(a.data.as_slice().as_ptr() as usize % (2 << 20), 0);
+    }
+    set_huge_pages(before);
+    assert_eq!(huge_pages(), before);
+}

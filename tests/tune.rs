@@ -721,6 +721,7 @@ fn batches_are_measured_in_order_and_survive_a_hung_worker() {
         module: IRModule::from_functions(vec![f.clone()]).to_json(),
         target: host().to_string(),
         seed: 0,
+        huge_pages: false,
     };
     let mut m = Subprocess::new(exe.clone(), &init, Duration::from_secs(60)).unwrap();
     let good = vec![Step::Kind {
@@ -747,6 +748,7 @@ fn batches_are_measured_in_order_and_survive_a_hung_worker() {
         module: IRModule::from_functions(vec![f]).to_json(),
         target: host().to_string(),
         seed: 0,
+        huge_pages: false,
     };
     let mut m = Subprocess::new(exe, &init, Duration::from_millis(1)).unwrap();
     let out = m.measure_batch(&[good, vec![]], None);
@@ -783,6 +785,7 @@ fn fake_init() -> kiln::tune::WorkerInit {
         module: serde_json::json!({}),
         target: host().to_string(),
         seed: 0,
+        huge_pages: false,
     }
 }
 
@@ -1893,4 +1896,41 @@ fn the_rounds_after_a_search_are_projected_from_its_fastest_times() {
     for bad in [f64::NAN, -1.0, f64::INFINITY] {
         assert_eq!(measure_seconds(bad), measure_seconds(0.0), "{bad}");
     }
+}
+
+/// `kiln tune --huge-pages`: the worker measures on inputs advised into huge pages (the init
+/// line carries it); refused with a remote measurer, whose memory is not this machine's.
+#[test]
+fn kiln_tune_measures_in_huge_pages_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    // 1024 x 1024 floats: a 4 MiB input, the size from which arrays go in huge pages.
+    let m = IRModule::from_functions(vec![kernels::rowsum_sized(1024, 1024)]);
+    std::fs::write(dir.path().join("v.json"), m.to_json_string()).unwrap();
+    let (ok, text) = kiln(
+        &[
+            "tune",
+            "v.json",
+            "rowsum",
+            "--trials",
+            "2",
+            "--huge-pages",
+            "--db",
+            "db.jsonl",
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("2 candidates"), "{text}");
+    let (ok, text) = kiln(
+        &[
+            "tune",
+            "v.json",
+            "rowsum",
+            "--huge-pages",
+            "--rpc",
+            "127.0.0.1:1",
+        ],
+        dir.path(),
+    );
+    assert!(!ok && text.contains("--huge-pages"), "{text}");
 }

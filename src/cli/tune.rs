@@ -67,6 +67,13 @@ pub struct TuneArgs {
     /// candidate then ends the search).
     #[arg(long)]
     in_process: bool,
+    /// Measure on inputs in transparent huge pages (arrays of 4 MiB or more advised with
+    /// `madvise(MADV_HUGEPAGE)`), as numpy allocates its arrays: tune for tensors that live
+    /// there. Off: 4 KiB pages unless the system's THP mode is `always`, as for tensors from
+    /// TVM's and PyTorch's allocators. A kernel that streams a large operand can rank its
+    /// candidates differently in the two.
+    #[arg(long, conflicts_with_all = ["rpc", "tracker"])]
+    huge_pages: bool,
     /// Measure on the TVM RPC server at HOST:PORT (`kiln rpc-server` or TVM's): on its CPU
     /// (`--target` should name that CPU), or with a device target (`opencl`, `cuda`) on its
     /// device 0 of that kind.
@@ -200,7 +207,10 @@ fn tune_one(
         module: IRModule::from_functions(vec![f.clone()]).to_json(),
         target: target.to_string(),
         seed: a.seed,
+        huge_pages: a.huge_pages,
     };
+    // The inputs of an in-process measurer, too.
+    crate::npy::set_huge_pages(a.huge_pages);
     let remote = match (&a.rpc, &a.tracker) {
         (Some(addr), _) => Some(tune::remote::Endpoint::Direct(addr.clone())),
         (None, Some(t)) => Some(tune::remote::Endpoint::Tracker(

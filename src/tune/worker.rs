@@ -46,6 +46,10 @@ pub struct WorkerInit {
     pub target: String,
     /// The seed of the inputs.
     pub seed: u64,
+    /// The inputs in transparent huge pages ([`crate::npy::set_huge_pages`]; `kiln tune
+    /// --huge-pages`).
+    #[serde(default)]
+    pub huge_pages: bool,
 }
 
 /// What the parent adds to a [`WorkerInit`] when it restarts a worker: the default's time,
@@ -269,6 +273,7 @@ pub fn worker_main() -> Result<(), String> {
     let known: Known = serde_json::from_str(&first).map_err(|e| {
         format!("the init line: \"baseline\" must be a timing {{\"median\", \"min\", \"max\"}} in seconds: {e}")
     })?;
+    crate::npy::set_huge_pages(init.huge_pages);
     let setup = (|| {
         let m = IRModule::from_json_str(&init.module.to_string()).map_err(|e| e.to_string())?;
         let f = m.functions.first().cloned().ok_or("an empty module")?;
