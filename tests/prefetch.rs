@@ -467,3 +467,33 @@ fn prefetch_next_sees_runs_through_tvms_int32_indices() {
         }
     }
 }
+
+/// On a plain copy (`cache_read` of a row): a prefetch every 16 iterations of the row's loop
+/// fetches the next row a line at a time; a loop of one iteration cannot hold 128 lines (more
+/// than 64 prefetches a slot) and is refused, the schedule unchanged.
+#[test]
+fn prefetch_next_spreads_a_row_and_refuses_too_few_slots() {
+    let mut s = Schedule::new(scale(4, 2048));
+    let cache = s.cache_read("A", "i").unwrap();
+    let lines = s.prefetch_next(&cache, "i", "j").unwrap();
+    assert_eq!(lines, 2048 * 4 / 64);
+    let f = s.finish().unwrap();
+    let text = f.to_string();
+    assert!(
+        text.contains("j_o: int64 in serial(0i64, 128i64)"),
+        "{text}"
+    );
+    assert_eq!(text.matches("prefetch A[").count(), 1, "{text}");
+    let shapes = vec![vec![4, 2048], vec![4, 2048]];
+    assert_eq!(
+        common::jit_last(&f, &shapes, &CodegenOptions::host()),
+        common::interp_last(&scale(4, 2048), &shapes)
+    );
+    let mut s = Schedule::new(scale(4, 2048));
+    let cache = s.cache_read("A", "i").unwrap();
+    let (jo, _) = s.split("j", 2048).unwrap();
+    let before = s.func().to_string();
+    let e = s.prefetch_next(&cache, "i", &jo).unwrap_err().to_string();
+    assert!(e.contains("would put 128 prefetches"), "{e}");
+    assert_eq!(s.func().to_string(), before);
+}

@@ -26,6 +26,13 @@ use std::collections::HashMap;
 /// Bytes one prefetch brings in: a cache line on every CPU kiln targets.
 const LINE_BYTES: i64 = 64;
 
+/// The most cache lines `prefetch_next` fetches (256 MiB of source), and the longest loop it
+/// spreads them over.
+const MAX_LINES: i64 = 1 << 22;
+
+/// The most prefetches `prefetch_next` puts in one slot (each is a statement of the loop body).
+const MAX_PER_SLOT: i64 = 64;
+
 use super::{guard, imm, parts, Schedule, ScheduleResult};
 use crate::ir::rewrite::{rw_expr, rw_stmt, subst_stmt, Rewriter};
 use crate::ir::{Buffer, DataType, Expr, Stmt, Var, VarId};
@@ -292,14 +299,19 @@ impl Schedule {
             1
         };
         let per_run = (inner_ext + step - 1) / step;
-        let runs: i64 = fill.loops[..fill.loops.len() - 1]
+        let lines = fill.loops[..fill.loops.len() - 1]
             .iter()
-            .map(|(_, e)| *e)
-            .product();
-        let lines = runs * per_run;
+            .try_fold(per_run, |acc, (_, e)| acc.checked_mul(*e))
+            .filter(|&l| l <= MAX_LINES)
+            .ok_or_else(|| {
+                self.form(
+                    prim,
+                    format!("the copy into `{cache}` reads more than {MAX_LINES} cache lines"),
+                )
+            })?;
         // Where the prefetches go: the loops from inside `var` down to `at`, their iterations
         // the slots.
-        let mut plan: Result<(i64, i64, i64), String> = Err(String::new());
+        let mut plan: Result<(i64, i64), String> = Err(String::new());
         let around = fill.around.clone();
         let indices = fill.indices.clone();
         self.edit(at, &mut |s, enc| {
@@ -333,7 +345,7 @@ impl Schedule {
             let mut outer = 1i64;
             for (x, lo, e) in enc[p + 1..].iter() {
                 match (lo.as_int(), e.as_int()) {
-                    (Some(0), Some(e)) if e >= 1 => outer *= e,
+                    (Some(0), Some(e)) if e >= 1 => outer = outer.saturating_mul(e),
                     _ => {
                         plan = Err(format!(
                             "needs the loops between `{var}` and `{at}` to run from 0 to a constant; `{}` does not",
@@ -343,14 +355,20 @@ impl Schedule {
                     }
                 }
             }
-            let Some(ext) = extent.as_int().filter(|e| *e >= 1 && min.as_int() == Some(0)) else {
-                plan = Err(format!("needs loop `{}` to run from 0 to a constant", v.name));
+            let Some(ext) = extent
+                .as_int()
+                .filter(|e| (1..=MAX_LINES).contains(e) && min.as_int() == Some(0))
+            else {
+                plan = Err(format!(
+                    "needs loop `{}` to run from 0 to a constant of at most {MAX_LINES}",
+                    v.name
+                ));
                 return Ok(s.clone());
             };
-            plan = Ok((outer, ext, 0));
+            plan = Ok((outer, ext));
             Ok(s.clone())
         })?;
-        let (outer, ext, _) = plan.map_err(|m| self.form(prim, m))?;
+        let (outer, ext) = plan.map_err(|m| self.form(prim, m))?;
         // As thin as the slots allow: the most iterations of `at` per slot that still leave a
         // slot for each line; where even one iteration a slot is too few, several per slot.
         let every = (1..=ext)
@@ -359,6 +377,14 @@ impl Schedule {
             .unwrap_or(1);
         let slots = outer.saturating_mul(ext / every);
         let per_slot = (lines + slots - 1) / slots;
+        if per_slot > MAX_PER_SLOT {
+            return Err(self.form(
+                prim,
+                format!(
+                    "would put {per_slot} prefetches in each of the {slots} iterations from `{var}` down to `{at}` (at most {MAX_PER_SLOT}): {lines} lines are too many for them"
+                ),
+            ));
+        }
         let p = Plan {
             fill,
             per_run,
@@ -373,10 +399,9 @@ impl Schedule {
         };
         self.edit(&at_slot, &mut |s, enc| {
             let (v, min, extent, kind, body) = parts(s);
-            let p_at = enc
-                .iter()
-                .position(|(x, _, _)| &*x.name == var)
-                .expect("checked above");
+            let Some(p_at) = enc.iter().position(|(x, _, _)| &*x.name == var) else {
+                return Ok(s.clone());
+            };
             // The slot: the loops inside `var` down to this one, as one mixed-radix number.
             let mut slot: Option<Expr> = None;
             for (x, _, e) in enc[p_at + 1..].iter().chain(std::iter::once(&(
