@@ -236,8 +236,8 @@ fn a_prefetch_step_replays_from_json() {
 }
 
 /// The matmul of `m x n x k` with `B` packed by each task, `panels` at a time, `k` in passes
-/// of `kc`, the next pass's slice prefetched ([`sk::PackB::InTask`] `ahead`).
-fn packed_ahead(m: i64, n: i64, k: i64, kc: i64, panels: i64) -> Schedule {
+/// of `kc`, the next pass's slice prefetched or not ([`sk::PackB::InTask`] `ahead`).
+fn packed(m: i64, n: i64, k: i64, kc: i64, panels: i64, ahead: bool) -> Schedule {
     let tiles = sk::MatmulTiles {
         mr: 4,
         nr: 16,
@@ -249,10 +249,7 @@ fn packed_ahead(m: i64, n: i64, k: i64, kc: i64, panels: i64) -> Schedule {
         &sk::MatmulParts::default(),
         [m, n, k],
         tiles,
-        sk::PackB::InTask {
-            panels,
-            ahead: true,
-        },
+        sk::PackB::InTask { panels, ahead },
         sk::PackA::InPlace,
     )
     .unwrap()
@@ -297,7 +294,7 @@ const MARK: f32 = 12345.0;
 #[test]
 fn prefetch_next_fetches_every_line_of_the_next_pass_spread_over_the_tiles() {
     for (m, n, k, kc, panels) in [(16, 96, 64, 16, 2), (8, 64, 48, 8, 4), (12, 48, 32, 16, 1)] {
-        let s = packed_ahead(m, n, k, kc, panels);
+        let s = packed(m, n, k, kc, panels, true);
         assert!(
             s.trace()
                 .iter()
@@ -339,26 +336,7 @@ fn prefetch_next_fetches_every_line_of_the_next_pass_spread_over_the_tiles() {
 #[test]
 fn prefetch_next_refuses_what_it_cannot_spread_and_replays() {
     let (m, n, k) = (16, 96, 64);
-    let plain = || {
-        let tiles = sk::MatmulTiles {
-            mr: 4,
-            nr: 16,
-            mb: m,
-            kc: 16,
-        };
-        sk::matmul_tiled_packing(
-            Schedule::new(kiln::ir::kernels::matmul_sized(m, n, k)),
-            &sk::MatmulParts::default(),
-            [m, n, k],
-            tiles,
-            sk::PackB::InTask {
-                panels: 2,
-                ahead: false,
-            },
-            sk::PackA::InPlace,
-        )
-        .unwrap()
-    };
+    let plain = || packed(m, n, k, 16, 2, false);
     let msg = |e: ScheduleError| e.to_string();
     // No copy into that buffer.
     let e = msg(plain()
