@@ -1921,6 +1921,24 @@ fn kiln_tune_measures_in_huge_pages_when_asked() {
     );
     assert!(ok, "{text}");
     assert!(text.contains("2 candidates"), "{text}");
+    // Its records say so, and `kiln build` says so when it applies one.
+    let db = Database::open(&dir.path().join("db.jsonl")).unwrap();
+    assert!(
+        !db.records.is_empty() && db.records.iter().all(|r| r.huge_pages),
+        "{:?}",
+        db.records
+    );
+    let line = std::fs::read_to_string(dir.path().join("db.jsonl")).unwrap();
+    assert!(line.contains(r#""huge_pages":true"#), "{line}");
+    let (ok, text) = kiln(
+        &["build", "v.json", "-o", "v.so", "--db", "db.jsonl"],
+        dir.path(),
+    );
+    assert!(ok, "{text}");
+    assert!(
+        !text.contains("tuning record applied") || text.contains("measured in huge pages"),
+        "{text}"
+    );
     let (ok, text) = kiln(
         &[
             "tune",
@@ -1933,4 +1951,34 @@ fn kiln_tune_measures_in_huge_pages_when_asked() {
         dir.path(),
     );
     assert!(!ok && text.contains("--huge-pages"), "{text}");
+}
+
+/// A record measured in huge pages carries `"huge_pages": true`, reads back, and applies with a
+/// note that says so; a record without the field reads as measured in 4 KiB pages.
+#[test]
+fn a_record_measured_in_huge_pages_says_so_when_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = kernels::matmul_sized(32, 32, 32);
+    let target = host();
+    let cpu = tune::db::host_cpu();
+    let mut db = Database::open(&dir.path().join("db.jsonl")).unwrap();
+    db.append(Record {
+        huge_pages: true,
+        ..record(&f, &target, par("i"), 0.9, &cpu)
+    })
+    .unwrap();
+    let db = Database::open(&dir.path().join("db.jsonl")).unwrap();
+    assert!(db.warnings.is_empty(), "{:?}", db.warnings);
+    assert!(db.records[0].huge_pages);
+    let (_, notes) = db.apply(&IRModule::from_functions(vec![f.clone()]), &target, false);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("tuning record applied") && n.contains("measured in huge pages")),
+        "{notes:?}"
+    );
+    let plain = serde_json::to_string(&record(&f, &target, par("i"), 0.9, &cpu)).unwrap();
+    assert!(!plain.contains("huge_pages"), "{plain}");
+    let back: Record = serde_json::from_str(&plain).unwrap();
+    assert!(!back.huge_pages);
 }

@@ -280,6 +280,7 @@ fn tune_one(
         kiln: env!("CARGO_PKG_VERSION").to_owned(),
         paired: None,
         finals: None,
+        huge_pages: a.huge_pages,
     };
     let mut save_err = None;
     let mut last: Option<Record> = None;

@@ -72,6 +72,12 @@ pub struct Record {
     /// older kilns').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finals: Option<Finals>,
+    /// Measured on inputs in transparent huge pages (`kiln tune --huge-pages`), where a kernel
+    /// that streams a large operand can rank its schedules otherwise than in 4 KiB pages;
+    /// `kiln build` says so when it applies such a record (absent when false, and from older
+    /// kilns').
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub huge_pages: bool,
 }
 
 /// How a record's schedule won its search's final round ([`Record::finals`]).
@@ -387,11 +393,16 @@ impl Database {
                         ),
                     };
                     notes.push(format!(
-                        "`{}`: tuning record applied ({:.4} ms, {speedup}, {} on {})",
+                        "`{}`: tuning record applied ({:.4} ms, {speedup}, {} on {}{})",
                         f.name,
                         r.time.median * 1e3,
                         r.kiln,
-                        r.cpu
+                        r.cpu,
+                        if r.huge_pages {
+                            ", measured in huge pages: tensors in 4 KiB pages may rank its schedule otherwise"
+                        } else {
+                            ""
+                        }
                     ));
                     out.push(g);
                 }

@@ -525,6 +525,7 @@ pub fn tune_record(
         kiln: "test".into(),
         paired: None,
         finals: None,
+        huge_pages: false,
     }
 }
 
