@@ -238,21 +238,12 @@ fn a_prefetch_step_replays_from_json() {
 /// The matmul of `m x n x k` with `B` packed by each task, `panels` at a time, `k` in passes
 /// of `kc`, the next pass's slice prefetched or not ([`sk::PackB::InTask`] `ahead`).
 fn packed(m: i64, n: i64, k: i64, kc: i64, panels: i64, ahead: bool) -> Schedule {
-    let tiles = sk::MatmulTiles {
-        mr: 4,
-        nr: 16,
-        mb: m,
-        kc,
-    };
-    sk::matmul_tiled_packing(
-        Schedule::new(kiln::ir::kernels::matmul_sized(m, n, k)),
-        &sk::MatmulParts::default(),
+    common::packed_matmul(
         [m, n, k],
-        tiles,
+        [4, 16, m, kc],
         sk::PackB::InTask { panels, ahead },
         sk::PackA::InPlace,
     )
-    .unwrap()
 }
 
 /// `f` with each prefetch of `B` made a store of a mark into a buffer `H` of `B`'s columns and
@@ -473,5 +464,18 @@ fn prefetch_next_spreads_a_row_and_refuses_too_few_slots() {
     let before = s.func().to_string();
     let e = s.prefetch_next(&cache, "i", &jo).unwrap_err().to_string();
     assert!(e.contains("would put 128 prefetches"), "{e}");
+    assert_eq!(s.func().to_string(), before);
+}
+
+/// A copy that reads a loop between `loop` and itself (its rows' block, here) cannot be
+/// prefetched from `at`, which does not see that loop: refused, naming it.
+#[test]
+fn prefetch_next_names_a_loop_the_copy_reads_between() {
+    let mut s = Schedule::new(scale(4, 2048));
+    let (jo, ji) = s.split("j", 256).unwrap();
+    let cache = s.cache_read("A", &jo).unwrap();
+    let before = s.func().to_string();
+    let e = s.prefetch_next(&cache, "i", &ji).unwrap_err().to_string();
+    assert!(e.contains(&format!("reads `{jo}` between them")), "{e}");
     assert_eq!(s.func().to_string(), before);
 }

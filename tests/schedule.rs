@@ -1109,24 +1109,15 @@ fn cache_read_refuses_written_buffers_and_missing_accesses() {
 fn second_caches_of_a_buffer_get_loop_names_of_their_own() {
     let (m, n, k) = (14, 40, 8);
     let f = kernels::matmul_sized(m, n, k);
-    let tiles = sk::MatmulTiles {
-        mr: 6,
-        nr: 16,
-        mb: 12,
-        kc: 0,
-    };
-    let mut s = sk::matmul_tiled_packing(
-        Schedule::new(f.clone()),
-        &sk::MatmulParts::default(),
+    let mut s = common::packed_matmul(
         [m, n, k],
-        tiles,
+        [6, 16, 12, 0],
         sk::PackB::InTask {
             panels: 2,
             ahead: false,
         },
         sk::PackA::InPlace,
-    )
-    .unwrap();
+    );
     let text = s.func().to_string();
     let mut names: Vec<&str> = text
         .lines()
@@ -1161,23 +1152,13 @@ fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
         (20, 64, 12, 0, 2),
     ] {
         for ahead in [false, true] {
-            let tiles = sk::MatmulTiles {
-                mr: 6,
-                nr: 16,
-                mb: 12,
-                kc,
-            };
             let f = kernels::matmul_sized(m, n, k);
-            let s = Schedule::new(f.clone());
-            let g = sk::matmul_tiled_packing(
-                s,
-                &sk::MatmulParts::default(),
+            let g = common::packed_matmul(
                 [m, n, k],
-                tiles,
+                [6, 16, 12, kc],
                 sk::PackB::InTask { panels, ahead },
                 sk::PackA::InPlace,
             )
-            .unwrap()
             .finish()
             .unwrap();
             let text = g.to_string();
@@ -1220,24 +1201,10 @@ fn matmul_with_a_packed_computes_the_matmul() {
             },
             sk::PackB::InPlace,
         ] {
-            let tiles = sk::MatmulTiles {
-                mr: 6,
-                nr: 16,
-                mb: 12,
-                kc,
-            };
             let f = kernels::matmul_sized(m, n, k);
-            let g = sk::matmul_tiled_packing(
-                Schedule::new(f.clone()),
-                &sk::MatmulParts::default(),
-                [m, n, k],
-                tiles,
-                pack,
-                sk::PackA::Whole,
-            )
-            .unwrap()
-            .finish()
-            .unwrap();
+            let g = common::packed_matmul([m, n, k], [6, 16, 12, kc], pack, sk::PackA::Whole)
+                .finish()
+                .unwrap();
             let text = g.to_string();
             assert!(text.contains("allocate Ap"), "{m}x{n}x{k} {pack:?}\n{g}");
             if m >= 6 {

@@ -297,7 +297,7 @@ fn tune_one(
     // The fastest few measured again side by side: the winner's record, with its time from
     // the final round, outranks the records written on the way.
     let mut final_line = None;
-    if a.finals > 0 && report.leaders.len() >= 2 {
+    if tune::has_final_round(a.finals, report.leaders.len()) {
         let entrants = report.leaders.clone();
         let started = std::time::Instant::now();
         let fr = tune::final_round(measurer.as_mut(), &entrants, a.finals)?;
@@ -340,7 +340,7 @@ fn tune_one(
     // The winner against the default, in alternating rounds: its record again, with the
     // pairing, which outranks the records written on the way.
     let mut confirmed = None;
-    if let (Some(mut r), true) = (last, a.pair > 0 && default.median <= tune::PAIR_MAX_CALL_S) {
+    if let (Some(mut r), true) = (last, tune::pairs_with_default(a.pair, default.median)) {
         let mut plan = tune::PairPlan::new(a.pair, a.pair_se);
         plan.deadline = a
             .seconds

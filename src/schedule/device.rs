@@ -100,11 +100,7 @@ fn bound_vars(s: &Stmt, out: &mut HashMap<VarId, ()>) {
 }
 
 fn as_i64(e: Expr) -> Expr {
-    if e.dtype() == DataType::i64() {
-        e
-    } else {
-        e.cast(DataType::i64())
-    }
+    super::cast_to(e, DataType::i64())
 }
 
 /// The linear thread id `tx + ty * ex + tz * ex * ey` of the enclosing `threadIdx` loops, and the

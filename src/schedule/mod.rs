@@ -285,6 +285,15 @@ fn imm(t: DataType, v: i64) -> Expr {
     Expr::IntImm { dtype: t, value: v }
 }
 
+/// `e` as type `t`: itself where it has that type already, else converted.
+fn cast_to(e: Expr, t: DataType) -> Expr {
+    if e.dtype() == t {
+        e
+    } else {
+        e.cast(t)
+    }
+}
+
 fn guard(cond: Expr, body: Stmt) -> Stmt {
     Stmt::IfThenElse {
         cond,

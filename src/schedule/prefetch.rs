@@ -33,9 +33,9 @@ const MAX_LINES: i64 = 1 << 22;
 /// The most prefetches `prefetch_next` puts in one slot (each is a statement of the loop body).
 const MAX_PER_SLOT: i64 = 64;
 
-use super::{guard, imm, parts, Schedule, ScheduleResult};
+use super::{cast_to, guard, imm, parts, Schedule, ScheduleResult};
 use crate::ir::rewrite::{rw_expr, rw_stmt, subst_stmt, Rewriter};
-use crate::ir::{Buffer, DataType, Expr, Stmt, Var, VarId};
+use crate::ir::{BinOp, Buffer, DataType, Expr, Stmt, TypeCode, Var, VarId};
 
 /// The loads of buffer `name` in an expression, in order, each once.
 struct Loads<'a> {
@@ -161,12 +161,12 @@ struct Fill {
     src: Buffer,
     indices: Vec<Expr>,
     /// The variables of the loops around the nest, outermost first.
-    around: Vec<VarId>,
+    around: Vec<Var>,
 }
 
 /// The fills of `cache` in `s`: perfect nests of loops of constant bounds from 0 whose one
 /// store writes `cache` with a load of another buffer.
-fn fills(s: &Stmt, cache: &str, around: &mut Vec<VarId>, out: &mut Vec<Fill>) {
+fn fills(s: &Stmt, cache: &str, around: &mut Vec<Var>, out: &mut Vec<Fill>) {
     match s {
         Stmt::For { var, body, .. } => {
             let mut loops = Vec::new();
@@ -205,7 +205,7 @@ fn fills(s: &Stmt, cache: &str, around: &mut Vec<VarId>, out: &mut Vec<Fill>) {
                     return;
                 }
             }
-            around.push(var.id);
+            around.push(var.clone());
             fills(body, cache, around, out);
             around.pop();
         }
@@ -223,31 +223,6 @@ fn fills(s: &Stmt, cache: &str, around: &mut Vec<VarId>, out: &mut Vec<Fill>) {
         Stmt::Seq(v) => v.iter().for_each(|x| fills(x, cache, around, out)),
         _ => {}
     }
-}
-
-/// The variables an expression reads.
-struct Reads(Vec<VarId>);
-
-impl Rewriter for Reads {
-    fn post_expr(&mut self, e: Expr) -> Expr {
-        if let Expr::Var(v) = &e {
-            self.0.push(v.id);
-        }
-        e
-    }
-}
-
-/// What [`Schedule::prefetch_next`] found before it changes anything: the fill, the
-/// iterations of `at` per prefetch slot, the slots and the cache lines to fetch.
-struct Plan {
-    fill: Fill,
-    /// Lines per run of the fill's innermost loop, and the elements a line holds.
-    per_run: i64,
-    step: i64,
-    /// Cache lines in all (one iteration of `var`'s fill).
-    lines: i64,
-    /// Prefetches per slot.
-    per_slot: i64,
 }
 
 impl Schedule {
@@ -276,11 +251,7 @@ impl Schedule {
         let (inner, inner_ext) = fill.loops.last().cloned().expect("a fill has a loop");
         // The innermost loop's elements: contiguous in the source where only its last index
         // moves with it, by 1; then one prefetch per line of the run, else one per element.
-        let moves = |e: &Expr| {
-            let mut r = Reads(Vec::new());
-            rw_expr(&mut r, e);
-            r.0.contains(&inner.id)
-        };
+        let moves = |e: &Expr| e.mentions(&inner);
         let n = fill.indices.len();
         // The last index's terms that move with the loop (others, such as a fused task's
         // `floormod`, are an offset) must be the loop's variable, once.
@@ -293,6 +264,7 @@ impl Schedule {
                     l.terms.len() == 1 && l.terms[0].0.id == inner.id && l.terms[0].1 == 1
                 })
         };
+        // Elements a line holds, and lines per run of the innermost loop.
         let step = if contiguous {
             (LINE_BYTES / esize).max(1)
         } else {
@@ -312,8 +284,7 @@ impl Schedule {
         // Where the prefetches go: the loops from inside `var` down to `at`, their iterations
         // the slots.
         let mut plan: Result<(i64, i64), String> = Err(String::new());
-        let around = fill.around.clone();
-        let indices = fill.indices.clone();
+        let (around, indices) = (&fill.around, &fill.indices);
         self.edit(at, &mut |s, enc| {
             let (v, min, extent, ..) = parts(s);
             let Some(p) = enc.iter().position(|(x, _, _)| &*x.name == var) else {
@@ -321,24 +292,20 @@ impl Schedule {
                 return Ok(s.clone());
             };
             let var_id = enc[p].0.id;
-            let Some(q) = around.iter().position(|x| *x == var_id) else {
+            let Some(q) = around.iter().position(|x| x.id == var_id) else {
                 plan = Err(format!(
                     "needs `{var}` to be a loop around the copy into `{cache}`; it is not"
                 ));
                 return Ok(s.clone());
             };
             // The load must read nothing bound between `var` and the copy, which `at` does not see.
-            let mut r = Reads(Vec::new());
-            indices.iter().for_each(|e| {
-                rw_expr(&mut r, e);
-            });
-            if let Some(x) = r.0.iter().find(|x| around[q + 1..].contains(x)) {
-                let name = enc
-                    .iter()
-                    .find(|(v, _, _)| v.id == *x)
-                    .map_or_else(|| "a loop".to_string(), |(v, _, _)| format!("`{}`", v.name));
+            if let Some(x) = around[q + 1..]
+                .iter()
+                .find(|x| indices.iter().any(|e| e.mentions(x)))
+            {
                 plan = Err(format!(
-                    "needs the copy into `{cache}` to read with the loops of `{var}` and around it and its own only, but it reads {name} between them"
+                    "needs the copy into `{cache}` to read with the loops of `{var}` and around it and its own only, but it reads `{}` between them",
+                    x.name
                 ));
                 return Ok(s.clone());
             }
@@ -385,13 +352,8 @@ impl Schedule {
                 ),
             ));
         }
-        let p = Plan {
-            fill,
-            per_run,
-            step,
-            lines,
-            per_slot,
-        };
+        // Past the last line (slots to spare): nothing.
+        let needs_guard = slots.saturating_mul(per_slot) > lines;
         let at_slot = if every > 1 {
             self.split_untraced(at, every)?.0
         } else {
@@ -409,12 +371,7 @@ impl Schedule {
                 min.clone(),
                 extent.clone(),
             ))) {
-                let t = x.dtype;
-                let xv = if t == DataType::i64() {
-                    Expr::Var(x.clone())
-                } else {
-                    Expr::Var(x.clone()).cast(DataType::i64())
-                };
+                let xv = cast_to(Expr::Var(x.clone()), DataType::i64());
                 slot = Some(match slot {
                     None => xv,
                     Some(acc) => acc * imm(DataType::i64(), e.as_int().unwrap_or(1)) + xv,
@@ -423,55 +380,40 @@ impl Schedule {
             let slot = slot.expect("at least the loop itself");
             let var_v = enc[p_at].0.clone();
             let mut stmts = Vec::new();
-            for t in 0..p.per_slot {
-                let l = slot.clone() * imm(DataType::i64(), p.per_slot) + imm(DataType::i64(), t);
+            let int = |v: i64| imm(DataType::i64(), v);
+            for t in 0..per_slot {
+                let l = slot.clone() * int(per_slot) + int(t);
                 // The line's run and its line within the run, then each loop of the copy.
                 let mut map: HashMap<VarId, Expr> = HashMap::new();
-                let (last, _) = p.fill.loops.last().expect("a fill has a loop");
                 map.insert(
-                    last.id,
-                    cast_back(
-                        Expr::binary(
-                            crate::ir::BinOp::FloorMod,
-                            l.clone(),
-                            imm(DataType::i64(), p.per_run),
-                        ) * imm(DataType::i64(), p.step),
-                        last.dtype,
+                    inner.id,
+                    cast_to(
+                        Expr::binary(BinOp::FloorMod, l.clone(), int(per_run)) * int(step),
+                        inner.dtype,
                     ),
                 );
-                let mut rest = Expr::binary(
-                    crate::ir::BinOp::FloorDiv,
-                    l.clone(),
-                    imm(DataType::i64(), p.per_run),
-                );
-                for (x, e) in p.fill.loops[..p.fill.loops.len() - 1].iter().rev() {
+                let mut rest = Expr::binary(BinOp::FloorDiv, l.clone(), int(per_run));
+                for (x, e) in fill.loops[..fill.loops.len() - 1].iter().rev() {
                     map.insert(
                         x.id,
-                        cast_back(
-                            Expr::binary(
-                                crate::ir::BinOp::FloorMod,
-                                rest.clone(),
-                                imm(DataType::i64(), *e),
-                            ),
+                        cast_to(
+                            Expr::binary(BinOp::FloorMod, rest.clone(), int(*e)),
                             x.dtype,
                         ),
                     );
-                    rest = Expr::binary(crate::ir::BinOp::FloorDiv, rest, imm(DataType::i64(), *e));
+                    rest = Expr::binary(BinOp::FloorDiv, rest, int(*e));
                 }
                 map.insert(var_v.id, Expr::Var(var_v.clone()) + imm(var_v.dtype, 1));
                 let pf = Stmt::Prefetch {
-                    buffer: p.fill.src.clone(),
-                    indices: p
-                        .fill
+                    buffer: fill.src.clone(),
+                    indices: fill
                         .indices
                         .iter()
                         .map(|e| crate::ir::rewrite::fold(crate::ir::rewrite::subst_expr(e, &map)))
                         .collect(),
                 };
-                // Past the last line (slots to spare): nothing.
-                let needs_guard = slots.saturating_mul(p.per_slot) > p.lines;
                 stmts.push(if needs_guard {
-                    guard(l.lt(imm(DataType::i64(), p.lines)), pf)
+                    guard(l.lt(int(lines)), pf)
                 } else {
                     pf
                 });
@@ -485,7 +427,7 @@ impl Schedule {
                 body: Box::new(Stmt::Seq(stmts)),
             })
         })?;
-        Ok(usize::try_from(p.lines).unwrap_or(usize::MAX))
+        Ok(usize::try_from(lines).unwrap_or(usize::MAX))
     }
 }
 
@@ -495,13 +437,12 @@ impl Schedule {
 fn add_terms<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
     match e {
         Expr::Cast { dtype, value, .. }
-            if dtype.code == crate::ir::TypeCode::Int
-                && value.dtype().code == crate::ir::TypeCode::Int =>
+            if dtype.code == TypeCode::Int && value.dtype().code == TypeCode::Int =>
         {
             add_terms(value, out);
         }
         Expr::Binary {
-            op: crate::ir::BinOp::Add,
+            op: BinOp::Add,
             a,
             b,
         } => {
@@ -509,14 +450,5 @@ fn add_terms<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
             add_terms(b, out);
         }
         _ => out.push(e),
-    }
-}
-
-/// `e` (an `int64`) as type `t`.
-fn cast_back(e: Expr, t: DataType) -> Expr {
-    if t == DataType::i64() {
-        e
-    } else {
-        e.cast(t)
     }
 }

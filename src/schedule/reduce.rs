@@ -51,8 +51,7 @@ impl Schedule {
             let rf = Buffer::new(&rfname, buffer.dtype, vec![imm(DataType::i64(), ext)])
                 .with_scope(StorageScope::Local);
             let at = |v: &Var| {
-                let e = Expr::Var(v.clone());
-                vec![if t == DataType::i64() { e } else { e.cast(DataType::i64()) }]
+                vec![super::cast_to(Expr::Var(v.clone()), DataType::i64())]
             };
             let vz = Var::new(&init, t);
             let zero = for_(vz.clone(), imm(t, 0), imm(t, ext), ForKind::Vectorized, rf.store(at(&vz), reducer.init(buffer.dtype)));
@@ -71,8 +70,7 @@ impl Schedule {
                 let mut k = 0;
                 while h >= 2 {
                     let v = Var::new(&tree_names[k], t);
-                    let r = Expr::Var(v.clone());
-                    let r = if t == DataType::i64() { r } else { r.cast(DataType::i64()) };
+                    let r = super::cast_to(Expr::Var(v.clone()), DataType::i64());
                     let shifted = vec![r.clone() + imm(DataType::i64(), h)];
                     seq.push(for_(
                         v,

@@ -138,7 +138,7 @@ pub struct FinalRound {
 /// call takes at most [`PAIR_MAX_CALL_S`]. Each measurement is projected by
 /// [`measure::measure_seconds`].
 pub fn follow_up_seconds(finals: usize, pair: usize, leaders: &[f64], default: f64) -> f64 {
-    let finals = if leaders.len() >= 2 {
+    let finals = if has_final_round(finals, leaders.len()) {
         let round: f64 = leaders
             .iter()
             .take(FINALISTS)
@@ -149,7 +149,7 @@ pub fn follow_up_seconds(finals: usize, pair: usize, leaders: &[f64], default: f
         0.0
     };
     let pairing = match leaders.first() {
-        Some(&best) if default <= PAIR_MAX_CALL_S => {
+        Some(&best) if pairs_with_default(pair, default) => {
             pair as f64 * (measure::measure_seconds(best) + measure::measure_seconds(default))
         }
         _ => 0.0,
@@ -426,6 +426,18 @@ pub fn tune(
 /// 40 s a call) would cost minutes, and its winners are many times faster, far beyond the
 /// noise.
 pub const PAIR_MAX_CALL_S: f64 = 0.25;
+
+/// Whether a search with `leaders` candidates faster than the default gets a final round of
+/// `finals` rounds (`kiln tune --finals`): it takes two to meet.
+pub fn has_final_round(finals: usize, leaders: usize) -> bool {
+    finals > 0 && leaders >= 2
+}
+
+/// Whether the winner is paired with the default in `pair` rounds (`kiln tune --pair`), where
+/// a call of the default takes `default` seconds: only up to [`PAIR_MAX_CALL_S`].
+pub fn pairs_with_default(pair: usize, default: f64) -> bool {
+    pair > 0 && default <= PAIR_MAX_CALL_S
+}
 
 /// Times `steps` against the default build (no steps) in `rounds` alternating rounds
 /// ([`Paired`]): the check a search's winner passes before it is preferred to the default. A

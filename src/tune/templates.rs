@@ -546,7 +546,8 @@ impl TemplateSpace {
             // slice and the next past the L2) 0.91x; passes of 512 0.97x. On 4 KiB pages the
             // prefetch loses (16.5 against 14.8 ms): the search measures which holds here.
             let mut ahead: Vec<MatmulTemplate> = Vec::new();
-            for (nr, hs) in [(self.wide.0, self.wide.1), (base.nr, heights)] {
+            for nr in [self.wide.0, base.nr] {
+                let hs = self.heights_for(nr);
                 let mr = hs.iter().copied().find(|&h| m % h == 0).unwrap_or(hs[0]);
                 for kc in [128, 256].into_iter().filter(|kc| depths.contains(kc)) {
                     let t = MatmulTemplate {

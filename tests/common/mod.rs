@@ -564,3 +564,24 @@ impl Drop for RpcServerGuard {
         }
     }
 }
+
+/// kiln's `matmul_sized(m, n, k)` scheduled by `matmul_tiled_packing` (its loops as the
+/// builder names them) with `mr x nr` register tiles, row blocks of `mb` and `k` in passes of
+/// `kc` (0: one pass), `B` and `A` packed as given.
+pub fn packed_matmul(
+    [m, n, k]: [i64; 3],
+    [mr, nr, mb, kc]: [i64; 4],
+    pack: kiln::schedule::kernels::PackB,
+    pack_a: kiln::schedule::kernels::PackA,
+) -> kiln::schedule::Schedule {
+    use kiln::schedule::kernels as sk;
+    sk::matmul_tiled_packing(
+        kiln::schedule::Schedule::new(kiln::ir::kernels::matmul_sized(m, n, k)),
+        &sk::MatmulParts::default(),
+        [m, n, k],
+        sk::MatmulTiles { mr, nr, mb, kc },
+        pack,
+        pack_a,
+    )
+    .unwrap_or_else(|e| panic!("{m}x{n}x{k}, tiles {mr}x{nr}, {mb} rows, kc {kc}: {e}"))
+}
