@@ -574,6 +574,97 @@ fn cache_write_loads_the_output_only_when_its_values_are_read_before_written() {
     same_results(&f, &g, &shapes);
 }
 
+/// `for i { <prefix>; for j { B[i, j] = A[i, j] + 1 }; for j { B[i, j] = B[i, j] * 2 } }`, the
+/// prefix built from the row's `i`.
+fn rows_with_prefix(
+    prefix: impl Fn(&kiln::ir::Buffer, &kiln::ir::Expr) -> kiln::ir::Stmt,
+) -> PrimFunc {
+    use kiln::ir::builder::for_range;
+    use kiln::ir::{Buffer, DataType, Expr, ForKind, Param, Stmt};
+    let buf = |name: &str| Buffer::new(name, DataType::f32(), vec![Expr::from(4), Expr::from(8)]);
+    let (a, b) = (buf("A"), buf("B"));
+    let body = for_range("i", 4, ForKind::Serial, |i| {
+        Stmt::Seq(vec![
+            prefix(&b, &i),
+            for_range("j", 8, ForKind::Serial, |j| {
+                b.store([i.clone(), j.clone()], a.load([i.clone(), j]) + 1.0f32)
+            }),
+            for_range("j2", 8, ForKind::Serial, |j| {
+                b.store([i.clone(), j.clone()], b.load([i.clone(), j]) * 2.0f32)
+            }),
+        ])
+    });
+    PrimFunc::new("rows", vec![Param::Buffer(a), Param::Buffer(b)], body)
+}
+
+#[test]
+fn cache_write_finds_the_first_write_past_statements_that_leave_the_cache_alone() {
+    use kiln::ir::builder::let_stmt;
+    use kiln::ir::{Buffer, DataType, Expr, StorageScope};
+    let shapes = [vec![4, 8], vec![4, 8]];
+    // A softmax row: its max and the sum's init come before the exponentials are written. The
+    // read-in of `B` is dead: none (the output is then written once, by the write-back).
+    let f = kernels::softmax_sized(4, 32);
+    let mut s = Schedule::new(f.clone());
+    s.cache_write("B", "i").unwrap();
+    let g = s.finish().unwrap();
+    let text = g.to_string();
+    assert!(text.contains("B_local") && !text.contains("B_cr"), "{g}");
+    same_results(&f, &g, &[vec![4, 32], vec![4, 32]]);
+    // A prefix that leaves `B` alone (a scratch value, a `let`): no read-in.
+    let scratch = |_: &Buffer, i: &Expr| {
+        let t = Buffer::temp(
+            "t",
+            DataType::f32(),
+            vec![Expr::from(1)],
+            StorageScope::Local,
+        );
+        t.allocate(let_stmt("k", i.clone(), |k| {
+            t.store([Expr::from(0)], k.cast(DataType::f32()))
+        }))
+    };
+    let f = rows_with_prefix(scratch);
+    let mut s = Schedule::new(f.clone());
+    s.cache_write("B", "i").unwrap();
+    let g = s.finish().unwrap();
+    assert!(!g.to_string().contains("B_cr"), "{g}");
+    same_results(&f, &g, &shapes);
+    // A prefix that reads `B` before the write: the read-in stays, and the results agree.
+    let reads = |b: &Buffer, i: &Expr| {
+        let t = Buffer::temp(
+            "t",
+            DataType::f32(),
+            vec![Expr::from(1)],
+            StorageScope::Local,
+        );
+        t.allocate(t.store([Expr::from(0)], b.load([i.clone(), Expr::from(3)])))
+    };
+    let f = rows_with_prefix(reads);
+    let mut s = Schedule::new(f.clone());
+    s.cache_write("B", "i").unwrap();
+    let g = s.finish().unwrap();
+    assert!(g.to_string().contains("B_cr"), "{g}");
+    same_results(&f, &g, &shapes);
+    // The same read in a `let`'s value: the read-in stays.
+    let in_let = |b: &Buffer, i: &Expr| {
+        let t = Buffer::temp(
+            "t",
+            DataType::f32(),
+            vec![Expr::from(1)],
+            StorageScope::Local,
+        );
+        t.allocate(let_stmt("v", b.load([i.clone(), Expr::from(5)]), |v| {
+            t.store([Expr::from(0)], v)
+        }))
+    };
+    let f = rows_with_prefix(in_let);
+    let mut s = Schedule::new(f.clone());
+    s.cache_write("B", "i").unwrap();
+    let g = s.finish().unwrap();
+    assert!(g.to_string().contains("B_cr"), "{g}");
+    same_results(&f, &g, &shapes);
+}
+
 /// `partition` splits a loop's range in two loops that compute what the one did; the second
 /// starts at 0 and its inner loops are renamed, so each part takes its own schedule.
 #[test]

@@ -483,8 +483,10 @@ fn panel_order<T: Clone>(panel: T, rest: &[T], column: T) -> Vec<T> {
         .collect()
 }
 
-/// Whether the first thing `s` runs (through `Seq`s) writes every element of `cache`
-/// (extents `ext`) before anything reads it. That is a nest of loops with constant bounds (and
+/// Whether the first thing `s` runs that touches `cache` writes every element of it (extents
+/// `ext`) before anything reads it. The statements before it (through `Seq`s, `allocate`s and
+/// `let`s) must not touch `cache`: a softmax's row, whose max is found before its exponentials
+/// are written. That first thing is a nest of loops with constant bounds (and
 /// `Seq`s, entered at their first statement) whose first statement run per iteration is one
 /// store to `cache` at indices that are distinct loop variables of the nest plus constants,
 /// each loop covering exactly `0..ext[d]` (or the index `0` where `ext[d]` is 1), whose value
@@ -493,13 +495,9 @@ fn panel_order<T: Clone>(panel: T, rest: &[T], column: T) -> Vec<T> {
 /// before it touches it, and no iteration touches another's (the init of an accumulation:
 /// `for i, j { C[i, j] = 0; for k { C[i, j] += .. } }`). The cache's earlier contents are dead.
 fn overwrites_first(s: &Stmt, cache: &Buffer, ext: &[i64]) -> bool {
-    let mut root = s;
-    while let Stmt::Seq(v) = root {
-        match v.first() {
-            Some(f) => root = f,
-            None => return false,
-        }
-    }
+    let Some(root) = first_touch(s, &cache.name) else {
+        return false;
+    };
     let mut nest: HashMap<crate::ir::VarId, (i64, i64)> = HashMap::new();
     let mut s = root;
     loop {
@@ -565,6 +563,25 @@ fn overwrites_first(s: &Stmt, cache: &Buffer, ext: &[i64]) -> bool {
     }
     rewrite::accesses(root, &cache.name, &mut loads, &mut stores);
     loads.iter().chain(&stores).all(|ix| ix == indices)
+}
+
+/// The first statement `s` runs that touches `name` (loads or stores it), found through
+/// `Seq`s, `allocate`s and `let`s that run unconditionally; `None` where nothing does.
+fn first_touch<'s>(s: &'s Stmt, name: &str) -> Option<&'s Stmt> {
+    let touches = |x: &Stmt| {
+        let (mut loads, mut stores) = (vec![], vec![]);
+        rewrite::accesses(x, name, &mut loads, &mut stores);
+        !(loads.is_empty() && stores.is_empty())
+    };
+    match s {
+        Stmt::Seq(v) => v
+            .iter()
+            .find(|x| touches(x))
+            .and_then(|x| first_touch(x, name)),
+        Stmt::Let { value, .. } if touches(&Stmt::Evaluate(value.clone())) => Some(s),
+        Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => first_touch(body, name),
+        _ => touches(s).then_some(s),
+    }
 }
 
 fn collect_loops(s: &Stmt, out: &mut HashMap<crate::ir::VarId, (i64, i64)>) {

@@ -458,7 +458,10 @@ impl Schedule {
     /// Caches `buffer` over one iteration of loop `at`: the region the body of `at` reads and
     /// writes (indices affine in the loops inside `at`, with constant bounds) gets a `local`
     /// buffer `<buffer>_local`, loaded before the body and written back after it, guarded where
-    /// the region may pass the buffer's end. Returns the cache's name.
+    /// the region may pass the buffer's end. The load is left out where the first statement of
+    /// the body that touches the region (past any that leave it alone: a softmax row's max)
+    /// overwrites all of it before reading it; the output is then written once, by the
+    /// write-back, which may take streaming stores. Returns the cache's name.
     ///
     /// # Errors
     /// Non-affine indices, accesses with different offsets outside `at`, or symbolic inner

@@ -107,7 +107,11 @@ impl Emitter<'_> {
                     )))
                 }
                 ForKind::Parallel => self.parallel_for(var, min, extent, body)?,
-                ForKind::Vectorized if self.vector_for(var, min, extent, body)? => {}
+                // A vectorized loop that writes a streamed output (the write-back of a
+                // `cache_write`) takes the streaming form, itself vectorized.
+                ForKind::Vectorized
+                    if self.stream_store(var, body, extent.as_int()).is_none()
+                        && self.vector_for(var, min, extent, body)? => {}
                 ForKind::Unrolled if self.unrolled_for(var, min, extent, body)? => {}
                 ForKind::Serial if self.window_row(var, min, extent, body)? => {}
                 _ => self.serial_for(var, min, extent, *kind, body)?,
@@ -293,7 +297,10 @@ impl Emitter<'_> {
         body: &Stmt,
     ) -> R<()> {
         let extent = self.next_extent.take();
-        if matches!(kind, ForKind::Serial | ForKind::Parallel) {
+        if matches!(
+            kind,
+            ForKind::Serial | ForKind::Parallel | ForKind::Vectorized
+        ) {
             if let Some((buffer, indices)) = self.stream_store(var, body, extent) {
                 return self.stream_loop(var, lo, end, body, &buffer, &indices);
             }
