@@ -184,7 +184,10 @@ fn big_outputs_get_non_temporal_stores_on_x86() {
         kiln::schedule::kernels::matmul_sized(96, 96, 64).unwrap(),
         &opts(Some(16 << 10)),
     );
-    assert!(!tiled.contains("movnt"), "a tiled matmul's narrow rows stream");
+    assert!(
+        !tiled.contains("movnt"),
+        "a tiled matmul's narrow rows stream"
+    );
 }
 
 #[test]

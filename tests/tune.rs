@@ -955,6 +955,20 @@ fn softmax_columns_are_leaves_with_vector_and_rfactor_knobs() {
     let hand = &seeds[2];
     assert_eq!(hand[0].leaves[..4], [64, 16, 64, 16]);
     assert_eq!(hand[0].parallel, 1);
+    // And kiln's AVX2 softmax's widths, four vectors a leaf: with AVX2's lanes, seeds of 32-lane
+    // leaves and reductions in 32 or 64 lanes; with AVX-512's, 64 everywhere.
+    let leaves = |lanes| -> Vec<[i64; 4]> {
+        space::seeds_for_lanes(&nests, lanes)
+            .iter()
+            .map(|c| c[0].leaves[..4].try_into().unwrap())
+            .collect()
+    };
+    let avx2 = leaves(8);
+    assert!(
+        avx2.contains(&[32, 32, 32, 32]) && avx2.contains(&[64, 32, 64, 32]),
+        "{avx2:?}"
+    );
+    assert!(leaves(16).contains(&[64, 64, 64, 64]), "{:?}", leaves(16));
     // The `exp` loop reads the row the max loop read: it is where the next row is prefetched,
     // as in kiln's hand schedule.
     assert_eq!(space::prefetch_leaf(n), Some((1, "A".to_string())));

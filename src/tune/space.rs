@@ -1327,44 +1327,59 @@ fn regtile_seeds(nests: &[Nest], usual: &Choice, lanes: i64) -> Vec<Choice> {
 
 /// The hand-written starting points: the default (nothing), the usual first schedule
 /// (outermost loop parallel, innermost spatial loop vectorized by 8 or 16, and each leaf at
-/// the allowed width nearest 16 for a spatial loop, 64 for a reduction: kiln's softmax), and
-/// on it register tiles ([`Knobs::regtile`]: for each row loop, the two that fill three
-/// quarters of the vector registers, and the first packed) for vectors of `lanes` elements
+/// the allowed width nearest 16 for a spatial loop, 64 for a reduction: kiln's AVX-512
+/// softmax), on it register tiles ([`Knobs::regtile`]: for each row loop, the two that fill
+/// three quarters of the vector registers, and the first packed), and leaves four vectors wide
+/// with reductions in four or eight (kiln's AVX2 softmax), for vectors of `lanes` elements
 /// (8: AVX2's 32 bytes of `float32`; 16: AVX-512's).
 pub fn seeds_for_lanes(nests: &[Nest], lanes: i64) -> Vec<Choice> {
     let none: Choice = nests.iter().map(|_| Knobs::default()).collect();
     let mut out = vec![none];
     for width in [8, 16] {
-        out.push(
-            nests
-                .iter()
-                .map(|n| {
-                    let (_, v, _, p) = knob_values(n);
-                    let mut leaves = [0; MAX_LEAVES];
-                    for ((x, vals), l) in leaves.iter_mut().zip(leaf_values(n)).zip(&n.leaves) {
-                        let want: i64 = if l.reduction { 64 } else { width };
-                        *x = vals
-                            .iter()
-                            .copied()
-                            .min_by_key(|&w| (w - want).abs())
-                            .unwrap_or(0);
-                    }
-                    let mut k = Knobs {
-                        vector: if v.contains(&width) { width } else { 0 },
-                        parallel: if p.contains(&1) { 1 } else { 0 },
-                        leaves,
-                        // As kiln's softmax: the re-read buffer prefetched for the next row.
-                        prefetch: true,
-                        ..Knobs::default()
-                    };
-                    sanitize(n, &mut k, true);
-                    k
-                })
-                .collect(),
-        );
+        out.push(usual_seed(nests, width, width, 64));
     }
     out.extend(regtile_seeds(nests, &out[out.len() - 1], lanes));
+    // Leaves four vectors wide (AVX2's softmax: its `exp` in 32 lanes, as four chains of the
+    // polynomial in flight), the reductions in four vectors or eight (at most 64 lanes): the
+    // first schedule's widths are for AVX-512's registers.
+    let wide = 4 * lanes.max(1);
+    for reduction in [wide, (2 * wide).min(64)] {
+        let c = usual_seed(nests, 16, wide, reduction);
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
     out
+}
+
+/// The usual first schedule: outermost loop parallel, innermost spatial loop vectorized by
+/// `vector`, each spatial leaf at the allowed width nearest `leaf`, each reduction leaf nearest
+/// `reduction`, and the re-read buffer prefetched for the next row (kiln's softmax).
+fn usual_seed(nests: &[Nest], vector: i64, leaf: i64, reduction: i64) -> Choice {
+    nests
+        .iter()
+        .map(|n| {
+            let (_, v, _, p) = knob_values(n);
+            let mut leaves = [0; MAX_LEAVES];
+            for ((x, vals), l) in leaves.iter_mut().zip(leaf_values(n)).zip(&n.leaves) {
+                let want = if l.reduction { reduction } else { leaf };
+                *x = vals
+                    .iter()
+                    .copied()
+                    .min_by_key(|&w| (w - want).abs())
+                    .unwrap_or(0);
+            }
+            let mut k = Knobs {
+                vector: if v.contains(&vector) { vector } else { 0 },
+                parallel: if p.contains(&1) { 1 } else { 0 },
+                leaves,
+                prefetch: true,
+                ..Knobs::default()
+            };
+            sanitize(n, &mut k, true);
+            k
+        })
+        .collect()
 }
 
 /// [`seeds_for_lanes`] for AVX2's vectors: 8 lanes of `float32`.
