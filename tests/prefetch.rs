@@ -479,3 +479,34 @@ fn prefetch_next_names_a_loop_the_copy_reads_between() {
     assert!(e.contains(&format!("reads `{jo}` between them")), "{e}");
     assert_eq!(s.func().to_string(), before);
 }
+
+/// The bounds: a copy of more than 4 M cache lines (a row of 2^28 floats, 16 M lines) and a
+/// loop `at` of more than 4 M iterations (a row of 2^23) are refused with what was seen, no
+/// overflow and no panic, the schedule unchanged; a row of 2^21 floats (128 K lines over 2 M
+/// iterations) is within them.
+#[test]
+fn prefetch_next_refuses_copies_and_loops_past_its_bounds() {
+    let mut s = Schedule::new(scale(2, 1 << 28));
+    let cache = s.cache_read("A", "i").unwrap();
+    let before = s.func().to_string();
+    let e = s.prefetch_next(&cache, "i", "j").unwrap_err().to_string();
+    assert!(e.contains("reads more than 4194304 cache lines"), "{e}");
+    assert_eq!(s.func().to_string(), before);
+
+    let mut s = Schedule::new(scale(2, 1 << 23));
+    let cache = s.cache_read("A", "i").unwrap();
+    let before = s.func().to_string();
+    let e = s.prefetch_next(&cache, "i", "j").unwrap_err().to_string();
+    assert!(
+        e.contains("needs loop `j` to run from 0 to a constant of at most 4194304"),
+        "{e}"
+    );
+    assert_eq!(s.func().to_string(), before);
+
+    let mut s = Schedule::new(scale(2, 1 << 21));
+    let cache = s.cache_read("A", "i").unwrap();
+    assert_eq!(
+        s.prefetch_next(&cache, "i", "j").unwrap(),
+        (1 << 21) * 4 / 64
+    );
+}
