@@ -1,7 +1,7 @@
 //! Random schedules: sequences of primitives with random loops and factors (splits that do or
 //! do not divide, range partitions, reorders, fissions, fuses, loop kinds, `cache_write`,
 //! `cache_read`)
-//! applied to small matmuls and a row sum. Each step either applies or fails with a
+//! applied to small matmuls, a row sum and a softmax. Each step either applies or fails with a
 //! `ScheduleError` (never a panic), and a failed step leaves the schedule as it was: whatever
 //! applied, the finished function verifies and computes what the plain function computes, in
 //! the interpreter, and in the JIT when no step asked for `parallel` or `vectorized` (which
@@ -124,10 +124,11 @@ proptest! {
         k in 1..7i64,
         picks in prop::collection::vec(pick(), 1..8),
     ) {
-        let (plain, shapes, buffers) = if which == 0 {
-            (kernels::matmul_sized(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]], ("B", "C"))
-        } else {
-            (kernels::rowsum_sized(m, n), vec![vec![m, n], vec![m]], ("A", "B"))
+        let (plain, shapes, buffers) = match which {
+            0 => (kernels::matmul_sized(m, n, k), vec![vec![m, k], vec![k, n], vec![m, n]], ("B", "C")),
+            1 => (kernels::rowsum_sized(m, n), vec![vec![m, n], vec![m]], ("A", "B")),
+            // A row's max before its output is written: a `cache_write` of `B` drops its read-in.
+            _ => (kernels::softmax_sized(m, n), vec![vec![m, n], vec![m, n]], ("A", "B")),
         };
         let mut s = Schedule::new(plain.clone());
         let mut independent_only = true;
