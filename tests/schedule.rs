@@ -597,11 +597,33 @@ fn rows_with_prefix(
     PrimFunc::new("rows", vec![Param::Buffer(a), Param::Buffer(b)], body)
 }
 
+/// `rows_with_prefix(prefix)` with `B` cached at the row loop: whether the cache is read in,
+/// after checking that the results agree with the plain function's.
+fn reads_in_after(prefix: impl Fn(&kiln::ir::Buffer, &kiln::ir::Expr) -> kiln::ir::Stmt) -> bool {
+    let f = rows_with_prefix(prefix);
+    let mut s = Schedule::new(f.clone());
+    s.cache_write("B", "i").unwrap();
+    let g = s.finish().unwrap();
+    same_results(&f, &g, &[vec![4, 8], vec![4, 8]]);
+    g.to_string().contains("B_cr")
+}
+
+/// A one-element scratch buffer `t` around `body(t)`.
+fn with_scratch(body: impl FnOnce(&kiln::ir::Buffer) -> kiln::ir::Stmt) -> kiln::ir::Stmt {
+    use kiln::ir::{Buffer, DataType, Expr, StorageScope};
+    let t = Buffer::temp(
+        "t",
+        DataType::f32(),
+        vec![Expr::from(1)],
+        StorageScope::Local,
+    );
+    t.allocate(body(&t))
+}
+
 #[test]
 fn cache_write_finds_the_first_write_past_statements_that_leave_the_cache_alone() {
     use kiln::ir::builder::let_stmt;
-    use kiln::ir::{Buffer, DataType, Expr, StorageScope};
-    let shapes = [vec![4, 8], vec![4, 8]];
+    use kiln::ir::{DataType, Expr};
     // A softmax row: its max and the sum's init come before the exponentials are written. The
     // read-in of `B` is dead: none (the output is then written once, by the write-back).
     let f = kernels::softmax_sized(4, 32);
@@ -612,57 +634,21 @@ fn cache_write_finds_the_first_write_past_statements_that_leave_the_cache_alone(
     assert!(text.contains("B_local") && !text.contains("B_cr"), "{g}");
     same_results(&f, &g, &[vec![4, 32], vec![4, 32]]);
     // A prefix that leaves `B` alone (a scratch value, a `let`): no read-in.
-    let scratch = |_: &Buffer, i: &Expr| {
-        let t = Buffer::temp(
-            "t",
-            DataType::f32(),
-            vec![Expr::from(1)],
-            StorageScope::Local,
-        );
-        t.allocate(let_stmt("k", i.clone(), |k| {
+    assert!(!reads_in_after(|_, i| with_scratch(|t| {
+        let_stmt("k", i.clone(), |k| {
             t.store([Expr::from(0)], k.cast(DataType::f32()))
-        }))
-    };
-    let f = rows_with_prefix(scratch);
-    let mut s = Schedule::new(f.clone());
-    s.cache_write("B", "i").unwrap();
-    let g = s.finish().unwrap();
-    assert!(!g.to_string().contains("B_cr"), "{g}");
-    same_results(&f, &g, &shapes);
+        })
+    })));
     // A prefix that reads `B` before the write: the read-in stays, and the results agree.
-    let reads = |b: &Buffer, i: &Expr| {
-        let t = Buffer::temp(
-            "t",
-            DataType::f32(),
-            vec![Expr::from(1)],
-            StorageScope::Local,
-        );
-        t.allocate(t.store([Expr::from(0)], b.load([i.clone(), Expr::from(3)])))
-    };
-    let f = rows_with_prefix(reads);
-    let mut s = Schedule::new(f.clone());
-    s.cache_write("B", "i").unwrap();
-    let g = s.finish().unwrap();
-    assert!(g.to_string().contains("B_cr"), "{g}");
-    same_results(&f, &g, &shapes);
+    assert!(reads_in_after(|b, i| with_scratch(|t| {
+        t.store([Expr::from(0)], b.load([i.clone(), Expr::from(3)]))
+    })));
     // The same read in a `let`'s value: the read-in stays.
-    let in_let = |b: &Buffer, i: &Expr| {
-        let t = Buffer::temp(
-            "t",
-            DataType::f32(),
-            vec![Expr::from(1)],
-            StorageScope::Local,
-        );
-        t.allocate(let_stmt("v", b.load([i.clone(), Expr::from(5)]), |v| {
+    assert!(reads_in_after(|b, i| with_scratch(|t| {
+        let_stmt("v", b.load([i.clone(), Expr::from(5)]), |v| {
             t.store([Expr::from(0)], v)
-        }))
-    };
-    let f = rows_with_prefix(in_let);
-    let mut s = Schedule::new(f.clone());
-    s.cache_write("B", "i").unwrap();
-    let g = s.finish().unwrap();
-    assert!(g.to_string().contains("B_cr"), "{g}");
-    same_results(&f, &g, &shapes);
+        })
+    })));
 }
 
 /// `partition` splits a loop's range in two loops that compute what the one did; the second
