@@ -16,8 +16,9 @@
 //! - the output is a `float32`/`float64` buffer parameter, compact (no strides), written by
 //!   exactly one store and never read in the function;
 //! - that store is the only store of a serial loop (or of the chunk of a parallel loop each
-//!   thread runs, or of a vectorized loop: a `cache_write`'s write-back of a row) whose body is lane-wise (the emitter's vectorizer accepts it: the store, lets
-//!   and conditions that do not depend on the loop variable, no inner loop), and its index moves
+//!   thread runs, or of a vectorized loop: a `cache_write`'s write-back of a row) whose body
+//!   is lane-wise (the emitter's vectorizer accepts it: the store, lets and conditions that do
+//!   not depend on the loop variable, no inner loop), and its index moves
 //!   by one element per iteration in the last dimension, with no variable bound in the body
 //!   (its address is taken before the loop); a loop of constant extent writes at least 512
 //!   bytes, or the threshold if smaller (else it would run mostly in the scalar head and tail). With one store to an output nobody
