@@ -369,19 +369,19 @@ fn a_staged_rows_write_back_streams() {
         let a = asm(f.clone(), &opts(Some(0)));
         assert!(a.contains("movnt"), "the write-back does not stream\n{f}");
     }
+    let floats = |b: &[u8]| -> Vec<f32> {
+        b.chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
     for shift in [0, 4, 36] {
         let (got, want) = run_both(&f, &opts(Some(0)), shift);
         let (plain_got, plain_want) = run_both(&plain, &opts(None), shift);
-        assert_eq!(want, plain_want, "the interpreter disagrees with itself");
-        let g: Vec<f32> = got
-            .chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let w: Vec<f32> = plain_got
-            .chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        for (k, (x, y)) in g.iter().zip(&w).enumerate() {
+        assert_eq!(
+            want, plain_want,
+            "the staged softmax and the plain one differ in the interpreter"
+        );
+        for (k, (x, y)) in floats(&got).iter().zip(&floats(&plain_got)).enumerate() {
             assert!(
                 (x - y).abs() <= 1e-6 * y.abs().max(1e-3),
                 "[{k}] at +{shift}: {x} vs {y}"
