@@ -248,6 +248,19 @@ fn kiln_tune_records_and_kiln_build_applies() {
     assert!(ok, "{text}");
     assert!(text.contains("8 candidates"), "{text}");
     assert!(text.contains("default:"), "{text}");
+    // Duels (3 rounds by default): the summary counts them, and each has its line.
+    let duels: usize = text
+        .split(" duels with the best so far, ")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of duels: {text}"));
+    assert_eq!(
+        text.matches(" (paired with the best so far: ").count()
+            + text.matches(" (lost its duel: ").count(),
+        duels,
+        "{text}"
+    );
     // A 256^3 matmul is always beaten by some schedule of 8: the register-tiled templates
     // (on one thread, 2.5x the default on an AVX-512 Xeon; the default's reduction is already
     // vectorized by `codegen::interchange`, which at 96^3 the templates did not beat).
@@ -1995,4 +2008,144 @@ fn a_record_measured_in_huge_pages_says_so_when_applied() {
     assert!(!plain.contains("huge_pages"), "{plain}");
     let back: Record = serde_json::from_str(&plain).unwrap();
     assert!(!back.huge_pages);
+}
+
+/// A measurer whose candidates take scripted times by the order they first come in: the
+/// `k`-th distinct candidate's successive measurements take `script[k]`'s times, the last
+/// one from then on (`None` fails), each batch within 10 % of its median; later candidates take 5 s.
+struct ByOrder {
+    script: Vec<Vec<Option<f64>>>,
+    seen: Vec<Vec<Step>>,
+    calls: Vec<Vec<Step>>,
+}
+
+impl ByOrder {
+    fn new(script: Vec<Vec<Option<f64>>>) -> ByOrder {
+        ByOrder {
+            script,
+            seen: Vec::new(),
+            calls: Vec::new(),
+        }
+    }
+
+    /// The index of `steps` in the order candidates came in.
+    fn index(&self, steps: &[Step]) -> usize {
+        self.seen.iter().position(|s| s == steps).unwrap()
+    }
+}
+
+impl Measurer for ByOrder {
+    fn baseline(&self) -> Timing {
+        flat(10.0)
+    }
+
+    fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
+        let k = match self.seen.iter().position(|s| s == steps) {
+            Some(k) => k,
+            None => {
+                self.seen.push(steps.to_vec());
+                self.seen.len() - 1
+            }
+        };
+        let n = self.calls.iter().filter(|s| s.as_slice() == steps).count();
+        self.calls.push(steps.to_vec());
+        let t = match self.script.get(k) {
+            Some(v) => v[n.min(v.len() - 1)],
+            None => Some(5.0),
+        };
+        match t {
+            Some(t) => Outcome::Ok(Timing {
+                median: t,
+                min: t * 0.9,
+                max: t * 1.1,
+            }),
+            None => Outcome::Crashed("scripted".into()),
+        }
+    }
+}
+
+/// With duels, a candidate whose one measurement was lucky (1.7 s, truly 2.5 s) does not
+/// displace the best so far (2.0 s): it is timed against it round by round and loses; one
+/// whose median is below the best's (1.95 s) but not below its fastest batch (1.8 s), and that
+/// is truly faster (1.8 s), wins its duel, where without duels it would be passed over; one
+/// far faster (1.0 s) wins without a duel. The times from the duels are the ones the final
+/// round's leaders get, and a duel whose measurement fails is lost, not a crash.
+#[test]
+fn a_contender_meets_the_best_so_far_in_a_duel() {
+    let f = kernels::matmul_sized(64, 64, 64);
+    let script = vec![
+        vec![Some(2.0)],
+        vec![Some(1.7), Some(2.5)],
+        vec![Some(1.95), Some(1.8)],
+        vec![Some(1.0)],
+    ];
+    let run = |duel, script: Vec<Vec<Option<f64>>>| {
+        let mut m = ByOrder::new(script);
+        let opts = TuneOptions {
+            trials: 4,
+            duel,
+            ..TuneOptions::default()
+        };
+        let mut better = Vec::new();
+        let r = tune::tune(&f, &host(), &mut m, &opts, |s, t, _| {
+            better.push((s.to_vec(), t.median))
+        })
+        .unwrap();
+        let better: Vec<(usize, f64)> = better.iter().map(|(s, t)| (m.index(s), *t)).collect();
+        (r, better, m)
+    };
+
+    let (r, better, m) = run(3, script.clone());
+    assert_eq!(better, vec![(0, 2.0), (2, 1.8), (3, 1.0)]);
+    assert_eq!((r.duels, r.duels_won), (2, 1));
+    assert_eq!(m.index(&r.best.as_ref().unwrap().0), 3);
+    // The duels alternate: candidate then best, best then candidate, ...
+    let order: Vec<usize> = m.calls.iter().map(|s| m.index(s)).collect();
+    assert_eq!(order, vec![0, 1, 1, 0, 0, 1, 1, 0, 2, 2, 0, 0, 2, 2, 0, 3]);
+    let leaders: Vec<(usize, f64)> = r
+        .leaders
+        .iter()
+        .map(|(s, t)| (m.index(s), t.median))
+        .collect();
+    assert_eq!(leaders, vec![(3, 1.0), (2, 1.8), (0, 2.0), (1, 2.5)]);
+
+    // Without duels the lucky time wins, and the truly faster one is passed over.
+    let (r, better, m) = run(0, script.clone());
+    assert_eq!(better, vec![(0, 2.0), (1, 1.7), (3, 1.0)]);
+    assert_eq!((r.duels, r.duels_won), (0, 0));
+    assert_eq!(m.calls.len(), 4);
+
+    // A duel whose measurement fails is lost.
+    let mut failing = script;
+    failing[1] = vec![Some(1.7), None];
+    let (r, better, _) = run(3, failing);
+    assert_eq!(better, vec![(0, 2.0), (2, 1.8), (3, 1.0)]);
+    assert_eq!((r.duels, r.duels_won), (2, 1));
+}
+
+/// The best so far is always an entrant of the final round, even where four candidates
+/// measured faster once, within its spread (so none of them became the new best).
+#[test]
+fn the_best_so_far_enters_the_final_round() {
+    let f = kernels::matmul_sized(64, 64, 64);
+    // The best: 2.0 s, its fastest batch 1.8 s; then four at 1.95-1.82 s.
+    let mut m = ByOrder::new(vec![
+        vec![Some(2.0)],
+        vec![Some(1.95)],
+        vec![Some(1.9)],
+        vec![Some(1.85)],
+        vec![Some(1.82)],
+    ]);
+    let opts = TuneOptions {
+        trials: 5,
+        ..TuneOptions::default()
+    };
+    let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {}).unwrap();
+    assert_eq!(m.index(&r.best.as_ref().unwrap().0), 0);
+    let leaders: Vec<(usize, f64)> = r
+        .leaders
+        .iter()
+        .map(|(s, t)| (m.index(s), t.median))
+        .collect();
+    assert_eq!(leaders, vec![(4, 1.82), (3, 1.85), (2, 1.9), (0, 2.0)]);
 }

@@ -63,6 +63,11 @@ pub struct TuneArgs {
     /// it (0: exactly `--pair` rounds).
     #[arg(long, value_name = "SE", default_value_t = 0.02)]
     pair_se: f64,
+    /// Rounds of a duel during the search (0: none): a candidate whose median is below the
+    /// best so far's is timed against it in alternating rounds (up to twice as many, until the
+    /// ratio is known to 2 %) and becomes the new best only if it is faster in the median round.
+    #[arg(long, value_name = "ROUNDS", default_value_t = 3)]
+    duel: usize,
     /// Measure in this process instead of a worker process (faster to start; a crashing
     /// candidate then ends the search).
     #[arg(long)]
@@ -264,6 +269,7 @@ fn tune_one(
         seed: a.seed,
         progress: !a.quiet,
         stop: None,
+        duel: a.duel,
     };
     // A record of this search: `steps` timed at `time` after `trials` candidates.
     let record = |steps: Vec<Step>, time, trials| Record {
@@ -352,7 +358,7 @@ fn tune_one(
         confirmed = Some(p);
     }
     println!(
-        "{}: {} candidates in {:.1} s ({:.2} s each; {} refused, {} wrong, {} crashed, {} abandoned)",
+        "{}: {} candidates in {:.1} s ({:.2} s each; {} refused, {} wrong, {} crashed, {} abandoned; {} duels with the best so far, {} won)",
         w.key,
         report.trials,
         report.seconds,
@@ -360,7 +366,9 @@ fn tune_one(
         report.invalid,
         report.wrong,
         report.crashed,
-        report.abandoned
+        report.abandoned,
+        report.duels,
+        report.duels_won
     );
     println!(
         "default: {:.4} ms [{:.4}, {:.4}]",

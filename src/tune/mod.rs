@@ -26,7 +26,9 @@
 //! [`templates::TemplateSpace`]; an evolutionary search with a population
 //! of four, and one random candidate in five, so it does not stall in a corner). Every candidate
 //! is checked against the default build's results before it is timed, so a schedule that
-//! computes something else can never win. It stops after a number of measured candidates or of
+//! computes something else can never win, and a candidate that seems to beat the best so far
+//! meets it in a duel (the two timed in alternating rounds, [`pair_steps`]), so that a lucky
+//! measurement cannot win either. It stops after a number of measured candidates or of
 //! seconds, whichever comes first; a budget of seconds holds for what follows the search as
 //! well (the [`final_round`] and the pairing with the default, [`pair_until`]): the search stops
 //! early enough to leave them their projected time ([`follow_up_seconds`]).
@@ -72,7 +74,20 @@ pub struct TuneOptions {
     pub progress: bool,
     /// Set from another thread (or a signal handler) to stop after the current candidate.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Rounds of a duel (0: none, a median below the best's fastest batch wins outright): a
+    /// candidate whose median is below the best so far's (but not [`DUEL_CLEAR`] times below)
+    /// is timed against it in alternating rounds ([`pair_steps`]; more, up to twice as many,
+    /// until the ratio's standard error is at most [`DUEL_SE`]) and becomes the new best only
+    /// if it is faster in the median round. The loser's time from the duel is the one kept.
+    pub duel: usize,
 }
+
+/// A candidate whose median is this many times below the best so far's wins without a duel:
+/// beyond the machine's slow and fast phases (15-25 % on the 2-core VMs kiln is measured on).
+pub const DUEL_CLEAR: f64 = 1.3;
+
+/// The bound on a duel's standard error past its first rounds ([`TuneOptions::duel`]).
+pub const DUEL_SE: f64 = 0.02;
 
 impl Default for TuneOptions {
     fn default() -> Self {
@@ -84,6 +99,7 @@ impl Default for TuneOptions {
             seed: 0,
             progress: false,
             stop: None,
+            duel: 0,
         }
     }
 }
@@ -110,6 +126,10 @@ pub struct TuneReport {
     pub abandoned: usize,
     /// Seconds the search took.
     pub seconds: f64,
+    /// Candidates timed against the best so far in a duel ([`TuneOptions::duel`]).
+    pub duels: usize,
+    /// Duels the candidate won (it became the new best).
+    pub duels_won: usize,
     /// The fastest candidates by median that beat the default (at most [`FINALISTS`]), fastest
     /// first: the entrants of a [`final_round`]. The search's `best` is the last candidate that
     /// beat the best so far beyond its spread, which need not be the first of them.
@@ -213,9 +233,10 @@ pub fn final_round(
 }
 
 /// Searches for the fastest schedule of `f`, measuring with `m`. `on_better` is called with
-/// every candidate that beats the best so far (and the default) beyond its spread (its median
-/// below the fastest batch of the best so far): the place to save a record,
-/// so that an interrupted search keeps what it found.
+/// every candidate that becomes the new best, with the time it won with: against the default,
+/// a median below its fastest batch; against a best so far, a duel won
+/// ([`TuneOptions::duel`]), or with no duels a median below the best's fastest batch. It is
+/// the place to save a record, so that an interrupted search keeps what it found.
 ///
 /// # Errors
 /// A function with no loop nest.
@@ -272,14 +293,16 @@ pub fn tune(
         crashed: 0,
         abandoned: 0,
         seconds: 0.0,
+        duels: 0,
+        duels_won: 0,
         leaders: Vec::new(),
     };
     // Every candidate that measured: (time, steps), for the leaders.
     let mut measured: Vec<(Timing, Vec<Step>)> = Vec::new();
     let mut best = default.median;
-    // What a candidate must beat to be the new best: the fastest batch of the best so far (the
-    // default's at first). A median within the best's own spread is a tie, not a win: on a
-    // noisy machine such "wins" came out slower when measured again.
+    // What a candidate must beat to be the new best without a duel: the fastest batch of the
+    // best so far (the default's at first). A median within the best's own spread is a tie,
+    // not a win: on a noisy machine such "wins" came out slower when measured again.
     let mut bar = default.min.min(default.median);
     // The seeds but the first (no knob set: the default, timed already, and for a large
     // kernel the slowest candidate there is: 48 s a call for a 2048³ matmul).
@@ -309,6 +332,10 @@ pub fn tune(
         })
     };
     let width = m.batch_width().max(1);
+    // A duel adds rounds past its first ones only before the budget of seconds runs out.
+    let deadline = opts
+        .seconds
+        .and_then(|s| start.checked_add(std::time::Duration::try_from_secs_f64(s).ok()?));
     while report.trials < opts.trials && attempts < opts.trials * 50 + 100 {
         if out_of_time(&start, &measured)
             || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
@@ -368,17 +395,67 @@ pub fn tune(
                     if t.median < default.median {
                         measured.push((*t, steps.clone()));
                     }
-                    let mark = if t.median < bar {
-                        best = t.median;
-                        bar = t.min.min(t.median);
-                        report.best = Some((steps.clone(), *t));
-                        on_better(&steps, *t, report.trials);
+                    // The time it wins with: its single measurement, or its duel's.
+                    let mut won = None;
+                    let mut note = String::new();
+                    match report.best.clone() {
+                        // A contender for the best so far meets it round by round.
+                        Some((incumbent, _))
+                            if opts.duel > 0
+                                && t.median < best
+                                && t.median * DUEL_CLEAR >= best =>
+                        {
+                            report.duels += 1;
+                            let plan = PairPlan {
+                                rounds: opts.duel,
+                                se: DUEL_SE,
+                                max_rounds: opts.duel.saturating_mul(2),
+                                deadline,
+                            };
+                            match pair_steps(m, &steps, &incumbent, "the best so far", plan) {
+                                Ok((p, ct, it)) => {
+                                    note = format!(
+                                        " (paired with the best so far: {:.3}x [{:.3}, {:.3}] over {} rounds{})",
+                                        p.speedup,
+                                        p.low,
+                                        p.high,
+                                        p.rounds,
+                                        if p.speedup > 1.0 { "" } else { ": not faster" }
+                                    );
+                                    if p.speedup > 1.0 {
+                                        report.duels_won += 1;
+                                        won = Some(ct);
+                                    } else {
+                                        // The best so far keeps its place, at its time of now.
+                                        best = it.median;
+                                        bar = it.min.min(it.median);
+                                        report.best = Some((incumbent.clone(), it));
+                                    }
+                                    for (mt, ms) in &mut measured {
+                                        if *ms == steps {
+                                            *mt = ct;
+                                        } else if *ms == incumbent {
+                                            *mt = it;
+                                        }
+                                    }
+                                }
+                                Err(e) => note = format!(" (lost its duel: {e})"),
+                            }
+                        }
+                        _ if t.median < bar => won = Some(*t),
+                        _ => {}
+                    }
+                    let mark = if let Some(wt) = won {
+                        best = wt.median;
+                        bar = wt.min.min(wt.median);
+                        report.best = Some((steps.clone(), wt));
+                        on_better(&steps, wt, report.trials);
                         " new best"
                     } else {
                         ""
                     };
                     format!(
-                        "{:.4} ms ({:.2}x the default){what}{mark}",
+                        "{:.4} ms ({:.2}x the default){what}{mark}{note}",
                         t.median * 1e3,
                         default.median / t.median.max(f64::MIN_POSITIVE)
                     )
@@ -418,6 +495,15 @@ pub fn tune(
         .take(FINALISTS)
         .map(|(t, s)| (s, t))
         .collect();
+    // The best so far is an entrant of the final round, in the last place if it has to be.
+    if let Some((steps, t)) = &report.best {
+        if !report.leaders.iter().any(|(s, _)| s == steps) {
+            if report.leaders.len() == FINALISTS {
+                report.leaders.pop();
+            }
+            report.leaders.push((steps.clone(), *t));
+        }
+    }
     Ok(report)
 }
 
@@ -523,6 +609,23 @@ pub fn pair_until(
     steps: &[Step],
     plan: PairPlan,
 ) -> Result<(Paired, Timing), String> {
+    pair_steps(m, steps, &[], "the default", plan).map(|(p, t, _)| (p, t))
+}
+
+/// [`pair_until`] against `reference` (named `who` in errors: the default build, or a search's
+/// best so far in a [duel](TuneOptions::duel)) instead of the default build: the per-round
+/// ratios are `reference`'s time over `steps`' (above 1: `steps` faster), with both sides'
+/// times over the rounds (`steps`' first).
+///
+/// # Errors
+/// As [`pair_until`].
+pub fn pair_steps(
+    m: &mut dyn Measurer,
+    steps: &[Step],
+    reference: &[Step],
+    who: &str,
+    plan: PairPlan,
+) -> Result<(Paired, Timing, Timing), String> {
     if plan.rounds == 0 {
         return Err("pairing needs at least one round".into());
     }
@@ -534,6 +637,7 @@ pub fn pair_until(
     let most = plan.max_rounds.max(plan.rounds);
     let mut ratios = Vec::with_capacity(plan.rounds);
     let mut times = Vec::with_capacity(plan.rounds);
+    let mut refs = Vec::with_capacity(plan.rounds);
     for r in 0..most {
         if r >= plan.rounds {
             let p = Paired::of(&ratios).expect("rounds were measured");
@@ -544,18 +648,19 @@ pub fn pair_until(
                 break;
             }
         }
-        let (cand, default) = if r % 2 == 0 {
+        let (cand, other) = if r % 2 == 0 {
             let c = time(steps, "the candidate")?;
-            (c, time(&[], "the default")?)
+            (c, time(reference, who)?)
         } else {
-            let d = time(&[], "the default")?;
+            let d = time(reference, who)?;
             (time(steps, "the candidate")?, d)
         };
-        ratios.push(default / cand.max(f64::MIN_POSITIVE));
+        ratios.push(other / cand.max(f64::MIN_POSITIVE));
         times.push(cand);
+        refs.push(other);
     }
     let paired = Paired::of(&ratios).expect("rounds were measured");
-    Ok((paired, Timing::of(times)))
+    Ok((paired, Timing::of(times), Timing::of(refs)))
 }
 
 /// The space a search draws from: the CPU's knobs (the function in normal form, its nests)

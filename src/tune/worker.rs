@@ -120,15 +120,17 @@ pub struct InProcess {
     target: Target,
     bench: Bench,
     baseline: Timing,
-    /// The last [`RECENT`] schedules [`Measurer::measure`] built, newest last: measured again
-    /// (the pairing of a winner with the default alternates between two schedules), they are
-    /// not built again.
+    /// The last [`RECENT`] schedules [`Measurer::measure`] and [`Measurer::measure_batch`]
+    /// built or measured, newest last: measured again (a duel with the best so far, the final
+    /// round, the pairing of a winner with the default), they are not built again.
     recent: Vec<(Vec<Step>, PrimFunc, PackedFunc)>,
 }
 
 /// How many of its latest builds [`InProcess`] keeps for measuring again: a final round's
-/// entrants and the default ([`super::final_round`], then the pairing).
-const RECENT: usize = super::FINALISTS + 1;
+/// entrants and the default ([`super::final_round`], then the pairing), and during the search a
+/// batch of candidates (at most 4) and the best so far, which a candidate of the batch may duel
+/// ([`super::TuneOptions::duel`]).
+const RECENT: usize = super::FINALISTS + 4;
 
 impl InProcess {
     /// Builds and times the default of `f`.
@@ -187,10 +189,7 @@ impl Measurer for InProcess {
             Err(e) => return Outcome::Invalid(e),
         };
         let out = self.bench.check_and_time(&g, &func, cutoff);
-        if self.recent.len() == RECENT {
-            self.recent.remove(0);
-        }
-        self.recent.push((steps.to_vec(), g, func));
+        self.keep(steps, g, func);
         out
     }
 
@@ -203,7 +202,8 @@ impl Measurer for InProcess {
     fn measure_batch(&mut self, batch: &[Vec<Step>], cutoff: Option<f64>) -> Vec<Outcome> {
         self.build_batch(batch)
             .into_iter()
-            .map(|b| self.check_built(b, cutoff))
+            .zip(batch)
+            .map(|(b, steps)| self.check_built(steps, b, cutoff))
             .collect()
     }
 }
@@ -241,12 +241,26 @@ impl InProcess {
         })
     }
 
-    /// Checks and times a candidate [`InProcess::build_batch`] built.
-    fn check_built(&self, b: Built, cutoff: Option<f64>) -> Outcome {
+    /// Checks and times a candidate [`InProcess::build_batch`] built from `steps`, and keeps it
+    /// for measuring again.
+    fn check_built(&mut self, steps: &[Step], b: Built, cutoff: Option<f64>) -> Outcome {
         match b {
-            Ok((g, func)) => self.bench.check_and_time(&g, &func, cutoff),
+            Ok((g, func)) => {
+                let out = self.bench.check_and_time(&g, &func, cutoff);
+                self.keep(steps, g, func);
+                out
+            }
             Err(o) => o,
         }
+    }
+
+    /// Keeps the build of `steps` among the [`RECENT`], newest last.
+    fn keep(&mut self, steps: &[Step], g: PrimFunc, func: PackedFunc) {
+        self.recent.retain(|(s, _, _)| s != steps);
+        if self.recent.len() == RECENT {
+            self.recent.remove(0);
+        }
+        self.recent.push((steps.to_vec(), g, func));
     }
 }
 
@@ -308,8 +322,8 @@ pub fn worker_main() -> Result<(), String> {
             }) => {
                 // Each outcome as it is known: the parent reads a candidate's "checking" line
                 // and then its outcome, before the next candidate's.
-                for b in me.build_batch(&batch) {
-                    say(&Reply::Outcome(me.check_built(b, cutoff)))?;
+                for (b, steps) in me.build_batch(&batch).into_iter().zip(&batch) {
+                    say(&Reply::Outcome(me.check_built(steps, b, cutoff)))?;
                 }
             }
             Ok(_) => say(&Reply::Error(
