@@ -32,6 +32,7 @@ registers), larger or symbolic ones `workspace` buffers, as TVM's own LowerTVMBu
 import math
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 # The s_tir pipeline of TVM 0.27 (tvm/s_tir/pipeline.py) up to LowerOpaqueBlock: everything
@@ -141,6 +142,20 @@ def convert_lowered(name, func):
     if not isinstance(func, tirx.PrimFunc):
         raise BridgeError(f"{name}: only PrimFuncs convert, found {type(func).__name__}")
     return _Function(name, func).convert()
+
+
+def _updates(store, value):
+    """Whether `value` (a `Min` or `Max`) has as an operand a load of the element `store`
+    writes: `acc[i] = max(acc[i], x)`, a reduction's update."""
+    for x in (value.a, value.b):
+        if _kind_name(x) not in ("BufferLoad", "TensorLoad"):
+            continue
+        buf = x.source if hasattr(x, "source") else x.buffer
+        if buf.same_as(store.buffer) and len(x.indices) == len(store.indices) and all(
+            tvm_ffi.structural_equal(i, j) for i, j in zip(x.indices, store.indices)
+        ):
+            return True
+    return False
 
 
 def _is_float(t):
@@ -279,11 +294,21 @@ class _Function:
         if k == "For":
             return self.loop(s)
         if k == "BufferStore":
+            value = s.value
+            if _kind_name(value) in ("Min", "Max") and _updates(s, value):
+                # `acc = max(acc, x)`: a reduction, in kiln's `max` (see `minmax`).
+                at = self.at
+                value = {
+                    "op": BINARY[_kind_name(value)],
+                    "args": [at("value.a", self.expr, value.a), at("value.b", self.expr, value.b)],
+                }
+            else:
+                value = self.at("value", self.expr, value)
             return {
                 "stmt": "store",
                 "buffer": self.buffer_ref(s.buffer, s),
                 "indices": [self.at(f"indices[{i}]", self.expr, e) for i, e in enumerate(s.indices)],
-                "value": self.at("value", self.expr, s.value),
+                "value": value,
             }
         if k == "IfThenElse":
             out = {
@@ -440,6 +465,8 @@ class _Function:
                 # (never undefined behaviour), at TVM's cost: one instruction on x86.
                 cast["saturate"] = False
             return cast
+        if k in ("Min", "Max") and _is_float(_ty(e)):
+            return self.minmax(k, e)
         if k in BINARY:
             return {"op": BINARY[k], "args": [self.at("a", self.expr, e.a), self.at("b", self.expr, e.b)]}
         if k == "Not":
@@ -465,6 +492,33 @@ class _Function:
         if k == "Call":
             return self.call(e)
         raise self.error(e, f"expression {k} is not converted")
+
+    def minmax(self, k, e):
+        """A float `max(a, b)` (`min`) as TVM's LLVM backend writes it: `a > b ? a : b`
+        (`a < b ? a : b`), so that a NaN or a signed zero gives TVM's result (`max(NaN, 1)` is
+        1, `max(1, NaN)` NaN, `max(-0.0, 0.0)` is `0.0`, `max(0.0, -0.0)` is `-0.0`): one
+        `vmaxps` on x86. kiln's own `max` returns NaN for any NaN and orders `-0.0` below
+        `0.0`. A reduction's update (`acc = max(acc, x)`, a buffer stored with the `max` of its
+        own value) stays kiln's `max`, which kiln reduces in any order, in lanes or across
+        threads, with one result; TVM's differs with the order where a NaN comes in."""
+        a = self.at("a", self.expr, e.a)
+        b = self.at("b", self.expr, e.b)
+        dtype = self.dt(_ty(e))
+        binds = []
+
+        def named(x, part):
+            # An operand more than a variable, a constant or a load is computed once.
+            if "var" in x or "const" in x or x.get("op") == "load":
+                return x
+            name = self.fresh(f"{k.lower()}_{part}")
+            binds.append((name, x))
+            return {"var": name}
+
+        a, b = named(a, "a"), named(b, "b")
+        out = {"op": "select", "args": [{"op": "gt" if k == "Max" else "lt", "args": [a, b]}, a, b]}
+        for name, x in reversed(binds):
+            out = {"op": "let", "var": {"name": name, "dtype": dtype}, "value": x, "body": out}
+        return out
 
     def tanh_as_tvm_lowers_it(self, dtype, x):
         """`tanh(x)` as TVM's LLVM backend legalizes `tir.tanh` (its `LowerIntrin` rule):

@@ -199,6 +199,48 @@ def test_tvm_float_to_int_casts_keep_tvms_semantics_without_undefined_behaviour(
     np.testing.assert_array_equal(got[1:], want[1:])
 
 
+def test_tvms_float_max_and_min_give_tvms_bits_with_nans_and_signed_zeros():
+    # TVM's float `max(a, b)` is `a > b ? a : b` (`min`: `a < b ? a : b`): with a NaN or two
+    # zeros of different signs, the result depends on the order. The bridge writes it so, and
+    # kiln's build agrees with TVM's bit for bit (`relu` of NaN is 0, as in TVM); a
+    # reduction's update (`acc = max(acc, x)`) stays kiln's `max`, which returns NaN for any.
+    n = 64
+    A = te.placeholder((n,), name="A")
+    B = te.placeholder((n,), name="B")
+    specials = [np.nan, 1.0, np.nan, -0.0, 0.0, 2.0, -np.inf, np.inf]
+    a = np.resize(np.array(specials, "float32"), n)
+    b = np.resize(np.array([1.0, np.nan, np.nan, 0.0, -0.0, 1.0, np.nan, -1.0], "float32"), n)
+    a[8:] = np.random.default_rng(0).standard_normal(n - 8)
+    ops = {
+        "max": ([A, B], te.compute((n,), lambda i: te.max(A[i], B[i]))),
+        "min": ([A, B], te.compute((n,), lambda i: te.min(A[i], B[i]))),
+        # Operands computed once each (`let`), as TVM's LLVM does.
+        "max_of_sums": ([A, B], te.compute((n,), lambda i: te.max(A[i] * 2.0, B[i] + 1.0))),
+        "relu": ([A], topi.nn.relu(A)),
+        "clip": ([A], topi.clip(A, -1.0, 1.5)),
+    }
+    for name, (ins, out) in ops.items():
+        f = te.create_prim_func(ins + [out]).with_attr("global_symbol", "f")
+        assert '"op": "max"' not in json.dumps(kiln.to_kiln(f)), name
+        args = [a, b][: len(ins)]
+        want = tvm.runtime.tensor(np.empty(n, "float32"))
+        tvm.compile(f, TARGET)["f"](*[tvm.runtime.tensor(x) for x in args], want)
+        for target in [None, {"kind": "llvm", "mcpu": "haswell"}]:
+            got = np.empty(n, "float32")
+            kiln.build(f, target).f(*args, got)
+            np.testing.assert_array_equal(got.view("int32"), want.numpy().view("int32"), name)
+    # A max reduction keeps kiln's `max`.
+    k = te.reduce_axis((0, n), name="k")
+    R2 = te.placeholder((2, n), name="R")
+    red = te.create_prim_func([R2, te.compute((2,), lambda i: te.max(R2[i, k], axis=k))])
+    red = red.with_attr("global_symbol", "f")
+    assert '"op": "max"' in json.dumps(kiln.to_kiln(red))
+    r = np.stack([a, np.abs(a[8:]).repeat(2)[:n]]).astype("float32")
+    got = np.empty(2, "float32")
+    kiln.build(red).f(r, got)
+    assert np.isnan(got[0]) and got[1] == r[1].max()
+
+
 def test_tvms_tanh_is_one_exp_with_the_two_exp_rules_bits():
     # The bridge writes `tir.tanh` as TVM's legalization rule computes it, with one `exp` of
     # -2|x| instead of the rule's two: the same bits as the rule written out in TVM's own
