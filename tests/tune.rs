@@ -2032,6 +2032,14 @@ impl ByOrder {
     fn index(&self, steps: &[Step]) -> usize {
         self.seen.iter().position(|s| s == steps).unwrap()
     }
+
+    /// A search's leaders as (index, median).
+    fn leaders(&self, r: &tune::TuneReport) -> Vec<(usize, f64)> {
+        r.leaders
+            .iter()
+            .map(|(s, t)| (self.index(s), t.median))
+            .collect()
+    }
 }
 
 impl Measurer for ByOrder {
@@ -2102,12 +2110,7 @@ fn a_contender_meets_the_best_so_far_in_a_duel() {
     // The duels alternate: candidate then best, best then candidate, ...
     let order: Vec<usize> = m.calls.iter().map(|s| m.index(s)).collect();
     assert_eq!(order, vec![0, 1, 1, 0, 0, 1, 1, 0, 2, 2, 0, 0, 2, 2, 0, 3]);
-    let leaders: Vec<(usize, f64)> = r
-        .leaders
-        .iter()
-        .map(|(s, t)| (m.index(s), t.median))
-        .collect();
-    assert_eq!(leaders, vec![(3, 1.0), (2, 1.8), (0, 2.0), (1, 2.5)]);
+    assert_eq!(m.leaders(&r), vec![(3, 1.0), (2, 1.8), (0, 2.0), (1, 2.5)]);
 
     // Without duels the lucky time wins, and the truly faster one is passed over.
     let (r, better, m) = run(0, script.clone());
@@ -2142,12 +2145,10 @@ fn the_best_so_far_enters_the_final_round() {
     };
     let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {}).unwrap();
     assert_eq!(m.index(&r.best.as_ref().unwrap().0), 0);
-    let leaders: Vec<(usize, f64)> = r
-        .leaders
-        .iter()
-        .map(|(s, t)| (m.index(s), t.median))
-        .collect();
-    assert_eq!(leaders, vec![(4, 1.82), (3, 1.85), (2, 1.9), (0, 2.0)]);
+    assert_eq!(
+        m.leaders(&r),
+        vec![(4, 1.82), (3, 1.85), (2, 1.9), (0, 2.0)]
+    );
 }
 
 /// A measurer of made-up true times (a hash of the steps, 1-2 s) seen through a machine's
