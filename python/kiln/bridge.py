@@ -294,16 +294,12 @@ class _Function:
         if k == "For":
             return self.loop(s)
         if k == "BufferStore":
-            value = s.value
-            if _kind_name(value) in ("Min", "Max") and _updates(s, value):
+            k_value = _kind_name(s.value)
+            if k_value in ("Min", "Max") and _updates(s, s.value):
                 # `acc = max(acc, x)`: a reduction, in kiln's `max` (see `minmax`).
-                at = self.at
-                value = {
-                    "op": BINARY[_kind_name(value)],
-                    "args": [at("value.a", self.expr, value.a), at("value.b", self.expr, value.b)],
-                }
+                value = self.at("value", self.binary, k_value, s.value)
             else:
-                value = self.at("value", self.expr, value)
+                value = self.at("value", self.expr, s.value)
             return {
                 "stmt": "store",
                 "buffer": self.buffer_ref(s.buffer, s),
@@ -468,7 +464,7 @@ class _Function:
         if k in ("Min", "Max") and _is_float(_ty(e)):
             return self.minmax(k, e)
         if k in BINARY:
-            return {"op": BINARY[k], "args": [self.at("a", self.expr, e.a), self.at("b", self.expr, e.b)]}
+            return self.binary(k, e)
         if k == "Not":
             return {"op": "not", "args": [self.at("a", self.expr, e.a)]}
         if k == "Select":
@@ -492,6 +488,10 @@ class _Function:
         if k == "Call":
             return self.call(e)
         raise self.error(e, f"expression {k} is not converted")
+
+    def binary(self, k, e):
+        """The TIR binary operation `e` of kind `k` as kiln's operation of `BINARY`."""
+        return {"op": BINARY[k], "args": [self.at("a", self.expr, e.a), self.at("b", self.expr, e.b)]}
 
     def minmax(self, k, e):
         """A float `max(a, b)` (`min`) as TVM's LLVM backend writes it: `a > b ? a : b`

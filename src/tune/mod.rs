@@ -78,7 +78,8 @@ pub struct TuneOptions {
     /// candidate whose median is below the best so far's (but not [`DUEL_CLEAR`] times below)
     /// is timed against it in alternating rounds ([`pair_steps`]; more, up to twice as many,
     /// until the ratio's standard error is at most [`DUEL_SE`]) and becomes the new best only
-    /// if it is faster in the median round. The loser's time from the duel is the one kept.
+    /// if it is faster in the median round. Both sides' times from the duel replace their
+    /// single measurements.
     pub duel: usize,
 }
 
@@ -131,8 +132,9 @@ pub struct TuneReport {
     /// Duels the candidate won (it became the new best).
     pub duels_won: usize,
     /// The fastest candidates by median that beat the default (at most [`FINALISTS`]), fastest
-    /// first: the entrants of a [`final_round`]. The search's `best` is the last candidate that
-    /// beat the best so far beyond its spread, which need not be the first of them.
+    /// first, and the search's `best` among them (in the last place where it is not one of the
+    /// fastest): the entrants of a [`final_round`]. The `best` is the last candidate that beat
+    /// the best so far (in a duel, or beyond its spread), which need not be the first of them.
     pub leaders: Vec<(Vec<Step>, Timing)>,
 }
 
@@ -398,13 +400,16 @@ pub fn tune(
                     // The time it wins with: its single measurement, or its duel's.
                     let mut won = None;
                     let mut note = String::new();
-                    match report.best.clone() {
+                    let contends =
+                        opts.duel > 0 && t.median < best && t.median * DUEL_CLEAR >= best;
+                    match report
+                        .best
+                        .as_ref()
+                        .filter(|_| contends)
+                        .map(|(s, _)| s.clone())
+                    {
                         // A contender for the best so far meets it round by round.
-                        Some((incumbent, _))
-                            if opts.duel > 0
-                                && t.median < best
-                                && t.median * DUEL_CLEAR >= best =>
-                        {
+                        Some(incumbent) => {
                             report.duels += 1;
                             let plan = PairPlan {
                                 rounds: opts.duel,
@@ -427,9 +432,13 @@ pub fn tune(
                                         won = Some(ct);
                                     } else {
                                         // The best so far keeps its place, at its time of now.
-                                        best = it.median;
-                                        bar = it.min.min(it.median);
-                                        report.best = Some((incumbent.clone(), it));
+                                        crown(
+                                            &mut best,
+                                            &mut bar,
+                                            &mut report.best,
+                                            &incumbent,
+                                            it,
+                                        );
                                     }
                                     for (mt, ms) in &mut measured {
                                         if *ms == steps {
@@ -442,13 +451,11 @@ pub fn tune(
                                 Err(e) => note = format!(" (lost its duel: {e})"),
                             }
                         }
-                        _ if t.median < bar => won = Some(*t),
-                        _ => {}
+                        None if t.median < bar => won = Some(*t),
+                        None => {}
                     }
                     let mark = if let Some(wt) = won {
-                        best = wt.median;
-                        bar = wt.min.min(wt.median);
-                        report.best = Some((steps.clone(), wt));
+                        crown(&mut best, &mut bar, &mut report.best, &steps, wt);
                         on_better(&steps, wt, report.trials);
                         " new best"
                     } else {
@@ -505,6 +512,20 @@ pub fn tune(
         }
     }
     Ok(report)
+}
+
+/// Makes `steps`, timed at `t`, the search's best: its median the one to beat in a duel, its
+/// fastest batch the one to beat without.
+fn crown(
+    best: &mut f64,
+    bar: &mut f64,
+    slot: &mut Option<(Vec<Step>, Timing)>,
+    steps: &[Step],
+    t: Timing,
+) {
+    *best = t.median;
+    *bar = t.min.min(t.median);
+    *slot = Some((steps.to_vec(), t));
 }
 
 /// Calls of the default build up to this long are paired with the winner after a search
