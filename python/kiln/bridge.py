@@ -324,8 +324,15 @@ class _Function:
                 return {"stmt": "seq", "stmts": [out, self.at("body", self.stmt, s.body)]}
             return out
         if k == "AttrStmt":
-            # Annotations that do not change what the code computes.
-            if str(s.attr_key) in ("pragma_auto_unroll_max_step", "pragma_unroll_explicit", "storage_alignment"):
+            # Annotations that do not change what the code computes. `pragma_scope` ("seq") is
+            # TVMScript's IRBuilder `seq_scope()`, which only groups statements (TOPI's
+            # scatter_elements, scatter_nd, index_put).
+            if str(s.attr_key) in (
+                "pragma_auto_unroll_max_step",
+                "pragma_unroll_explicit",
+                "storage_alignment",
+                "pragma_scope",
+            ):
                 return self.at("body", self.stmt, s.body)
             raise self.error(s, f"attribute `{s.attr_key}` is not converted")
         raise self.error(s, f"statement {k} is not converted")

@@ -271,6 +271,70 @@ def test_tvms_tanh_is_one_exp_with_the_two_exp_rules_bits():
         assert np.abs(got[len(edges):] - np.tanh(x[len(edges):].astype("float64"))).max() < 1e-6
 
 
+def _relax_main(params, body):
+    """A Relax module whose `main` takes `params` ({name: (shape, dtype)}) and returns
+    `body(*vars)`, one operator (legalized by `kiln.tvm.compile` as by `tvm.compile`)."""
+    bb = relax.BlockBuilder()
+    vs = [relax.Var(n, R.Tensor(shape, dt).asobject()) for n, (shape, dt) in params.items()]
+    with bb.function("main", vs):
+        with bb.dataflow():
+            out = bb.emit_output(body(*vs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_scatters_are_built_by_kiln_and_agree_with_tvm():
+    # TOPI writes scatter_elements, scatter_nd and index_put with TVMScript's IRBuilder, whose
+    # `seq_scope()` is an attribute (`pragma_scope`) that only groups statements.
+    op = relax.op
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 10)).astype("float32")
+    cases = [
+        ({"x": ((6, 10), "float32"), "i": ((6, 10), "int32"), "u": ((6, 10), "float32")},
+         lambda a, i, u: op.scatter_elements(a, i, u, axis=1, reduction="add"),
+         [x, rng.integers(-10, 10, (6, 10)).astype("int32"), x * 2]),
+        ({"x": ((6, 10), "float32"), "i": ((3, 2), "int64"), "u": ((3,), "float32")},
+         lambda a, i, u: op.scatter_nd(a, i, u, "add"),
+         [x, np.array([[0, 2], [0, 2], [5, 9]], "int64"), np.array([1, 2, 3], "float32")]),
+        ({"x": ((6, 10), "float32"), "i": ((3,), "int64"), "j": ((3,), "int64"),
+          "u": ((3,), "float32")},
+         lambda a, i, j, u: op.index_put(a, (i, j), u, accumulate=True),
+         [x, np.array([0, 0, 5], "int64"), np.array([2, 2, 9], "int64"),
+          np.array([1, 2, 3], "float32")]),
+    ]
+    for params, body, args in cases:
+        mod = _relax_main(params, body)
+        ex = kiln.tvm.compile(mod, TARGET)
+        assert not ex.kiln_report["tvm"] and ex.kiln_report["kiln"], ex.kiln_report
+        got, want = (relax.VirtualMachine(e, tvm.cpu())["main"](
+            *[tvm.runtime.tensor(a) for a in args]).numpy() for e in (ex, tvm.compile(mod, TARGET)))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_indices_out_of_bounds_raise_an_index_error_instead_of_a_crash():
+    # TVM's `take` (mode "fast", Relax's default) and TOPI's scatters do not check their indices:
+    # TVM's build reads or writes outside the buffer (it warns that fast mode segfaults). kiln's
+    # checks every index read from memory, and the VM call raises.
+    op = relax.op
+    x = np.arange(60, dtype="float32").reshape(6, 10)
+    take = _relax_main({"x": ((6, 10), "float32"), "i": ((3,), "int32")},
+                       lambda a, i: op.take(a, i, axis=1))
+    vm = relax.VirtualMachine(kiln.tvm.compile(take, TARGET), tvm.cpu())
+    ok = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array([9, 0, 3], "int32")))
+    np.testing.assert_array_equal(ok.numpy(), x[:, [9, 0, 3]])
+    for bad in (10, -1, 1 << 28):
+        with pytest.raises(IndexError, match=r"index out of bounds in `take`: .* axis 1 of `\w+` "
+                           r"\(extent 10\)"):
+            vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.array([0, bad, 1], "int32")))
+    scatter = _relax_main(
+        {"x": ((6, 10), "float32"), "i": ((6, 10), "int32"), "u": ((6, 10), "float32")},
+        lambda a, i, u: op.scatter_elements(a, i, u, axis=1))
+    vm = relax.VirtualMachine(kiln.tvm.compile(scatter, TARGET), tvm.cpu())
+    with pytest.raises(IndexError, match="index out of bounds in `scatter_elements`"):
+        vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(np.full((6, 10), 1000, "int32")),
+                   tvm.runtime.tensor(x))
+
+
 def test_kiln_build_refuses_relax_and_unsupported_tir():
     mod, _, _ = models.export("mlp")
     with pytest.raises(TypeError, match="kiln.tvm.compile"):

@@ -174,14 +174,14 @@ impl Emitter<'_> {
             let msg = format!(
                 "integer division by zero ({t} `{}`) in `{}`",
                 op.name(),
-                self.fname
+                self.kernel_name
             );
             self.check(&nz.v, "RuntimeError", &msg);
         } else if const_b == Some(0) {
             let msg = format!(
                 "integer division by zero ({t} `{}`) in `{}`",
                 op.name(),
-                self.fname
+                self.kernel_name
             );
             self.raise("RuntimeError", &msg);
             self.free_live();

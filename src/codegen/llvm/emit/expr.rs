@@ -306,10 +306,16 @@ impl Emitter<'_> {
         }
         let mut off: Option<Val> = None;
         let mut last: Option<Val> = None;
+        // An index read from memory is checked against its extent (`index_in_bounds`).
+        let checked = exact && !self.opts.nvptx && indices.iter().any(reads_memory);
         match &buffer.strides {
             Some(strides) => {
-                for (i, s) in indices.iter().zip(strides) {
+                for (d, (i, s)) in indices.iter().zip(strides).enumerate() {
                     let iv = self.index64(i)?;
+                    if checked && reads_memory(i) {
+                        let dims = [&buffer.shape[d]];
+                        self.index_in_bounds("i64", &iv, &dims, buffer, d)?;
+                    }
                     let sv = self.index64(s)?;
                     let p = self.assign("i64", format!("mul {nsw}i64 {}, {}", iv.v, sv.v));
                     off = Some(match off {
@@ -333,8 +339,13 @@ impl Emitter<'_> {
                 };
                 let dims = crate::codegen::index::contiguous_dims(indices, &buffer.shape);
                 let n = dims.len();
+                let mut axis = 0;
                 for (d, dim) in dims.iter().enumerate() {
                     let iv = self.index_as(w, &dim.index)?;
+                    if checked && reads_memory(&dim.index) {
+                        self.index_in_bounds(w, &iv, &dim.extents, buffer, axis)?;
+                    }
+                    axis += dim.extents.len();
                     let Some(mut o) = off.take() else {
                         off = Some(iv);
                         continue;
@@ -375,6 +386,46 @@ impl Emitter<'_> {
             );
         }
         Ok(p.v)
+    }
+
+    /// Raises an `IndexError` unless `0 <= iv < e0 * e1 * ...` (`extents`: the extents of the
+    /// axes from `axis` on that the index `iv`, of type `w`, spans after merging), for an
+    /// index read from memory: a gather's, a scatter's or an embedding's index comes from the
+    /// caller's data, and out of bounds it would read or write outside the buffer.
+    fn index_in_bounds(
+        &mut self,
+        w: &str,
+        iv: &Val,
+        extents: &[&Expr],
+        buffer: &Buffer,
+        axis: usize,
+    ) -> R<()> {
+        let mut total: Option<Val> = None;
+        for e in extents {
+            let x = self.index_as(w, e)?;
+            total = Some(match total {
+                None => x,
+                Some(t) => self.assign(w, format!("mul {w} {}, {}", t.v, x.v)),
+            });
+        }
+        let Some(total) = total else { return Ok(()) };
+        let ok = self.assign("i1", format!("icmp ult {w} {}, {}", iv.v, total.v));
+        let axes = if extents.len() == 1 {
+            format!("axis {axis}")
+        } else {
+            format!("axes {axis}-{} (merged)", axis + extents.len() - 1)
+        };
+        let size = extents
+            .iter()
+            .map(|e| e.as_int())
+            .try_fold(1i64, |p, e| e.and_then(|e| p.checked_mul(e)))
+            .map_or_else(|| "its extent".to_string(), |n| format!("extent {n}"));
+        let msg = format!(
+            "index out of bounds in `{}`: an index read from memory is outside {axes} of `{}` ({size})",
+            self.kernel_name, buffer.name
+        );
+        self.check(&ok.v, "IndexError", &msg);
+        Ok(())
     }
 
     /// An index expression as an integer of type `w` (`i32` or `i64`): widened by its sign, or
@@ -433,6 +484,24 @@ fn narrow_offsets(buffer: &Buffer, indices: &[Expr]) -> bool {
             && (8..=32).contains(&t.bits)
     };
     indices.iter().all(|i| small_int(i.dtype())) && indices.iter().any(data_dependent)
+}
+
+/// Whether `e` reads memory (a load, or an external call): an index that comes from the
+/// caller's data, which the generated code checks against the buffer's extent.
+pub(super) fn reads_memory(e: &Expr) -> bool {
+    use crate::ir::visit::{walk_expr, Visitor};
+    struct Find(bool);
+    impl Visitor for Find {
+        fn expr(&mut self, e: &Expr) {
+            match e {
+                Expr::Load { .. } | Expr::CallExtern { .. } => self.0 = true,
+                _ => walk_expr(self, e),
+            }
+        }
+    }
+    let mut f = Find(false);
+    f.expr(e);
+    f.0
 }
 
 /// Whether `e` reads memory or converts a float to an integer.

@@ -332,6 +332,9 @@ pub(crate) struct Emitter<'m> {
     pub opts: &'m EmitOptions,
     /// The function's name, for lambdas and messages.
     pub fname: String,
+    /// The name of the kiln function this code belongs to (a parallel loop's lambda and body
+    /// inherit it), for run-time error messages.
+    pub kernel_name: String,
     body: String,
     entry_allocas: String,
     /// Bytes of `workspace` allocations this function keeps on its stack (`stmt.rs`).
@@ -391,6 +394,7 @@ impl<'m> Emitter<'m> {
             m,
             opts,
             fname: fname.to_owned(),
+            kernel_name: fname.to_owned(),
             body: String::new(),
             entry_allocas: String::new(),
             stack_workspace_bytes: 0,

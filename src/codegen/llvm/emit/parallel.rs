@@ -68,6 +68,7 @@ impl Emitter<'_> {
         // The lambda body, in its own emitter.
         let text = {
             let mut sub = Emitter::new(self.m, self.opts, &lname, self.metadata, self.md_next);
+            sub.kernel_name = self.kernel_name.clone();
             let cd = sub.assign(&format!("{sty}*"), format!("bitcast i8* %cdata to {sty}*"));
             let load_field = |e: &mut Emitter, idx: usize, ty: &str| -> Val {
                 let p = e.assign(
@@ -143,6 +144,7 @@ impl Emitter<'_> {
                 self.md_next,
             );
             inner.in_range_casts = self.in_range_casts.clone();
+            inner.kernel_name = self.kernel_name.clone();
             inner.noalias = self.noalias;
             for (k, (id, v, is_buf)) in caps.iter().enumerate() {
                 let val = Val::new(&v.ty, format!("%a{k}"));

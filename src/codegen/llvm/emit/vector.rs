@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use crate::ir::{BinOp, Buffer, DataType, Expr, Intrinsic, Stmt, TypeCode, Var, VarId};
 
 use super::arith::minmax_by_constant;
+use super::expr::reads_memory;
 use super::parallel::collect_vars;
 use super::streaming::STREAM_ALIGN;
 use super::{mem_ty, reg_ty, Emitter, Val, R};
@@ -305,22 +306,26 @@ impl Emitter<'_> {
         Ok(Lanes::Vector(acc))
     }
 
-    /// The address of lane 0 of a contiguous access, or `None` when lanes are not adjacent.
+    /// The address of lane 0 of a contiguous access of `n` lanes, or `None` when lanes are not
+    /// adjacent. An index read from memory is checked at the first lane and at the last
+    /// ([`Emitter::address`]), so that the whole vector is in bounds.
     fn contiguous(
         &mut self,
         var: &Var,
         lo: &Val,
+        n: i64,
         buffer: &Buffer,
         indices: &[Expr],
     ) -> R<Option<String>> {
         if !unit_stride(buffer, indices, var.id) {
             return Ok(None);
         }
-        Ok(Some(self.address_at(
-            buffer,
-            indices,
-            &[(var, lo.clone())],
-        )?))
+        let first = self.address_at(buffer, indices, &[(var, lo.clone())])?;
+        if n > 1 && indices.iter().any(reads_memory) {
+            let end = self.lane_value(var, lo, n - 1);
+            self.address_at(buffer, indices, &[(var, end)])?;
+        }
+        Ok(Some(first))
     }
 
     /// Lanes `lo .. lo + n` of a load whose last index steps by 2 per lane (a stride-2
@@ -346,6 +351,7 @@ impl Emitter<'_> {
             || buffer.dtype.code == TypeCode::Bool
             || lane_coef(last, var.id) != Some(2)
             || outer.iter().any(|i| lane_coef(i, var.id) != Some(0))
+            || indices.iter().any(reads_memory)
         {
             return Ok(None);
         }
@@ -406,6 +412,10 @@ impl Emitter<'_> {
         let Some(w) = window(buffer, indices, var, base, n) else {
             return Ok(None);
         };
+        if indices.iter().any(reads_memory) {
+            // Lane by lane, each index checked (`Emitter::address`).
+            return Ok(None);
+        }
         let (outer, last) = (&indices[..indices.len() - 1], &indices[indices.len() - 1]);
         let mut at = outer.to_vec();
         at.push(Expr::IntImm {
@@ -443,7 +453,7 @@ impl Emitter<'_> {
         let fm = self.fm();
         match e {
             Expr::Load { buffer, indices } => {
-                if let Some(addr) = self.contiguous(var, lo, buffer, indices)? {
+                if let Some(addr) = self.contiguous(var, lo, n, buffer, indices)? {
                     let mt = mem_ty(buffer.dtype);
                     let vt = Self::vty(n, &mt);
                     let p =
@@ -581,7 +591,7 @@ impl Emitter<'_> {
                 let v = self.as_vector(n, v);
                 let mt = mem_ty(buffer.dtype);
                 let align = buffer.dtype.bytes().max(1);
-                if let Some(addr) = self.contiguous(var, lo, buffer, indices)? {
+                if let Some(addr) = self.contiguous(var, lo, n, buffer, indices)? {
                     let vt = Self::vty(n, &mt);
                     let p =
                         self.assign(&format!("{vt}*"), format!("bitcast {mt}* {addr} to {vt}*"));
