@@ -75,7 +75,8 @@ fn func(name: &str, params: &[String], body: &str) -> String {
 /// - `gather`: `out[i] = A[idx[i]]`, serial;
 /// - `scatter`: `out[idx[i]] = v[i]`, serial;
 /// - `shifted`: `out[j] = A[off[0] + j]`, `j` a vector of 8 (a contiguous access whose start
-///   comes from memory: its last lane must be in bounds too).
+///   comes from memory: its last lane must be in bounds too);
+/// - `gather_n`: `gather` from `A` of symbolic length `n`.
 fn module() -> LlvmModule {
     let (i, j) = (var("i"), var("j"));
     let embed = func(
@@ -155,8 +156,28 @@ fn module() -> LlvmModule {
             &store("out", vec![j.clone()], &load("A", vec![start])),
         ),
     );
+    // `gather` from a table of symbolic length `n`.
+    let table = r#"{"kind": "buffer", "name": "A", "dtype": "float32", "shape": [{"var": "n", "dtype": "int32"}]}"#;
+    let gather_n = func(
+        "gather_n",
+        &[
+            table.to_string(),
+            buffer("idx", "int32", &[6]),
+            buffer("out", "float32", &[6]),
+        ],
+        &for_(
+            "i",
+            6,
+            "serial",
+            &store(
+                "out",
+                vec![i.clone()],
+                &load("A", vec![load("idx", vec![i.clone()])]),
+            ),
+        ),
+    );
     let text = format!(
-        r#"{{"format": "kiln-ir/1", "functions": [{embed}, {gather}, {scatter}, {shifted}]}}"#
+        r#"{{"format": "kiln-ir/1", "functions": [{embed}, {gather}, {scatter}, {shifted}, {gather_n}]}}"#
     );
     let m = IRModule::from_json_str(&text).unwrap();
     m.verify().unwrap();
@@ -268,4 +289,22 @@ fn a_vector_whose_start_comes_from_memory_is_checked_at_both_ends() {
             "offset {bad}"
         );
     }
+}
+
+#[test]
+fn a_symbolic_extent_is_checked_and_named() {
+    let m = module();
+    let f = m.require_function("gather_n").unwrap();
+    let mut a = HostArray::f32(&[7], &iota(7));
+    let mut out = HostArray::f32(&[6], &[0.0; 6]);
+    let mut idx = i32s(&[6], &[6, 0, 5, 1, 4, 2]);
+    call(&f, &mut [&mut a, &mut idx, &mut out]).unwrap();
+    assert_eq!(out.to_f32(), [6.0, 0.0, 5.0, 1.0, 4.0, 2.0]);
+    let mut idx = i32s(&[6], &[0, 7, 0, 0, 0, 0]);
+    let e = call(&f, &mut [&mut a, &mut idx, &mut out]).unwrap_err();
+    assert_eq!(
+        e,
+        "IndexError: index out of bounds in `gather_n`: an index read from memory is outside \
+         axis 0 of `A` (extent n)"
+    );
 }

@@ -419,7 +419,13 @@ impl Emitter<'_> {
             .iter()
             .map(|e| e.as_int())
             .try_fold(1i64, |p, e| e.and_then(|e| p.checked_mul(e)))
-            .map_or_else(|| "its extent".to_string(), |n| format!("extent {n}"));
+            .map_or_else(
+                || {
+                    let parts: Vec<String> = extents.iter().map(|e| e.to_string()).collect();
+                    format!("extent {}", parts.join(" * "))
+                },
+                |n| format!("extent {n}"),
+            );
         let msg = format!(
             "index out of bounds in `{}`: an index read from memory is outside {axes} of `{}` ({size})",
             self.kernel_name, buffer.name
