@@ -95,6 +95,7 @@ THREADS = {"blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y
 
 
 from .errors import BridgeError  # noqa: E402  (re-exported: `kiln.bridge.BridgeError`)
+from . import sort  # noqa: E402  (TVM's CPU sorts, written as kiln loops)
 
 
 def _script(node):
@@ -179,6 +180,7 @@ class _Function:
         self.func = func
         self.names = {}  # handle of a Var -> kiln name
         self.buffers = {}  # handle of a buffer object -> kiln buffer name
+        self.data_buffers = {}  # handle of a buffer parameter -> (kiln name, the parameter)
         self.keep = []  # the nodes whose handles are keys, kept alive so handles stay unique
         self.taken = set()
         self.path = [name]
@@ -263,6 +265,7 @@ class _Function:
             name = self.fresh(p.name)
             self.keep.append(p)
             self.buffers[p.__chandle__()] = name
+            self.data_buffers[p.__chandle__()] = (name, p)
             out = {"kind": "buffer", "name": name, "dtype": self.dt(p.dtype)}
             out["shape"] = [self.at(f"shape[{d}]", self.shape_entry, e) for d, e in enumerate(p.shape)]
             if len(p.strides) > 0:
@@ -316,6 +319,11 @@ class _Function:
                 out["else"] = self.at("else_case", self.stmt, s.else_case)
             return out
         if k == "Evaluate":
+            v = s.value
+            if (_kind_name(v) == "Call" and str(v.op.name).endswith("tvm_call_packed")
+                    and _kind_name(v.args[0]) == "StringImm" and str(v.args[0].value) in sort.OPS):
+                # TVM's CPU sorts call its C++ runtime; kiln writes the sort as loops.
+                return self.at("value", sort.convert, self, v)
             return {"stmt": "evaluate", "value": self.at("value", self.expr, s.value)}
         if k == "AssertStmt":
             msg = s.message.value if hasattr(s.message, "value") else str(s.message)

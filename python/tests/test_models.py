@@ -311,6 +311,47 @@ def test_scatters_are_built_by_kiln_and_agree_with_tvm():
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("shape,dtype", [((6, 40), "float32"), ((3, 7, 5), "float64"),
+                                         ((4, 100), "int32"), ((2, 9), "float16")])
+def test_sorts_are_built_by_kiln_and_give_tvms_order_ties_included(shape, dtype):
+    # TVM's CPU sort, argsort and topk call `tvm.contrib.sort.*` in its C++ runtime (a stable
+    # sort); kiln writes them as loops (`kiln/sort.py`): the same elements in the same order,
+    # equal values included, along every axis, ascending and descending, `topk` by insertion
+    # (k <= 64) and by the whole sort (k > 64), and `k` past the row (TVM writes n of them).
+    op = relax.op
+    rng = np.random.default_rng(1)
+    x = rng.integers(-4, 4, shape).astype(dtype)  # many ties
+    if dtype.startswith("float"):
+        x[..., 1::2] = rng.standard_normal(x[..., 1::2].shape)
+    for axis in range(len(shape)):
+        n = shape[axis]
+        cases = [
+            lambda a: op.sort(a, axis=axis),
+            lambda a: op.sort(a, axis=axis, descending=True),
+            lambda a: op.argsort(a, axis=axis, dtype="int32"),
+            lambda a: op.argsort(a, axis=axis, descending=True, dtype="int64"),
+            lambda a: op.topk(a, 3, axis=axis, ret_type="both"),
+            lambda a: op.topk(a, 2, axis=axis, ret_type="values", largest=False),
+            lambda a: op.topk(a, 70, axis=axis, ret_type="indices", dtype="int32"),
+            lambda a: op.topk(a, n + 2, axis=axis, ret_type="both"),
+        ]
+        for body in cases:
+            mod = _relax_main({"x": (shape, dtype)}, body)
+            ex = kiln.tvm.compile(mod, TARGET)
+            assert not ex.kiln_report["tvm"] and ex.kiln_report["kiln"], ex.kiln_report
+            outs = []
+            for e in (ex, tvm.compile(mod, TARGET)):
+                o = relax.VirtualMachine(e, tvm.cpu())["main"](tvm.runtime.tensor(x))
+                outs.append([o] if isinstance(o, tvm.runtime.Tensor) else list(o))
+            for got, want in zip(*outs):
+                got, want = got.numpy(), want.numpy()
+                assert got.dtype == want.dtype and got.shape == want.shape
+                # Past the row's n elements TVM writes nothing: compare the first n.
+                keep = [slice(None)] * len(shape)
+                keep[axis] = slice(0, min(n, got.shape[axis]))
+                np.testing.assert_array_equal(got[tuple(keep)], want[tuple(keep)])
+
+
 def test_indices_out_of_bounds_raise_an_index_error_instead_of_a_crash():
     # TVM's `take` (mode "fast", Relax's default) and TOPI's scatters do not check their indices:
     # TVM's build reads or writes outside the buffer (it warns that fast mode segfaults). kiln's
