@@ -19,7 +19,8 @@ first `k` of that order. The bridge writes the same sort as kiln IR, so that kil
   equal to an earlier one comes after it, as in the stable order), moving the ones after it
   down. The same `k` elements in the same order as sorting all of the row.
 
-Only constant shapes, a compact row-major layout and no element offset are taken; anything else
+The sorted axis must have a constant length (the passes are unrolled); the others may be
+symbolic (a batch). A compact row-major layout and no element offset are taken; anything else
 is a `BridgeError` naming the construct.
 """
 
@@ -64,7 +65,7 @@ def _for(var, extent, body, kind="serial"):
         "stmt": "for",
         "var": {"name": var, "dtype": "int64"},
         "min": _c(0),
-        "extent": _c(extent),
+        "extent": _cast("int64", extent.expr) if isinstance(extent, _Sym) else _c(extent),
         "kind": kind,
         "body": body,
     }
@@ -140,6 +141,9 @@ def convert(fn, call):
     if not 0 <= axis < nd:
         raise fn.error(call, f"`{op}` along axis {axis} of a {nd}-dimensional array")
     n = data.shape[axis]
+    if isinstance(n, _Sym):
+        raise fn.error(call, f"`{op}` along an axis of symbolic length `{n}` (only the other axes "
+                       "may be symbolic) is not converted")
     if k < 1:
         k = n
     # Past the row's `n` elements (`k > n`), TVM writes nothing: those outputs keep what they
@@ -175,11 +179,25 @@ def _tensor(fn, a):
         raise fn.error(a, "an array that is not a parameter's buffer is not converted")
     name, buf = found
     shape = []
-    for e in buf.shape:
-        if not isinstance(e, tirx.IntImm):
-            raise fn.error(a, f"`{name}` of symbolic shape: only constant shapes are sorted")
-        shape.append(int(e.value))
+    for d, e in enumerate(buf.shape):
+        if isinstance(e, tirx.IntImm):
+            shape.append(int(e.value))
+        else:
+            shape.append(_Sym(fn.at(f"shape[{d}]", fn.expr, e), str(e)))
     return _Tensor(name, fn.dt(buf.dtype), shape)
+
+
+class _Sym:
+    """A symbolic extent: its kiln expression, compared by its TIR text."""
+
+    def __init__(self, expr, text):
+        self.expr, self.text = expr, text
+
+    def __eq__(self, other):
+        return isinstance(other, _Sym) and other.text == self.text
+
+    def __repr__(self):
+        return self.text
 
 
 def _sort_rows(fn, data, axis, ascend, k, writes):

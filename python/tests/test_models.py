@@ -352,6 +352,25 @@ def test_sorts_are_built_by_kiln_and_give_tvms_order_ties_included(shape, dtype)
                 np.testing.assert_array_equal(got[tuple(keep)], want[tuple(keep)])
 
 
+def test_sorts_take_a_symbolic_batch_and_refuse_a_symbolic_row_clearly():
+    op = relax.op
+    batch = tvm.tirx.Var("batch", "int64")
+    mod = _relax_main({"x": ((batch, 300), "float32")},
+                      lambda a: op.topk(a, 5, axis=1, ret_type="both"))
+    ex, ref = kiln.tvm.compile(mod, TARGET), tvm.compile(mod, TARGET)
+    assert "topk" in ex.kiln_report["kiln"], ex.kiln_report
+    for rows in (1, 7):
+        x = np.round(np.random.default_rng(rows).standard_normal((rows, 300)) * 3).astype("float32")
+        got, want = (relax.VirtualMachine(e, tvm.cpu())["main"](tvm.runtime.tensor(x))
+                     for e in (ex, ref))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+    n = tvm.tirx.Var("n", "int64")
+    mod = _relax_main({"x": ((n, 4), "float32")}, lambda a: op.argsort(a, axis=0))
+    with pytest.raises(kiln.UnsupportedFunctionError, match="along an axis of symbolic length `n`"):
+        kiln.tvm.compile(mod, TARGET)
+
+
 def test_indices_out_of_bounds_raise_an_index_error_instead_of_a_crash():
     # TVM's `take` (mode "fast", Relax's default) and TOPI's scatters do not check their indices:
     # TVM's build reads or writes outside the buffer (it warns that fast mode segfaults). kiln's
