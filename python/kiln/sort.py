@@ -114,7 +114,7 @@ def convert(fn, call):
         else:
             scalars.append(a)
     want = {"sort": 2, "argsort": 2, "topk": None}[op.rsplit(".", 1)[1]]
-    if want is not None and len(tensors) != want or len(tensors) < 2:
+    if (want is not None and len(tensors) != want) or len(tensors) < 2:
         raise fn.error(call, f"`{op}` with {len(tensors)} arrays is not converted")
     try:
         values = [s.value for s in scalars]
@@ -201,19 +201,17 @@ class _Sym:
 
 
 def _sort_rows(fn, data, axis, ascend, k, writes):
+    """Each row merge-sorted with its positions (module docs); the first `k` written."""
     from . import bridge
 
-    shape = data.shape
-    n = shape[axis]
-    outer = [(fn.fresh(f"ax{d}"), e) for d, e in enumerate(shape) if d != axis]
+    n = data.shape[axis]
+    outer = _outer(fn, data, axis)
     vals, pos, cur = fn.fresh("sort_values"), fn.fresh("sort_positions"), fn.fresh("sort_cursor")
     kv = fn.fresh("sort_k")
 
     def at(buf_k):
         # The element `buf_k` of the row, in `data` (or an output) of the row's other indices.
-        idx = [_v(v) for v, _ in outer]
-        idx.insert(axis, buf_k)
-        return idx
+        return _at(outer, axis, buf_k)
 
     body = [
         _for(kv, n, _seq(
@@ -239,9 +237,7 @@ def _sort_rows(fn, data, axis, ascend, k, writes):
     scope = "local" if nbytes <= bridge.MAX_STACK_BYTES else "workspace"
     row = _alloc(vals, data.dtype, 2 * n, _alloc(pos, "int64", 2 * n,
                  _alloc(cur, "int64", 2, _seq(*body), "local"), scope), scope)
-    for d, (v, e) in reversed(list(enumerate(outer))):
-        row = _for(v, e, row, kind="parallel" if d == 0 else "serial")
-    return row
+    return _rows(outer, row)
 
 
 def _merge_pass(fn, vals, pos, cur, n, w, src, ascend, dtype):
@@ -282,16 +278,19 @@ def _merge_pass(fn, vals, pos, cur, n, w, src, ascend, dtype):
 
 
 def _outer(fn, data, axis):
+    """A loop variable and extent for each axis but the sorted one."""
     return [(fn.fresh(f"ax{d}"), e) for d, e in enumerate(data.shape) if d != axis]
 
 
 def _at(outer, axis, pos):
+    """The indices of element `pos` of the row the loops of `outer` are at."""
     idx = [_v(v) for v, _ in outer]
     idx.insert(axis, pos)
     return idx
 
 
 def _rows(outer, row):
+    """`row` inside the loops of `outer`, the outermost parallel."""
     for d, (v, e) in reversed(list(enumerate(outer))):
         row = _for(v, e, row, kind="parallel" if d == 0 else "serial")
     return row
