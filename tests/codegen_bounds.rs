@@ -70,7 +70,30 @@ fn func(name: &str, params: &[String], body: &str) -> String {
     )
 }
 
-/// Four functions whose indices come from memory:
+/// `name`: `out[i] = A[idx[i]]` for `i` in 0..6, serial, `A` declared by `table`.
+fn gather_fn(name: &str, table: &str) -> String {
+    let i = var("i");
+    func(
+        name,
+        &[
+            table.to_string(),
+            buffer("idx", "int32", &[6]),
+            buffer("out", "float32", &[6]),
+        ],
+        &for_(
+            "i",
+            6,
+            "serial",
+            &store(
+                "out",
+                vec![i.clone()],
+                &load("A", vec![load("idx", vec![i])]),
+            ),
+        ),
+    )
+}
+
+/// Five functions whose indices come from memory:
 /// - `embed`: `out[i, j] = W[ids[i], j]`, rows in parallel, `j` a vector of 16;
 /// - `gather`: `out[i] = A[idx[i]]`, serial;
 /// - `scatter`: `out[idx[i]] = v[i]`, serial;
@@ -102,24 +125,7 @@ fn module() -> LlvmModule {
             ),
         ),
     );
-    let gather = func(
-        "gather",
-        &[
-            buffer("A", "float32", &[10]),
-            buffer("idx", "int32", &[6]),
-            buffer("out", "float32", &[6]),
-        ],
-        &for_(
-            "i",
-            6,
-            "serial",
-            &store(
-                "out",
-                vec![i.clone()],
-                &load("A", vec![load("idx", vec![i.clone()])]),
-            ),
-        ),
-    );
+    let gather = gather_fn("gather", &buffer("A", "float32", &[10]));
     let scatter = func(
         "scatter",
         &[
@@ -158,24 +164,7 @@ fn module() -> LlvmModule {
     );
     // `gather` from a table of symbolic length `n`.
     let table = r#"{"kind": "buffer", "name": "A", "dtype": "float32", "shape": [{"var": "n", "dtype": "int32"}]}"#;
-    let gather_n = func(
-        "gather_n",
-        &[
-            table.to_string(),
-            buffer("idx", "int32", &[6]),
-            buffer("out", "float32", &[6]),
-        ],
-        &for_(
-            "i",
-            6,
-            "serial",
-            &store(
-                "out",
-                vec![i.clone()],
-                &load("A", vec![load("idx", vec![i.clone()])]),
-            ),
-        ),
-    );
+    let gather_n = gather_fn("gather_n", table);
     let text = format!(
         r#"{{"format": "kiln-ir/1", "functions": [{embed}, {gather}, {scatter}, {shifted}, {gather_n}]}}"#
     );
@@ -221,21 +210,7 @@ fn an_embedding_row_out_of_bounds_raises_an_index_error() {
 #[test]
 fn a_gather_and_a_scatter_check_every_index() {
     let m = module();
-    let g = m.require_function("gather").unwrap();
-    let mut a = HostArray::f32(&[10], &iota(10));
-    let mut out = HostArray::f32(&[6], &[0.0; 6]);
-    let mut idx = i32s(&[6], &[9, 0, 3, 3, 8, 1]);
-    call(&g, &mut [&mut a, &mut idx, &mut out]).unwrap();
-    assert_eq!(out.to_f32(), [9.0, 0.0, 3.0, 3.0, 8.0, 1.0]);
-    for bad in [10, -1, 1 << 28] {
-        let mut idx = i32s(&[6], &[0, 1, 2, 3, 4, bad]);
-        let e = call(&g, &mut [&mut a, &mut idx, &mut out]).unwrap_err();
-        assert!(
-            e.starts_with("IndexError: index out of bounds in `gather`"),
-            "{e}"
-        );
-        assert!(e.ends_with("axis 0 of `A` (extent 10)"), "{e}");
-    }
+    check_gather(&m, "gather", 10, "10");
 
     let s = m.require_function("scatter").unwrap();
     let mut out = HostArray::f32(&[10], &[0.0; 10]);
@@ -293,18 +268,31 @@ fn a_vector_whose_start_comes_from_memory_is_checked_at_both_ends() {
 
 #[test]
 fn a_symbolic_extent_is_checked_and_named() {
-    let m = module();
-    let f = m.require_function("gather_n").unwrap();
-    let mut a = HostArray::f32(&[7], &iota(7));
+    check_gather(&module(), "gather_n", 7, "n");
+}
+
+/// `name` (a `gather_fn`) from a table of `len` elements: in bounds it gathers; an index of
+/// `len`, -1 or 2^28 raises the `IndexError` naming the table's extent `extent`.
+fn check_gather(m: &LlvmModule, name: &str, len: i32, extent: &str) {
+    let f = m.require_function(name).unwrap();
+    let table: Vec<f32> = (0..len).map(|x| x as f32).collect();
+    let mut a = HostArray::f32(&[i64::from(len)], &table);
     let mut out = HostArray::f32(&[6], &[0.0; 6]);
-    let mut idx = i32s(&[6], &[6, 0, 5, 1, 4, 2]);
+    let good = [len - 1, 0, 3, 3, len - 2, 1];
+    let mut idx = i32s(&[6], &good);
     call(&f, &mut [&mut a, &mut idx, &mut out]).unwrap();
-    assert_eq!(out.to_f32(), [6.0, 0.0, 5.0, 1.0, 4.0, 2.0]);
-    let mut idx = i32s(&[6], &[0, 7, 0, 0, 0, 0]);
-    let e = call(&f, &mut [&mut a, &mut idx, &mut out]).unwrap_err();
-    assert_eq!(
-        e,
-        "IndexError: index out of bounds in `gather_n`: an index read from memory is outside \
-         axis 0 of `A` (extent n)"
-    );
+    let want: Vec<f32> = good.iter().map(|&x| x as f32).collect();
+    assert_eq!(out.to_f32(), want);
+    for bad in [len, -1, 1 << 28] {
+        let mut idx = i32s(&[6], &[0, 1, 2, 3, 4, bad]);
+        let e = call(&f, &mut [&mut a, &mut idx, &mut out]).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "IndexError: index out of bounds in `{name}`: an index read from memory is \
+                 outside axis 0 of `A` (extent {extent})"
+            ),
+            "index {bad}"
+        );
+    }
 }
