@@ -857,3 +857,73 @@ fn a_host_function_with_thread_bound_loops_is_refused() {
         .to_string();
     assert!(e.contains("host function") && e.contains("vadd"), "{e}");
 }
+
+/// `out[i] = A[idx[i]]` and `S[idx[i]] = A[i]` for `i < 6`, one block of 64 threads: a gather and
+/// a scatter whose indices come from memory.
+fn gather_scatter() -> PrimFunc {
+    let f32b = |name: &str, n: i64| Buffer::new(name, DataType::f32(), vec![Expr::from(n)]);
+    let (a, out, s) = (f32b("A", 10), f32b("out", 6), f32b("S", 10));
+    let idx = Buffer::new("idx", DataType::i32(), vec![Expr::from(6i64)]);
+    let body = thread_for("bx", Expr::from(1i64), BX, |_| {
+        thread_for("tx", Expr::from(64i64), TX, |tx| {
+            let i = tx;
+            if_then_else(
+                i.clone().lt(Expr::from(6i64)),
+                Stmt::Seq(vec![
+                    out.store([i.clone()], a.load([idx.load([i.clone()])])),
+                    s.store([idx.load([i.clone()])], a.load([i])),
+                ]),
+                None,
+            )
+        })
+    });
+    PrimFunc::new(
+        "gs",
+        vec![
+            Param::Buffer(a),
+            Param::Buffer(idx),
+            Param::Buffer(out),
+            Param::Buffer(s),
+        ],
+        body,
+    )
+}
+
+#[test]
+fn a_kernel_index_from_memory_out_of_bounds_reads_zero_and_writes_nothing() {
+    let m = build(gather_scatter());
+    let src = m.get_source("").unwrap_or_default();
+    assert!(
+        src.contains("(ulong)(long)("),
+        "the guard is in the source:\n{src}"
+    );
+    let Some((api, dev)) = common::opencl_device(
+        "a_kernel_index_from_memory_out_of_bounds_reads_zero_and_writes_nothing",
+    ) else {
+        return;
+    };
+    let f = m.get_function("gs").unwrap();
+    let x: Vec<f32> = (1..=10).map(|v| v as f32).collect();
+    // 10, -1 and 2^28 are outside `A` and `S`: read as 0, not written.
+    for (ids, want_out, want_s) in [
+        (
+            [9, 0, 3, 2, 8, 1],
+            vec![10.0, 1.0, 4.0, 3.0, 9.0, 2.0],
+            vec![2.0, 6.0, 4.0, 3.0, 0.0, 0.0, 0.0, 0.0, 5.0, 1.0],
+        ),
+        (
+            [9, 10, -1, 2, 1 << 28, 1],
+            vec![10.0, 0.0, 0.0, 3.0, 0.0, 2.0],
+            vec![0.0, 6.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        ),
+    ] {
+        let a = Tensor::from_slice(&x, &[10], dev).unwrap();
+        let idx = Tensor::from_slice(&ids, &[6], dev).unwrap();
+        let out = Tensor::zeros(&[6], a.dtype(), dev).unwrap();
+        let s = Tensor::zeros(&[10], a.dtype(), dev).unwrap();
+        call(&f, &[&a, &idx, &out, &s]).unwrap();
+        api.sync_stream(dev, api.current_stream(dev)).unwrap();
+        assert_eq!(out.to_vec::<f32>().unwrap(), want_out, "indices {ids:?}");
+        assert_eq!(s.to_vec::<f32>().unwrap(), want_s, "indices {ids:?}");
+    }
+}

@@ -205,6 +205,24 @@ fn pure(e: &Expr) -> bool {
     }
 }
 
+/// Whether `e` reads memory (a load, or an external call): an index that comes from the
+/// caller's data, which the generated code checks against the buffer's extent.
+pub(crate) fn reads_memory(e: &Expr) -> bool {
+    use crate::ir::visit::{walk_expr, Visitor};
+    struct Find(bool);
+    impl Visitor for Find {
+        fn expr(&mut self, e: &Expr) {
+            match e {
+                Expr::Load { .. } | Expr::CallExtern { .. } => self.0 = true,
+                _ => walk_expr(self, e),
+            }
+        }
+    }
+    let mut f = Find(false);
+    f.expr(e);
+    f.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,9 @@
 //! float to integer casts saturate (`convert_T_sat`), `round` is `rint`, and every operand is
 //! a pure expression (`let` is hoisted into a declaration before the statement that uses it).
 //! Two documented differences: a kernel cannot raise an error, so an integer division or
-//! modulo by zero gives 0 there instead of the host's `RuntimeError`; and the indices of loads
+//! modulo by zero gives 0 there instead of the host's `RuntimeError` (and a load whose index,
+//! read from memory, is out of bounds reads 0, its store writes nothing, instead of the host's
+//! `IndexError`: `in_bounds`); and the indices of loads
 //! and stores are address arithmetic, where overflow is undefined (as an out-of-bounds access
 //! is): plain C operators, in 32 bits when the buffer and every value of the index fit 32 bits
 //! (thread ids and loops with a constant extent are declared `int`), as TVM's GPU code does.
@@ -453,6 +455,7 @@ impl Kernel<'_> {
                 value,
             } => {
                 let mut pre = Vec::new();
+                let guard = self.in_bounds(buffer, indices, &mut pre)?;
                 let idx = self.index(buffer, indices, &mut pre)?;
                 let mut v = self.expr(value, &mut pre)?;
                 if buffer.dtype.is_bool() {
@@ -460,7 +463,11 @@ impl Kernel<'_> {
                 }
                 let b = self.buffer_name(buffer)?;
                 self.flush(pre);
-                self.line(format!("{b}[{idx}] = {v};"));
+                match guard {
+                    // Out of bounds, a store writes nothing.
+                    Some(ok) => self.line(format!("if ({ok}) {b}[{idx}] = {v};")),
+                    None => self.line(format!("{b}[{idx}] = {v};")),
+                }
             }
             Stmt::Allocate { buffer, body } => {
                 let numel = buffer.const_numel().ok_or_else(|| {
@@ -569,6 +576,63 @@ impl Kernel<'_> {
             .get(&b.data.id)
             .cloned()
             .ok_or_else(|| unsupported(self.name, format!("buffer `{}` is not bound here", b.name)))
+    }
+
+    /// For an access whose indices read memory (a gather's, a scatter's: the caller's data),
+    /// the condition that each such index is within the extent it spans (after merging split
+    /// dimensions, as the flat index does), computed with the IR's wrapping arithmetic; `None`
+    /// for any other access. A kernel cannot raise: out of bounds, a load reads 0 and a store
+    /// writes nothing, as an integer division by zero gives 0 (module docs).
+    fn in_bounds(
+        &mut self,
+        buffer: &Buffer,
+        indices: &[Expr],
+        pre: &mut Vec<String>,
+    ) -> R<Option<String>> {
+        use crate::codegen::index::{contiguous_dims, reads_memory};
+        if !indices.iter().any(reads_memory) || indices.len() != buffer.shape.len() {
+            return Ok(None);
+        }
+        let outer = std::mem::replace(&mut self.in_index, false);
+        let outer_int = std::mem::replace(&mut self.int_index, false);
+        let mut conds = Vec::new();
+        let mut spans: Vec<(std::borrow::Cow<'_, Expr>, Vec<&Expr>)> = Vec::new();
+        match &buffer.strides {
+            Some(_) => spans.extend(
+                indices
+                    .iter()
+                    .zip(&buffer.shape)
+                    .map(|(i, e)| (std::borrow::Cow::Borrowed(i), vec![e])),
+            ),
+            None => spans.extend(
+                contiguous_dims(indices, &buffer.shape)
+                    .into_iter()
+                    .map(|d| (d.index, d.extents)),
+            ),
+        }
+        let mut r = Ok(());
+        for (index, extents) in spans.iter().filter(|(i, _)| reads_memory(i)) {
+            let v = match self.expr(index, pre) {
+                Ok(v) => v,
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            };
+            let mut n = Vec::new();
+            for e in extents {
+                match self.expr(e, pre) {
+                    Ok(x) => n.push(format!("(ulong)({x})")),
+                    Err(e) => r = Err(e),
+                }
+            }
+            // Signed: a negative index is a large unsigned one.
+            conds.push(format!("(ulong)(long)({v}) < {}", n.join(" * ")));
+        }
+        self.in_index = outer;
+        self.int_index = outer_int;
+        r?;
+        Ok((!conds.is_empty()).then(|| conds.join(" && ")))
     }
 
     /// The flat element index of `buffer[indices]`.
@@ -721,12 +785,18 @@ impl Kernel<'_> {
                 }
             }
             Expr::Load { buffer, indices } => {
+                let guard = self.in_bounds(buffer, indices, pre)?;
                 let idx = self.index(buffer, indices, pre)?;
                 let b = self.buffer_name(buffer)?;
-                if buffer.dtype.is_bool() {
+                let x = if buffer.dtype.is_bool() {
                     format!("({b}[{idx}] != 0)")
                 } else {
                     format!("{b}[{idx}]")
+                };
+                match guard {
+                    // Out of bounds, a load reads 0 (C's `?:` evaluates one arm).
+                    Some(ok) => format!("(({ok}) ? {x} : ({})0)", self.ty(buffer.dtype)?),
+                    None => x,
                 }
             }
             Expr::Let { var, value, body } => {

@@ -1,6 +1,7 @@
 //! Scalar expressions: [`Emitter::expr`], the conversions between register and memory forms
 //! (bool as a byte, bf16 as its 16 bits), element addresses and index widening.
 
+use crate::codegen::index::reads_memory;
 use crate::ir::{BinOp, Buffer, DataType, Expr, TypeCode, Var};
 
 use super::arith::minmax_by_constant;
@@ -490,24 +491,6 @@ fn narrow_offsets(buffer: &Buffer, indices: &[Expr]) -> bool {
             && (8..=32).contains(&t.bits)
     };
     indices.iter().all(|i| small_int(i.dtype())) && indices.iter().any(data_dependent)
-}
-
-/// Whether `e` reads memory (a load, or an external call): an index that comes from the
-/// caller's data, which the generated code checks against the buffer's extent.
-pub(super) fn reads_memory(e: &Expr) -> bool {
-    use crate::ir::visit::{walk_expr, Visitor};
-    struct Find(bool);
-    impl Visitor for Find {
-        fn expr(&mut self, e: &Expr) {
-            match e {
-                Expr::Load { .. } | Expr::CallExtern { .. } => self.0 = true,
-                _ => walk_expr(self, e),
-            }
-        }
-    }
-    let mut f = Find(false);
-    f.expr(e);
-    f.0
 }
 
 /// Whether `e` reads memory or converts a float to an integer.

@@ -14,10 +14,10 @@ use std::collections::BTreeSet;
 use crate::ir::{BinOp, Buffer, DataType, Expr, Intrinsic, Stmt, TypeCode, Var, VarId};
 
 use super::arith::minmax_by_constant;
-use super::expr::reads_memory;
 use super::parallel::collect_vars;
 use super::streaming::STREAM_ALIGN;
 use super::{mem_ty, reg_ty, Emitter, Val, R};
+use crate::codegen::index::reads_memory;
 
 /// The most iterations unrolled by the emitter (larger loops get `llvm.loop.unroll.full`).
 const MAX_EMIT_UNROLL: i64 = 64;
