@@ -159,6 +159,25 @@ def _updates(store, value):
     return False
 
 
+def _any_load(e, pred):
+    """Whether `e` has a load (`BufferLoad`) for which `pred(load)` holds."""
+    if _kind_name(e) in ("BufferLoad", "TensorLoad"):
+        if pred(e):
+            return True
+        return any(_any_load(i, pred) for i in e.indices)
+    for field in ("a", "b", "value", "condition", "true_value", "false_value", "body", "args"):
+        x = getattr(e, field, None)
+        items = x if isinstance(x, (list, tuple, tvm_ffi.Array)) else [x]
+        if any(isinstance(y, tvm.ir.Expr) and _any_load(y, pred) for y in items):
+            return True
+    return False
+
+
+def _gathers(e):
+    """Whether `e` loads at an index that itself loads (a gather: `x[i, idx[i]]`)."""
+    return _any_load(e, lambda ld: any(_any_load(i, lambda _: True) for i in ld.indices))
+
+
 def _is_float(t):
     """Whether the type name `t` is a floating-point type."""
     return t.startswith(("float", "bfloat"))
@@ -483,6 +502,19 @@ class _Function:
         if k == "Not":
             return {"op": "not", "args": [self.at("a", self.expr, e.a)]}
         if k == "Select":
+            if _gathers(e.true_value) or _gathers(e.false_value):
+                # An arm that loads at an index read from memory (`nll_loss`: `target[n] !=
+                # ignore ? pred[n, target[n]] : 0`) is only valid where the condition chose it:
+                # TVM's select loads it anyway, out of bounds; kiln checks such an index and
+                # raises, so the arms are guarded (`if_then_else` evaluates one).
+                return {
+                    "op": "if_then_else",
+                    "args": [
+                        self.at("condition", self.expr, e.condition),
+                        self.at("true_value", self.expr, e.true_value),
+                        self.at("false_value", self.expr, e.false_value),
+                    ],
+                }
             return {
                 "op": "select",
                 "args": [

@@ -352,6 +352,23 @@ def test_sorts_are_built_by_kiln_and_give_tvms_order_ties_included(shape, dtype)
                 np.testing.assert_array_equal(got[tuple(keep)], want[tuple(keep)])
 
 
+def test_a_select_that_gathers_only_in_its_chosen_arm_is_not_an_error():
+    # `nll_loss` with `ignore_index` selects `pred[n, target[n]]` only where the target is not
+    # ignored; TVM's select loads it anyway (at -100, out of bounds). The bridge guards such
+    # arms, so kiln's index checks see only the chosen one.
+    op = relax.op
+    rng = np.random.default_rng(0)
+    pred = rng.standard_normal((4, 5)).astype("float32")
+    target = np.array([1, -100, 3, -100], "int64")
+    weights = rng.random(5).astype("float32")
+    mod = _relax_main({"p": ((4, 5), "float32"), "t": ((4,), "int64"), "w": ((5,), "float32")},
+                      lambda p, t, w: op.nn.nll_loss(p, t, w, reduction="mean", ignore_index=-100))
+    got, want = (relax.VirtualMachine(e, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in (pred, target, weights)]).numpy()
+        for e in (kiln.tvm.compile(mod, TARGET), tvm.compile(mod, TARGET)))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_sorts_take_a_symbolic_batch_and_refuse_a_symbolic_row_clearly():
     op = relax.op
     batch = tvm.tirx.Var("batch", "int64")
