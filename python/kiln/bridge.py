@@ -199,7 +199,6 @@ class _Function:
         self.func = func
         self.names = {}  # handle of a Var -> kiln name
         self.buffers = {}  # handle of a buffer object -> kiln buffer name
-        self.data_buffers = {}  # handle of a buffer parameter -> (kiln name, the parameter)
         self.keep = []  # the nodes whose handles are keys, kept alive so handles stay unique
         self.taken = set()
         self.path = [name]
@@ -284,7 +283,6 @@ class _Function:
             name = self.fresh(p.name)
             self.keep.append(p)
             self.buffers[p.__chandle__()] = name
-            self.data_buffers[p.__chandle__()] = (name, p)
             out = {"kind": "buffer", "name": name, "dtype": self.dt(p.dtype)}
             out["shape"] = [self.at(f"shape[{d}]", self.shape_entry, e) for d, e in enumerate(p.shape)]
             if len(p.strides) > 0:
@@ -502,21 +500,13 @@ class _Function:
         if k == "Not":
             return {"op": "not", "args": [self.at("a", self.expr, e.a)]}
         if k == "Select":
-            if _gathers(e.true_value) or _gathers(e.false_value):
-                # An arm that loads at an index read from memory (`nll_loss`: `target[n] !=
-                # ignore ? pred[n, target[n]] : 0`) is only valid where the condition chose it:
-                # TVM's select loads it anyway, out of bounds; kiln checks such an index and
-                # raises, so the arms are guarded (`if_then_else` evaluates one).
-                return {
-                    "op": "if_then_else",
-                    "args": [
-                        self.at("condition", self.expr, e.condition),
-                        self.at("true_value", self.expr, e.true_value),
-                        self.at("false_value", self.expr, e.false_value),
-                    ],
-                }
+            # An arm that loads at an index read from memory (`nll_loss`: `target[n] != ignore
+            # ? pred[n, target[n]] : 0`) is only valid where the condition chose it: TVM's
+            # select loads it anyway, out of bounds; kiln checks such an index and raises, so
+            # the arms are guarded (`if_then_else` evaluates one).
+            guarded = _gathers(e.true_value) or _gathers(e.false_value)
             return {
-                "op": "select",
+                "op": "if_then_else" if guarded else "select",
                 "args": [
                     self.at("condition", self.expr, e.condition),
                     self.at("true_value", self.expr, e.true_value),

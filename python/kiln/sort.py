@@ -171,13 +171,13 @@ def _tensor(fn, a):
     if not (isinstance(offset, tirx.IntImm) and int(offset.value) == 0):
         raise fn.error(a, "an array with an element offset is not converted")
     # `T.tvm_stack_make_array(x.data, ...)`: `tirx.buffer_data(x)` of a buffer parameter `x`.
-    found = None
+    name = None
     if (bridge._kind_name(data) == "Call" and str(data.op.name) == "tirx.buffer_data"
             and len(data.args) == 1):
-        found = fn.data_buffers.get(data.args[0].__chandle__())
-    if found is None:
-        raise fn.error(a, "an array that is not a parameter's buffer is not converted")
-    name, buf = found
+        buf = data.args[0]
+        name = fn.buffers.get(buf.__chandle__())
+    if name is None:
+        raise fn.error(a, "an array that is not a buffer of the function is not converted")
     shape = []
     for d, e in enumerate(buf.shape):
         if isinstance(e, tirx.IntImm):
@@ -221,15 +221,11 @@ def _sort_rows(fn, data, axis, ascend, k, writes):
     ]
     src, w = 0, 1
     while w < n:
-        body.append(_merge_pass(fn, vals, pos, cur, n, w, src, ascend, data.dtype))
+        body.append(_merge_pass(fn, vals, pos, cur, n, w, src, ascend))
         src, w = 1 - src, 2 * w
     off = _c(src * n)
     for kind, t in writes:
-        if kind == "values":
-            value = _load(vals, _op("add", off, _v(kv)))
-        else:
-            p = _load(pos, _op("add", off, _v(kv)))
-            value = p if t.dtype == "int64" else _cast(t.dtype, p)
+        value = _output(kind, t, vals, pos, _op("add", off, _v(kv)))
         body.append(_for(kv, min(k, n), _store(t.name, at(_v(kv)), value)))
     # Scratch of a row: on the stack when small, else from the workspace pool.
     bits = int("".join(c for c in data.dtype if c.isdigit()))
@@ -240,7 +236,7 @@ def _sort_rows(fn, data, axis, ascend, k, writes):
     return _rows(outer, row)
 
 
-def _merge_pass(fn, vals, pos, cur, n, w, src, ascend, dtype):
+def _merge_pass(fn, vals, pos, cur, n, w, src, ascend):
     """One pass: runs of `w` from the half `src` merged pairwise into the other half."""
     p, t = fn.fresh("sort_pair"), fn.fresh("sort_t")
     i, j, lo, mid, hi = (fn.fresh(s) for s in ("sort_i", "sort_j", "sort_lo", "sort_mid", "sort_hi"))
@@ -275,6 +271,15 @@ def _merge_pass(fn, vals, pos, cur, n, w, src, ascend, dtype):
                           _for(t, 2 * w, _if(_op("lt", _op("add", _v(lo), _v(t)), _v(hi)), step)),
                       ))))
     return _for(p, pairs, merge)
+
+
+def _output(kind, t, vals, pos, slot):
+    """The value written to output `t` from `slot` of the scratch: the value (`kind`
+    "values"), or the position converted to `t`'s type."""
+    if kind == "values":
+        return _load(vals, slot)
+    p = _load(pos, slot)
+    return p if t.dtype == "int64" else _cast(t.dtype, p)
 
 
 def _outer(fn, data, axis):
@@ -320,23 +325,21 @@ def _top_rows(fn, data, axis, ascend, k, writes):
     insert = _seq(
         # The new element starts in the last slot held (or the next free one) and moves up.
         _store(st, [_c(1)], _op("min", _v(m), _c(k - 1))),
-        _store(st, [_c(2)], _c(0)),
         _for(q, k, _if(_op("eq", _load(st, _c(2)), _c(0)), move)),
         _store(vals, [_load(st, _c(1))], _v(x)),
         _store(pos, [_load(st, _c(1))], _v(e)),
         _store(st, [_c(0)], _op("min", _op("add", _v(m), _c(1)), _c(k))),
     )
+    # It enters while fewer than `k` are held, or when it is strictly before the `k`-th
+    # (`st[2]` 0: enters, then moving; 1: does not, or has stopped moving).
+    enters = _if(_op("lt", _v(m), _c(k)), _store(st, [_c(2)], _c(0)),
+                 _if(beats(_c(k - 1)), _store(st, [_c(2)], _c(0)), _store(st, [_c(2)], _c(1))))
     scan = _for(e, n, _let(x, data.dtype, _load(data.name, *_at(outer, axis, _v(e))),
-                           _let(m, "int64", _load(st, _c(0)), _if(
-                               _op("lt", _v(m), _c(k)), insert,
-                               _if(beats(_c(k - 1)), insert)))))
+                           _let(m, "int64", _load(st, _c(0)), _seq(
+                               enters, _if(_op("eq", _load(st, _c(2)), _c(0)), insert)))))
     body = [_store(st, [_c(0)], _c(0)), scan]
     for kind, t in writes:
-        if kind == "values":
-            value = _load(vals, _v(q))
-        else:
-            value = _load(pos, _v(q))
-            value = value if t.dtype == "int64" else _cast(t.dtype, value)
+        value = _output(kind, t, vals, pos, _v(q))
         body.append(_for(q, k, _store(t.name, _at(outer, axis, _v(q)), value)))
     row = _alloc(vals, data.dtype, k, _alloc(pos, "int64", k,
                  _alloc(st, "int64", 3, _seq(*body), "local"), "local"), "local")

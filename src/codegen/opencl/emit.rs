@@ -589,50 +589,50 @@ impl Kernel<'_> {
         indices: &[Expr],
         pre: &mut Vec<String>,
     ) -> R<Option<String>> {
-        use crate::codegen::index::{contiguous_dims, reads_memory};
+        use crate::codegen::index::reads_memory;
         if !indices.iter().any(reads_memory) || indices.len() != buffer.shape.len() {
             return Ok(None);
         }
+        // The index's own value, with the IR's wrapping arithmetic (not address arithmetic).
         let outer = std::mem::replace(&mut self.in_index, false);
         let outer_int = std::mem::replace(&mut self.int_index, false);
+        let conds = self.bounds_conditions(buffer, indices, pre);
+        self.in_index = outer;
+        self.int_index = outer_int;
+        let conds = conds?;
+        Ok((!conds.is_empty()).then(|| conds.join(" && ")))
+    }
+
+    /// [`Self::in_bounds`]'s condition for each index that reads memory.
+    fn bounds_conditions(
+        &mut self,
+        buffer: &Buffer,
+        indices: &[Expr],
+        pre: &mut Vec<String>,
+    ) -> R<Vec<String>> {
+        use crate::codegen::index::{contiguous_dims, reads_memory};
+        let spans: Vec<(std::borrow::Cow<'_, Expr>, Vec<&Expr>)> = match &buffer.strides {
+            Some(_) => indices
+                .iter()
+                .zip(&buffer.shape)
+                .map(|(i, e)| (std::borrow::Cow::Borrowed(i), vec![e]))
+                .collect(),
+            None => contiguous_dims(indices, &buffer.shape)
+                .into_iter()
+                .map(|d| (d.index, d.extents))
+                .collect(),
+        };
         let mut conds = Vec::new();
-        let mut spans: Vec<(std::borrow::Cow<'_, Expr>, Vec<&Expr>)> = Vec::new();
-        match &buffer.strides {
-            Some(_) => spans.extend(
-                indices
-                    .iter()
-                    .zip(&buffer.shape)
-                    .map(|(i, e)| (std::borrow::Cow::Borrowed(i), vec![e])),
-            ),
-            None => spans.extend(
-                contiguous_dims(indices, &buffer.shape)
-                    .into_iter()
-                    .map(|d| (d.index, d.extents)),
-            ),
-        }
-        let mut r = Ok(());
         for (index, extents) in spans.iter().filter(|(i, _)| reads_memory(i)) {
-            let v = match self.expr(index, pre) {
-                Ok(v) => v,
-                Err(e) => {
-                    r = Err(e);
-                    break;
-                }
-            };
-            let mut n = Vec::new();
-            for e in extents {
-                match self.expr(e, pre) {
-                    Ok(x) => n.push(format!("(ulong)({x})")),
-                    Err(e) => r = Err(e),
-                }
-            }
+            let v = self.expr(index, pre)?;
+            let n = extents
+                .iter()
+                .map(|e| Ok(format!("(ulong)({})", self.expr(e, pre)?)))
+                .collect::<R<Vec<String>>>()?;
             // Signed: a negative index is a large unsigned one.
             conds.push(format!("(ulong)(long)({v}) < {}", n.join(" * ")));
         }
-        self.in_index = outer;
-        self.int_index = outer_int;
-        r?;
-        Ok((!conds.is_empty()).then(|| conds.join(" && ")))
+        Ok(conds)
     }
 
     /// The flat element index of `buffer[indices]`.
