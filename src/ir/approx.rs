@@ -9,9 +9,10 @@
 //! machine.
 //!
 //! # `fast_exp` on float32
-//! 1. `x` is clamped to [[`FAST_EXP_LO`], [`FAST_EXP_HI`]] (a NaN stays NaN and is returned
-//!    as it is at the end), so results saturate at about `1.65e38` and `1.65e-38`, never
-//!    infinity or a subnormal;
+//! 1. `x` is clamped to [[`FAST_EXP_LO`], [`FAST_EXP_HI`]], so results saturate at about
+//!    `1.65e38` and `1.65e-38`, never infinity or a subnormal. A NaN gives a NaN: the
+//!    interpreter returns the input, compiled code the NaN its arithmetic carries through
+//!    (which NaN is not specified, as for every float operation);
 //! 2. `k = floor(fma(x, log2(e), 0.5))`, `r = fma(k, -LN2_HI, x)`, `r = fma(k, LN2_LO, r)`
 //!    (Cody-Waite reduction, `|r| <= ln2 / 2`);
 //! 3. `p` = Horner's rule over [`FAST_EXP_POLY`] with `fma(p, r, c)`; `y = fma(p, r * r, r) + 1`;

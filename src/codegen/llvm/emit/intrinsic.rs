@@ -233,8 +233,8 @@ impl Emitter<'_> {
 
     /// `fast_exp(x)` in float32 (scalar `float` or vector `<n x float>` type `ty`): exactly the
     /// sequence of [`crate::ir::approx::fast_exp_f32`] (clamp, Cody-Waite range reduction, a
-    /// degree-6 polynomial by fused multiply-adds, `2^k` in the exponent bits; a NaN input is
-    /// returned), so the result is the interpreter's bit for bit. Also `exp` under fast math.
+    /// degree-6 polynomial by fused multiply-adds, `2^k` in the exponent bits; a NaN input
+    /// gives a NaN), so the result is the interpreter's bit for bit. Also `exp` under fast math.
     pub(super) fn fast_exp_poly(&mut self, ty: &str, sty: &str, n: i64, x: Val) -> Val {
         self.exp_poly(ty, sty, n, x, false)
     }
@@ -428,7 +428,21 @@ impl Emitter<'_> {
                     ic(&(EXP_ROUND as f32).to_bits().to_string())
                 ),
             ),
-            None => self.assign(&ity, format!("fptosi {ty} {} to {ity}", k.v)),
+            // k as an integer from the bits of k + 1.5 * 2^23 (exact for the clamped k), with
+            // no float-to-int conversion: a NaN's conversion would be poison, and would need
+            // the input kept to the end to be selected back; here a NaN flows through `y`.
+            None => {
+                let kf = self.assign(ty, format!("fadd {ty} {}, {}", k.v, c(EXP_ROUND)));
+                let bits = self.assign(&ity, format!("bitcast {ty} {} to {ity}", kf.v));
+                self.assign(
+                    &ity,
+                    format!(
+                        "sub {ity} {}, {}",
+                        bits.v,
+                        ic(&(EXP_ROUND as f32).to_bits().to_string())
+                    ),
+                )
+            }
         };
         let (c127, c23) = (ic("127"), ic("23"));
         let pow2 = |e: &mut Self, k: &Val| -> Val {
@@ -445,15 +459,10 @@ impl Emitter<'_> {
             let y1 = self.assign(ty, format!("fmul {ty} {}, {}", y.v, s1.v));
             return self.assign(ty, format!("fmul {ty} {}, {}", y1.v, s2.v));
         }
+        // A NaN input passes the clamp's selects and makes `y` NaN, so the product is NaN
+        // whatever bits its `k` gave the scale.
         let scale = pow2(self, &ki);
-        let e = self.assign(ty, format!("fmul {ty} {}, {}", y.v, scale.v));
-        // A NaN input is the result (its k, converted above, is poison, which a select of the
-        // other arm never lets through).
-        let nan = self.assign(&bty, format!("fcmp uno {ty} {}, {}", x.v, x.v));
-        self.assign(
-            ty,
-            format!("select {bty} {}, {ty} {}, {ty} {}", nan.v, x.v, e.v),
-        )
+        self.assign(ty, format!("fmul {ty} {}, {}", y.v, scale.v))
     }
 }
 
