@@ -17,7 +17,10 @@ first `k` of that order. The bridge writes the same sort as kiln IR, so that kil
 - `topk` with a small `k` (at most `TOPK_INSERTION`) keeps the first `k` in order as it scans
   the row instead: an element enters when it is strictly before the `k`-th (a later element
   equal to an earlier one comes after it, as in the stable order), moving the ones after it
-  down. The same `k` elements in the same order as sorting all of the row.
+  down. The same `k` elements in the same order as sorting all of the row. The row is
+  scanned in blocks of `TOPK_BLOCK`: once `k` are held, a block whose best element (its
+  maximum, or its minimum ascending, found in vectors) is not strictly before the `k`-th is
+  skipped whole, so most of a long row costs a vector load and a reduction per block.
 
 The sorted axis must have a constant length (the passes are unrolled); the others may be
 symbolic (a batch). A compact row-major layout and no element offset are taken; anything else
@@ -34,6 +37,10 @@ OPS = ("tvm.contrib.sort.sort", "tvm.contrib.sort.argsort", "tvm.contrib.sort.to
 #: instead of sorting the whole row: `n` comparisons and, for each element that enters, at most
 #: `k` moves (8 rows of 32000, `k` = 50: 26x faster than the merge sort of the rows).
 TOPK_INSERTION = 64
+
+#: `topk` by insertion scans its rows in blocks of this many elements, and skips a whole block
+#: (after one vector reduction) when none of its elements can enter.
+TOPK_BLOCK = 16
 
 
 def _c(v, dtype="int64"):
@@ -69,6 +76,12 @@ def _for(var, extent, body, kind="serial"):
         "kind": kind,
         "body": body,
     }
+
+
+def _for_expr(var, extent, body):
+    """A serial loop of `extent` iterations, an int64 expression."""
+    return {"stmt": "for", "var": {"name": var, "dtype": "int64"}, "min": _c(0),
+            "extent": extent, "kind": "serial", "body": body}
 
 
 def _if(cond, then, else_=None):
@@ -307,40 +320,78 @@ def _top_rows(fn, data, axis, ascend, k, writes):
     outer = _outer(fn, data, axis)
     vals, pos, st = fn.fresh("top_values"), fn.fresh("top_positions"), fn.fresh("top_state")
     e, q, x, s_, m = (fn.fresh(h) for h in ("top_e", "top_q", "top_x", "top_slot", "top_count"))
+    b, j, rf = fn.fresh("top_block"), fn.fresh("top_j"), fn.fresh("top_best")
     cmp = "gt" if not ascend else "lt"
-    # st[0]: elements held (at most k); st[1]: the slot the new element moves to; st[2]: done.
+    # st[0]: elements held (at most k); st[2]: whether the element at hand enters; st[3]:
+    # whether the block at hand is scanned; st[4], st[5]: the binary search's range.
 
-    def beats(slot_expr):
-        return _op(cmp, _v(x), _load(vals, slot_expr))
+    def beats(value, slot_expr):
+        return _op(cmp, value, _load(vals, slot_expr))
 
-    move = _let(s_, "int64", _load(st, _c(1)), _if(
-        _op("gt", _v(s_), _c(0)),
-        _if(beats(_op("sub", _v(s_), _c(1))), _seq(
-            _store(vals, [_v(s_)], _load(vals, _op("sub", _v(s_), _c(1)))),
-            _store(pos, [_v(s_)], _load(pos, _op("sub", _v(s_), _c(1)))),
-            _store(st, [_c(1)], _op("sub", _v(s_), _c(1))),
-        ), _store(st, [_c(2)], _c(1))),
-        _store(st, [_c(2)], _c(1)),
-    ))
+    # The slot it goes to: the first whose element it is strictly before (a binary search of
+    # the `m` held, in order; `st[4]`, `st[5]`: the range left). The ones from there to the
+    # last slot kept move down one, the last one held dropping out when `k` are held.
+    mid = fn.fresh("top_mid")
+    lo, hi = _load(st, _c(4)), _load(st, _c(5))
+    search = _for(q, k.bit_length(), _if(_op("lt", lo, hi), _let(
+        mid, "int64", _op("floordiv", _op("add", lo, hi), _c(2)),
+        _if(beats(_v(x), _v(mid)), _store(st, [_c(5)], _v(mid)),
+            _store(st, [_c(4)], _op("add", _v(mid), _c(1)))))))
+    last = _op("min", _v(m), _c(k - 1))
+    shift = _for_expr(q, _op("sub", last, lo), _let(s_, "int64", _op("sub", last, _v(q)), _seq(
+        _store(vals, [_v(s_)], _load(vals, _op("sub", _v(s_), _c(1)))),
+        _store(pos, [_v(s_)], _load(pos, _op("sub", _v(s_), _c(1)))),
+    )))
     insert = _seq(
-        # The new element starts in the last slot held (or the next free one) and moves up.
-        _store(st, [_c(1)], _op("min", _v(m), _c(k - 1))),
-        _for(q, k, _if(_op("eq", _load(st, _c(2)), _c(0)), move)),
-        _store(vals, [_load(st, _c(1))], _v(x)),
-        _store(pos, [_load(st, _c(1))], _v(e)),
+        _store(st, [_c(4)], _c(0)),
+        _store(st, [_c(5)], _v(m)),
+        search,
+        shift,
+        _store(vals, [lo], _v(x)),
+        _store(pos, [lo], _v(e)),
         _store(st, [_c(0)], _op("min", _op("add", _v(m), _c(1)), _c(k))),
     )
     # It enters while fewer than `k` are held, or when it is strictly before the `k`-th
-    # (`st[2]` 0: enters, then moving; 1: does not, or has stopped moving).
+    # (`st[2]` 0: it enters).
     enters = _if(_op("lt", _v(m), _c(k)), _store(st, [_c(2)], _c(0)),
-                 _if(beats(_c(k - 1)), _store(st, [_c(2)], _c(0)), _store(st, [_c(2)], _c(1))))
-    scan = _for(e, n, _let(x, data.dtype, _load(data.name, *_at(outer, axis, _v(e))),
-                           _let(m, "int64", _load(st, _c(0)), _seq(
-                               enters, _if(_op("eq", _load(st, _c(2)), _c(0)), insert)))))
+                 _if(beats(_v(x), _c(k - 1)), _store(st, [_c(2)], _c(0)),
+                     _store(st, [_c(2)], _c(1))))
+    step = _let(x, data.dtype, _load(data.name, *_at(outer, axis, _v(e))),
+                _let(m, "int64", _load(st, _c(0)), _seq(
+                    enters, _if(_op("eq", _load(st, _c(2)), _c(0)), insert))))
+    # The row in blocks of `TOPK_BLOCK`: once `k` are held, a whole block whose best element
+    # (its max, or min ascending, in vectors) is not strictly before the `k`-th is skipped:
+    # none of its elements would enter. A partial last block is always scanned.
+    full, blocks = n // TOPK_BLOCK, -(-n // TOPK_BLOCK)
+
+    def at_block(off):
+        return _load(data.name, *_at(outer, axis, _op("add", _op("mul", _v(b), _c(TOPK_BLOCK)), off)))
+
+    red = "max" if not ascend else "min"
+    tree, w = [_for(j, TOPK_BLOCK, _store(rf, [_v(j)], at_block(_v(j))), kind="vectorized")], TOPK_BLOCK
+    while w > 2:
+        w //= 2
+        t = fn.fresh("top_t")
+        tree.append(_for(t, w, _store(rf, [_v(t)], _op(red, _load(rf, _v(t)), _load(
+            rf, _op("add", _v(t), _c(w))))), kind="vectorized"))
+    best = _op(red, _load(rf, _c(0)), _load(rf, _c(1)))
+    tree.append(_if(beats(best, _c(k - 1)), _store(st, [_c(3)], _c(1))))
+    held = _op("eq", _load(st, _c(0)), _c(k))
+    if full < blocks:
+        held = _op("and", held, _op("lt", _v(b), _c(full)))
+    extent = _c(TOPK_BLOCK) if full == blocks else _op(
+        "min", _c(TOPK_BLOCK), _op("sub", _c(n), _op("mul", _v(b), _c(TOPK_BLOCK))))
+    scan = _for(b, blocks, _seq(
+        _store(st, [_c(3)], _c(1)),
+        _if(held, _seq(_store(st, [_c(3)], _c(0)),
+                       _alloc(rf, data.dtype, TOPK_BLOCK, _seq(*tree), "local"))),
+        _if(_op("eq", _load(st, _c(3)), _c(1)), _for_expr(j, extent, _let(
+            e, "int64", _op("add", _op("mul", _v(b), _c(TOPK_BLOCK)), _v(j)), step))),
+    ))
     body = [_store(st, [_c(0)], _c(0)), scan]
     for kind, t in writes:
         value = _output(kind, t, vals, pos, _v(q))
         body.append(_for(q, k, _store(t.name, _at(outer, axis, _v(q)), value)))
     row = _alloc(vals, data.dtype, k, _alloc(pos, "int64", k,
-                 _alloc(st, "int64", 3, _seq(*body), "local"), "local"), "local")
+                 _alloc(st, "int64", 6, _seq(*body), "local"), "local"), "local")
     return _rows(outer, row)

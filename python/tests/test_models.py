@@ -352,6 +352,27 @@ def test_sorts_are_built_by_kiln_and_give_tvms_order_ties_included(shape, dtype)
                 np.testing.assert_array_equal(got[tuple(keep)], want[tuple(keep)])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_topk_skips_the_blocks_that_cannot_enter_and_keeps_tvms_order(dtype):
+    # `topk` by insertion scans a row in blocks of 16 and skips a block whose best element is
+    # not strictly before the k-th. Rows of 1000 (a partial last block) with many values equal
+    # to the k-th (which must not enter), rising and falling runs, both directions.
+    op = relax.op
+    rng = np.random.default_rng(7)
+    x = rng.integers(-50, 50, (3, 1000)).astype(dtype)
+    x[1] = np.arange(1000) % 37  # runs: a block's best can tie the k-th
+    x[2, :500] = 3
+    for k in (1, 5, 16, 64):
+        for largest in (True, False):
+            mod = _relax_main({"x": (x.shape, dtype)}, lambda a: op.topk(
+                a, k, axis=1, ret_type="both", largest=largest))
+            ex = kiln.tvm.compile(mod, TARGET)
+            assert ex.kiln_report["kiln"] and not ex.kiln_report["tvm"], ex.kiln_report
+            for got, want in zip(*[relax.VirtualMachine(e, tvm.cpu())["main"](
+                    tvm.runtime.tensor(x)) for e in (ex, tvm.compile(mod, TARGET))]):
+                np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=f"k={k}")
+
+
 def test_a_select_that_gathers_only_in_its_chosen_arm_is_not_an_error():
     # `nll_loss` with `ignore_index` selects `pred[n, target[n]]` only where the target is not
     # ignored; TVM's select loads it anyway (at -100, out of bounds). The bridge guards such

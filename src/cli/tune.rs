@@ -155,6 +155,11 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         None => module.functions.clone(),
     };
     let target = Target::parse(&a.target)?;
+    if a.rpc.is_none() && a.tracker.is_none() {
+        if let Some(w) = generic_cpu_warning(&target) {
+            eprintln!("warning: {w}");
+        }
+    }
     let path = db_path(a.db.as_deref(), Some(DEFAULT_DB)).unwrap_or_else(|| DEFAULT_DB.into());
     let mut db = Database::open(&path)?;
     for w in &db.warnings {
@@ -473,4 +478,39 @@ fn worker_command() -> Result<Vec<std::ffi::OsString>, Box<dyn std::error::Error
 /// `kiln tune-worker`: the process `kiln tune` measures candidates in.
 pub fn run_worker() -> CmdResult {
     tune::worker::worker_main().map_err(|e| e.into())
+}
+
+/// A warning for a CPU target that names no `mcpu` or `mattr`, measured on this machine: like TVM's `llvm`, it means generic x86-64 code (SSE2, no AVX or FMA), so the search
+/// would rank schedules for vector units this machine's kernels would not use. Tuning for the
+/// host is the default target, `mcpu: native`.
+fn generic_cpu_warning(target: &Target) -> Option<String> {
+    let unset = |k: &str| {
+        target.get_str(k).is_none_or(str::is_empty)
+            && target.get_str_array(k).is_none_or(<[String]>::is_empty)
+    };
+    if target.kind_name() != "llvm" || !["mcpu", "mattr"].into_iter().all(unset) {
+        return None;
+    }
+    Some(format!(
+        "the target {target} names no `mcpu`: the search measures code for generic x86-64 \
+         (SSE2, no AVX or FMA), as TVM's `llvm` compiles; to tune for this machine's vector \
+         units, give `--target '{{\"kind\": \"llvm\", \"mcpu\": \"native\"}}'` (the default) \
+         or the CPU the kernel will run on"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_without_a_cpu_is_warned_of() {
+        let warned = |t: &str| generic_cpu_warning(&Target::parse(t).unwrap()).is_some();
+        assert!(warned("llvm"));
+        assert!(warned(r#"{"kind": "llvm"}"#));
+        assert!(!warned(DEFAULT_TARGET));
+        assert!(!warned(r#"{"kind": "llvm", "mcpu": "haswell"}"#));
+        assert!(!warned("llvm -mattr=+avx2"));
+        assert!(!warned("opencl"));
+    }
 }
