@@ -511,6 +511,9 @@ codegen_conformance!(
         unsupported: &[
             // A kernel cannot return a value or raise an error.
             ("guards", "iota", "`return` inside a device kernel"),
+            ("while", "isqrt_ceil", "`return` inside a device kernel"),
+            // A `parallel` loop is the CPU's; a device runs threads.
+            ("while", "searchsorted_parallel", "parallel loop `i` inside the device kernel"),
             ("half", "half_add", "float16 is not supported by kiln's OpenCL code generator"),
         ],
         check_source: None,
@@ -525,6 +528,9 @@ codegen_conformance!(
         unsupported: &[
             // A kernel cannot return a value or raise an error.
             ("guards", "iota", "`return` inside a device kernel"),
+            ("while", "isqrt_ceil", "`return` inside a device kernel"),
+            // A `parallel` loop is the CPU's; a device runs threads.
+            ("while", "searchsorted_parallel", "parallel loop `i` inside the device kernel"),
         ],
         check_source: Some(common::ptxas_check),
     },

@@ -242,6 +242,30 @@ case!(
     ".body.cond",
     "assert condition must be bool, found int32"
 );
+case!(
+    while_conditions_must_be_bool,
+    func_with(|_, x| Stmt::While {
+        cond: x.clone(),
+        body: Box::new(eval(Expr::from(0i32))),
+    }),
+    ".body.cond",
+    "while condition must be bool, found int32"
+);
+case!(
+    a_while_loop_is_not_vectorized,
+    func_with(|_, x| Stmt::For {
+        var: Var::new("i", DataType::i64()),
+        min: i64c(0),
+        extent: i64c(4),
+        kind: ForKind::Vectorized,
+        body: Box::new(Stmt::While {
+            cond: x.clone().lt(0),
+            body: Box::new(eval(Expr::from(0i32))),
+        }),
+    }),
+    ".body.body",
+    "a `while` loop inside a vectorized loop"
+);
 
 // ---- scoping
 case!(

@@ -335,6 +335,12 @@ class _Function:
             if s.else_case is not None:
                 out["else"] = self.at("else_case", self.stmt, s.else_case)
             return out
+        if k == "While":
+            return {
+                "stmt": "while",
+                "cond": self.at("condition", self.expr, s.condition),
+                "body": self.at("body", self.stmt, s.body),
+            }
         if k == "Evaluate":
             v = s.value
             if (_kind_name(v) == "Call" and str(v.op.name).endswith("tvm_call_packed")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import tvm
 from tvm import relax, tirx
 
-from . import _tvm_device, core
+from . import _tvm_device, core, legalize
 from .errors import BridgeError, UnsupportedFunctionError
 
 __all__ = ["compile", "register_device_api"]
@@ -249,7 +249,7 @@ def _compile(
                 else:
                     relax_pipeline = relax.get_pipeline(relax_pipeline)
             with tgt:
-                mod = relax_pipeline(mod)
+                mod = relax_pipeline(legalize.legalize(mod))
         attrs = dict(mod.attrs) if mod.attrs else {}
         ext_libs = list(attrs.get("external_mods", []))
         params.update(dict(attrs.get("const_name_to_constant", {})))

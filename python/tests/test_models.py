@@ -85,14 +85,13 @@ def test_export_library_loads_again(model, tmp_path):
 
 
 @I.ir_module
-class WithWhile:
+class WithBreak:
     @T.prim_func
     def count(A: T.Buffer((8,), "float32"), B: T.Buffer((8,), "float32")):
-        i = T.alloc_buffer((1,), "int32")
-        i[0] = 0
-        while i[0] < 8:
-            B[i[0]] = A[i[0]] + T.float32(1)
-            i[0] = i[0] + 1
+        for i in range(8):
+            if A[i] > T.float32(100):
+                break  # `T.break_loop()`, which kiln does not take
+            B[i] = A[i] + T.float32(1)
 
     @T.prim_func
     def double(A: T.Buffer((8,), "float32"), B: T.Buffer((8,), "float32")):
@@ -101,7 +100,7 @@ class WithWhile:
 
     @R.function
     def forward(x: R.Tensor((8,), "float32")):
-        cls = WithWhile
+        cls = WithBreak
         y = R.call_tir(cls.count, (x,), out_ty=R.Tensor((8,), "float32"))
         z = R.call_tir(cls.double, (y,), out_ty=R.Tensor((8,), "float32"))
         return z
@@ -109,18 +108,18 @@ class WithWhile:
 
 def test_unsupported_primfunc_is_an_error_naming_it():
     with pytest.raises(kiln.UnsupportedFunctionError) as e:
-        kiln.tvm.compile(WithWhile, TARGET)
+        kiln.tvm.compile(WithBreak, TARGET)
     assert set(e.value.failures) == {"count"}
-    assert "While" in str(e.value) and "count" in str(e.value)
+    assert "break_loop" in str(e.value) and "count" in str(e.value)
     assert "fallback=True" in str(e.value)
     assert isinstance(e.value, NotImplementedError)
 
 
 def test_fallback_builds_the_rest_with_tvm_and_says_so(tmp_path):
-    ex = kiln.tvm.compile(WithWhile, TARGET, fallback=True)
+    ex = kiln.tvm.compile(WithBreak, TARGET, fallback=True)
     assert ex.kiln_report["kiln"] == ["double"]
     assert set(ex.kiln_report["tvm"]) == {"count"}
-    assert "While" in ex.kiln_report["tvm"]["count"]
+    assert "break_loop" in ex.kiln_report["tvm"]["count"]
     x = np.arange(8, dtype="float32")
     (out,) = run_vm(ex, [x])
     np.testing.assert_array_equal(out, 2 * (x + 1))
@@ -373,6 +372,72 @@ def test_topk_skips_the_blocks_that_cannot_enter_and_keeps_tvms_order(dtype):
                 np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=f"k={k}")
 
 
+@pytest.mark.parametrize("shape,src_len,start,end,step,axis", [
+    ((8, 6), 2, 2, 6, 2, 0),     # TVM's legalization gathers `src` rows 3..7 of 2
+    ((4, 9, 3), 3, 1, 9, 3, 1),
+    ((4, 9, 3), 9, 0, 9, 1, -2),  # the whole axis: TVM returns `src`
+    ((5, 7), 2, 0, 2, 1, 1),
+    ((5, 7), 1, 6, 7, 1, 1),
+])
+def test_slice_scatter_reads_src_in_bounds_and_agrees_with_numpy_and_tvm(
+        shape, src_len, start, end, step, axis):
+    # kiln legalizes `slice_scatter` itself (kiln/legalize.py): TVM's PrimFunc gathers `src` at
+    # indices clipped to `x`'s extent, past `src`'s, which kiln's index checks refuse.
+    op = relax.op
+    rng = np.random.default_rng(3)
+    src_shape = list(shape)
+    src_shape[axis] = src_len
+    x = rng.standard_normal(shape).astype("float32")
+    src = rng.standard_normal(src_shape).astype("float32")
+    mod = _relax_main({"x": (shape, "float32"), "s": (tuple(src_shape), "float32")},
+                      lambda a, b: op.slice_scatter(a, b, start, end, step, axis=axis))
+    ex = kiln.tvm.compile(mod, TARGET)
+    assert ex.kiln_report["kiln"] and not ex.kiln_report["tvm"], ex.kiln_report
+    got, want = (relax.VirtualMachine(e, tvm.cpu())["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(src)).numpy()
+        for e in (ex, tvm.compile(mod, TARGET)))
+    expect = x.copy()
+    at = [slice(None)] * len(shape)
+    at[axis] = slice(start, end, step)
+    expect[tuple(at)] = src
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_while_loops_binary_searches_and_nms_are_built_by_kiln_and_agree_with_tvm():
+    # TIR `While` (TVM's binary searches and non-maximum suppression) becomes kiln's `while`.
+    op = relax.op
+    rng = np.random.default_rng(5)
+    x = np.round(rng.standard_normal((6, 9)) * 2).astype("float32")  # ties with the bounds
+    bounds = np.array([-2.0, -1.0, 0.0, 0.0, 1.5, 3.0], "float32")
+    boxes = rng.random((1, 12, 4)).astype("float32")
+    boxes[..., 2:] += boxes[..., :2]  # x2 > x1, y2 > y1: overlapping boxes
+    scores = rng.random((1, 2, 12)).astype("float32")
+    data = rng.random((1, 10, 6)).astype("float32")
+    cases = [
+        ({"x": ((6, 9), "float32"), "b": ((6,), "float32")}, (x, bounds),
+         lambda a, b: op.bucketize(a, b)),
+        ({"x": ((6, 9), "float32"), "b": ((6,), "float32")}, (x, bounds),
+         lambda a, b: op.bucketize(a, b, out_int32=True, right=True)),
+        ({"b": ((1, 12, 4), "float32"), "s": ((1, 2, 12), "float32")}, (boxes, scores),
+         lambda b, s: op.vision.all_class_non_max_suppression(
+             b, s, relax.const(4, "int64"), relax.const(0.3, "float32"),
+             relax.const(0.2, "float32"))),
+        ({"d": ((1, 10, 6), "float32")}, (data,),
+         lambda d: op.vision.get_valid_counts(d, 0.4, 0, 1)),
+    ]
+    for params, args, body in cases:
+        mod = _relax_main(params, body)
+        ex = kiln.tvm.compile(mod, TARGET)
+        assert ex.kiln_report["kiln"] and not ex.kiln_report["tvm"], ex.kiln_report
+        outs = []
+        for e in (ex, tvm.compile(mod, TARGET)):
+            o = relax.VirtualMachine(e, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+            outs.append([o] if isinstance(o, tvm.runtime.Tensor) else list(o))
+        for got, want in zip(*outs):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def test_a_select_that_gathers_only_in_its_chosen_arm_is_not_an_error():
     # `nll_loss` with `ignore_index` selects `pred[n, target[n]]` only where the target is not
     # ignored; TVM's select loads it anyway (at -100, out of bounds). The bridge guards such
@@ -437,8 +502,8 @@ def test_kiln_build_refuses_relax_and_unsupported_tir():
     mod, _, _ = models.export("mlp")
     with pytest.raises(TypeError, match="kiln.tvm.compile"):
         kiln.build(mod)
-    with pytest.raises(kiln.BridgeError, match="While"):
-        kiln.build(WithWhile["count"].with_attr("global_symbol", "count"))
+    with pytest.raises(kiln.BridgeError, match="break_loop"):
+        kiln.build(WithBreak["count"].with_attr("global_symbol", "count"))
 
 
 def test_primfunc_module_through_kiln_tvm_compile(tmp_path):

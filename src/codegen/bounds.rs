@@ -140,6 +140,10 @@ impl Analysis {
                     self.stmt(e);
                 }
             }
+            Stmt::While { cond, body } => {
+                self.expr(cond);
+                self.stmt(body);
+            }
             Stmt::Seq(v) => v.iter().for_each(|s| self.stmt(s)),
             Stmt::Evaluate(e) | Stmt::Return(e) => {
                 self.expr(e);

@@ -67,9 +67,10 @@ fn find_kernels<'a>(s: &'a Stmt, path: &mut String, out: &mut Vec<(String, &'a S
             kind: ForKind::ThreadBinding(_),
             ..
         } => out.push((path.clone(), s)),
-        Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {
-            sub(".body", body, out)
-        }
+        Stmt::For { body, .. }
+        | Stmt::Allocate { body, .. }
+        | Stmt::Let { body, .. }
+        | Stmt::While { body, .. } => sub(".body", body, out),
         Stmt::IfThenElse {
             then_case,
             else_case,
@@ -116,9 +117,10 @@ pub fn launch_extents(kernel: &Stmt) -> BTreeMap<ThreadTag, &Expr> {
 pub(crate) fn visit_stmts<'a>(s: &'a Stmt, f: &mut impl FnMut(&'a Stmt)) {
     f(s);
     match s {
-        Stmt::For { body, .. } | Stmt::Allocate { body, .. } | Stmt::Let { body, .. } => {
-            visit_stmts(body, f)
-        }
+        Stmt::For { body, .. }
+        | Stmt::Allocate { body, .. }
+        | Stmt::Let { body, .. }
+        | Stmt::While { body, .. } => visit_stmts(body, f),
         Stmt::IfThenElse {
             then_case,
             else_case,

@@ -473,6 +473,12 @@ impl Reader {
                 };
                 Ok(Stmt::IfThenElse { cond, then_case, else_case })
             }
+            "while" => {
+                let m = self.object(v, path, &["stmt", "cond", "body"])?;
+                let cond = self.expr(self.field(m, "cond", path)?, &p("cond"))?;
+                let body = Box::new(self.stmt(self.field(m, "body", path)?, &p("body"))?);
+                Ok(Stmt::While { cond, body })
+            }
             "seq" => {
                 let m = self.object(v, path, &["stmt", "stmts"])?;
                 let sp = p("stmts");
@@ -509,7 +515,7 @@ impl Reader {
             }
             other => Err(jerr(
                 &p("stmt"),
-                format!("unknown statement `{other}`, expected one of: for, store, allocate, let, if, seq, evaluate, assert, return, barrier, prefetch"),
+                format!("unknown statement `{other}`, expected one of: for, while, store, allocate, let, if, seq, evaluate, assert, return, barrier, prefetch"),
             )),
         }
     }
@@ -920,6 +926,9 @@ impl Writer {
                     o.insert("else".into(), self.stmt(e));
                 }
                 Value::Object(o)
+            }
+            Stmt::While { cond, body } => {
+                json!({"stmt": "while", "cond": self.expr(cond), "body": self.stmt(body)})
             }
             Stmt::Seq(v) => {
                 let stmts: Vec<Value> = v.iter().map(|s| self.stmt(s)).collect();

@@ -454,6 +454,15 @@ impl<'a> Printer<'a> {
                 self.line_start()?;
                 writeln!(self.out, "}}")
             }
+            Stmt::While { cond, body } => {
+                self.line_start()?;
+                self.out.write_str("while ")?;
+                self.expr(cond)?;
+                writeln!(self.out, " {{")?;
+                self.block(body)?;
+                self.line_start()?;
+                writeln!(self.out, "}}")
+            }
             Stmt::Evaluate(e) => {
                 self.line_start()?;
                 self.out.write_str("evaluate ")?;

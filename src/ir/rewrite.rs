@@ -123,6 +123,10 @@ pub(crate) fn rw_stmt(r: &mut dyn Rewriter, s: &Stmt) -> Stmt {
             then_case: Box::new(rw_stmt(r, then_case)),
             else_case: else_case.as_ref().map(|e| Box::new(rw_stmt(r, e))),
         },
+        Stmt::While { cond, body } => Stmt::While {
+            cond: rw_expr(r, cond),
+            body: Box::new(rw_stmt(r, body)),
+        },
         Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| rw_stmt(r, s)).collect()),
         Stmt::Evaluate(e) => Stmt::Evaluate(rw_expr(r, e)),
         Stmt::Assert { cond, message } => Stmt::Assert {

@@ -155,6 +155,17 @@ pub enum Stmt {
         /// Runs when `cond` is false.
         else_case: Option<Box<Stmt>>,
     },
+    /// `while cond { body }`: `cond` is evaluated before every iteration, and the loop ends the
+    /// first time it is false (TVM's `While`, as in its binary searches: `searchsorted`, NMS).
+    /// Always serial: no schedule primitive applies to it, and a vectorized or parallel loop
+    /// around it is run lane by lane, or task by task, with the `while` inside. `{"stmt":
+    /// "while", "cond": ..., "body": ...}` in JSON.
+    While {
+        /// A bool, over variables and buffers the body may change.
+        cond: Expr,
+        /// The loop body.
+        body: Box<Stmt>,
+    },
     /// Statements in order.
     Seq(Vec<Stmt>),
     /// Evaluates an expression for its effects (errors) and discards the value.

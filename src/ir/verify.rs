@@ -527,6 +527,25 @@ impl<'a> Verifier<'a> {
                     self.divergent.pop();
                 }
             }
+            Stmt::While { cond, body } => {
+                self.cond(cond, "while");
+                if self.loops.contains(&ForKind::Vectorized) {
+                    self.err("a `while` loop inside a vectorized loop: only serial code can hold one (make the loop around it serial)");
+                }
+                // Its trip count may differ between threads when anything it reads does.
+                let diverges = self.kernel.is_some();
+                if diverges {
+                    let d = format!(
+                        "`while` at {} (its trip count may differ between threads)",
+                        self.path
+                    );
+                    self.divergent.push(d);
+                }
+                self.at(".body", |s| s.stmt(body));
+                if diverges {
+                    self.divergent.pop();
+                }
+            }
             Stmt::Seq(v) => {
                 for (i, s) in v.iter().enumerate() {
                     self.at(&format!(".stmts[{i}]"), |me| me.stmt(s));

@@ -122,6 +122,10 @@ pub fn walk_stmt<V: Visitor + ?Sized>(v: &mut V, s: &Stmt) {
                 v.stmt(e);
             }
         }
+        Stmt::While { cond, body } => {
+            v.expr(cond);
+            v.stmt(body);
+        }
         Stmt::Seq(ss) => ss.iter().for_each(|s| v.stmt(s)),
         Stmt::Evaluate(e) | Stmt::Return(e) | Stmt::Assert { cond: e, .. } => v.expr(e),
         Stmt::Prefetch { buffer, indices } => {
@@ -202,6 +206,10 @@ impl Stmt {
                 cond: cond.clone(),
                 then_case: Box::new(f(then_case)),
                 else_case: else_case.as_ref().map(|e| Box::new(f(e))),
+            },
+            Stmt::While { cond, body } => Stmt::While {
+                cond: cond.clone(),
+                body: Box::new(f(body)),
             },
             other => other.clone(),
         }

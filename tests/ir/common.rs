@@ -181,6 +181,10 @@ pub fn all_constructs() -> PrimFunc {
             Some(Stmt::Evaluate(Expr::from(0i32))),
         ),
         if_then_else(xe.clone().eq_(0), Stmt::Return(Expr::from(1i32)), None),
+        Stmt::While {
+            cond: xe.clone().lt(0),
+            body: Box::new(Stmt::Return(Expr::from(3i32))),
+        },
         Stmt::Return(Expr::from(2i32)),
     ]);
     PrimFunc::new(

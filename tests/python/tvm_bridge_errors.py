@@ -15,12 +15,11 @@ import kiln_tvm  # noqa: E402
 
 
 @T.prim_func
-def with_while(A: T.Buffer((8,), "float32")):
-    i = T.alloc_buffer((1,), "int32")
-    i[0] = 0
-    while i[0] < 8:
-        A[i[0]] = T.float32(1)
-        i[0] = i[0] + 1
+def with_break(A: T.Buffer((8,), "float32")):
+    for i in range(8):
+        if A[i] < T.float32(0):
+            break
+        A[i] = T.float32(1)
 
 
 @T.prim_func
@@ -35,7 +34,7 @@ def with_float8(A: T.Buffer((8,), "float8_e4m3fn"), B: T.Buffer((8,), "float8_e4
 
 
 CASES = [
-    (with_while, ["While", "with_while.body", "while"]),
+    (with_break, ["break_loop", "with_break.body", "T.break_loop()"]),
     (with_ramp, ["Ramp", "indices[0]", "T.Ramp(0, 1, 4)"]),
     (with_float8, ["float8_e4m3fn", "no kiln equivalent", "with_float8.params[0]"]),
 ]

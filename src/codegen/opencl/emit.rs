@@ -520,6 +520,18 @@ impl Kernel<'_> {
                 self.indent -= 1;
                 self.line("}");
             }
+            Stmt::While { cond, body } => {
+                // The condition's temporaries are computed again before every test.
+                let mut pre = Vec::new();
+                let c = self.expr(cond, &mut pre)?;
+                self.line("for (;;) {");
+                self.indent += 1;
+                self.flush(pre);
+                self.line(format!("if (!({c})) break;"));
+                self.stmt(body)?;
+                self.indent -= 1;
+                self.line("}");
+            }
             Stmt::IfThenElse {
                 cond,
                 then_case,

@@ -119,6 +119,14 @@ impl Interp<'_> {
                     Ok(Flow::Normal)
                 }
             }
+            Stmt::While { cond, body } => {
+                while self.expr(cond)?.as_bool() {
+                    if let Flow::Return(r) = self.stmt(body)? {
+                        return Ok(Flow::Return(r));
+                    }
+                }
+                Ok(Flow::Normal)
+            }
             Stmt::Seq(v) => {
                 for s in v {
                     if let Flow::Return(r) = self.stmt(s)? {

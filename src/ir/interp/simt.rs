@@ -289,6 +289,23 @@ impl Interp<'_> {
                     None => Ok(()),
                 }
             }
+            Stmt::While { cond, body } => {
+                // Each round, the threads whose condition still holds run the body together.
+                let mut now = active.to_vec();
+                loop {
+                    let mut next = Vec::with_capacity(now.len());
+                    for &t in &now {
+                        if self.on_thread(t, |me| Ok(me.expr(cond)?.as_bool()))? {
+                            next.push(t);
+                        }
+                    }
+                    if next.is_empty() {
+                        return Ok(());
+                    }
+                    self.simt_stmt(body, &next)?;
+                    now = next;
+                }
+            }
             Stmt::Seq(v) => {
                 for st in v {
                     self.simt_stmt(st, active)?;

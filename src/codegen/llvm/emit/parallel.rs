@@ -384,6 +384,10 @@ pub(crate) fn collect_vars(s: &Stmt, out: &mut BTreeSet<VarId>) {
                 collect_vars(e, out);
             }
         }
+        Stmt::While { cond, body } => {
+            expr(cond, out);
+            collect_vars(body, out);
+        }
         Stmt::Seq(v) => v.iter().for_each(|s| collect_vars(s, out)),
         Stmt::Evaluate(e) | Stmt::Return(e) => expr(e, out),
         Stmt::Prefetch { buffer, indices } => {

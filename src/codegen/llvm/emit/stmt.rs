@@ -62,6 +62,19 @@ impl Emitter<'_> {
                 let c = self.expr(cond)?;
                 self.if_then_else(&c.v, "", then_case, else_case.as_deref(), Self::stmt)?;
             }
+            Stmt::While { cond, body } => {
+                let head = self.new_label("while_head");
+                let bodyl = self.new_label("while_body");
+                let exit = self.new_label("while_end");
+                self.line(format!("br label %{head}"));
+                self.start_block(&head);
+                let c = self.expr(cond)?;
+                self.line(format!("br i1 {}, label %{bodyl}, label %{exit}", c.v));
+                self.start_block(&bodyl);
+                self.stmt(body)?;
+                self.line(format!("br label %{head}"));
+                self.start_block(&exit);
+            }
             Stmt::Assert { message, .. } if self.opts.nvptx => {
                 return Err(self.not_in_kernel(&format!(
                     "`assert` (\"{message}\") inside a kernel: a kernel cannot raise an error; check on the host, before the kernel"

@@ -31,6 +31,8 @@ fn count_stores(s: &Stmt) -> usize {
             ..
         } => count_stores(then_case) + else_case.as_deref().map_or(0, count_stores),
         Stmt::Store { .. } => 1,
+        // A store in a `while` may run any number of times: never one store.
+        Stmt::While { body, .. } => count_stores(body).saturating_mul(2),
         _ => 0,
     }
 }
