@@ -8,8 +8,8 @@
 //!   operators share one variant with a [`BinOp`] code; math functions are [`Expr::Call`] with an
 //!   [`Intrinsic`]. There is no implicit conversion: operands of a binary op have one type.
 //! - [`Var`]s are identified by their [`VarId`]; names are only for printing and JSON.
-//! - [`Stmt`] covers loops ([`ForKind`]), stores, allocations, `let`, `if`, sequences,
-//!   `evaluate`, `assert` and `return`.
+//! - [`Stmt`] covers loops ([`ForKind`]), `while` loops, stores, allocations, `let`, `if`,
+//!   sequences, `evaluate`, `assert`, `return`, prefetches and barriers.
 //! - A [`Buffer`] is a typed, shaped view of a data pointer; its shape holds constants or
 //!   symbolic variables, bound by the first buffer parameter they appear in. A [`PrimFunc`] has
 //!   buffer and scalar [`Param`]s, a body, an optional return type and [`FuncAttrs`]; an
