@@ -200,6 +200,9 @@ class _Function:
         self.names = {}  # handle of a Var -> kiln name
         self.buffers = {}  # handle of a buffer object -> kiln buffer name
         self.keep = []  # the nodes whose handles are keys, kept alive so handles stay unique
+        # (kiln variable, dtype, TIR expression, what): a buffer parameter's dimension that TIR
+        # gives as an expression (`n + 3`), bound to a variable of its own and checked on entry.
+        self.shape_checks = []
         self.taken = set()
         self.path = [name]
 
@@ -265,6 +268,15 @@ class _Function:
             if "tirx.is_host_func" in f.attrs and bool(f.attrs["tirx.is_host_func"]):
                 attrs["host"] = True  # runs on the host in a device target's module
         body = self.at("body", self.stmt, f.body)
+        if self.shape_checks:
+            # As TVM's packed API does: the dimension is read from the caller's tensor, then
+            # compared with the expression of the other parameters' dimensions.
+            checks = [{
+                "stmt": "assert",
+                "cond": {"op": "eq", "args": [{"var": v}, self.at(what, self.expr, e)]},
+                "message": f"`{what}` must be `{e}`, by the other arguments' shapes",
+            } for v, _, e, what in self.shape_checks]
+            body = {"stmt": "seq", "stmts": checks + [body]}
         out = {"name": self.name, "params": params, "attrs": attrs, "body": body}
         return out
 
@@ -284,14 +296,15 @@ class _Function:
             self.keep.append(p)
             self.buffers[p.__chandle__()] = name
             out = {"kind": "buffer", "name": name, "dtype": self.dt(p.dtype)}
-            out["shape"] = [self.at(f"shape[{d}]", self.shape_entry, e) for d, e in enumerate(p.shape)]
+            out["shape"] = [self.at(f"shape[{d}]", self.shape_entry, e, f"{p.name}.shape[{d}]")
+                            for d, e in enumerate(p.shape)]
             if len(p.strides) > 0:
                 out["strides"] = [self.at(f"strides[{d}]", self.shape_entry, e) for d, e in enumerate(p.strides)]
             return out
         name = self.bind_var(p)
         return {"kind": "scalar", "name": name, "dtype": self.dt(_ty(p))}
 
-    def shape_entry(self, e):
+    def shape_entry(self, e, what=None):
         if isinstance(e, tirx.IntImm):
             if _ty(e) == "int64":
                 return int(e.value)
@@ -301,7 +314,13 @@ class _Function:
             if h in self.names:
                 return {"var": self.names[h], "dtype": _ty(e)}
             return {"var": self.bind_var(e), "dtype": _ty(e)}
-        raise self.error(e, "a buffer parameter's shape must be constants and variables")
+        if what is not None and _ty(e) in ("int32", "int64"):
+            # An expression of other dimensions (`concat`'s `n + 3`): a variable of its own,
+            # checked against the expression on entry (`shape_checks`).
+            v = self.fresh(what.replace(".shape[", "_dim").rstrip("]"))
+            self.shape_checks.append((v, _ty(e), e, what))
+            return {"var": v, "dtype": _ty(e)}
+        raise self.error(e, "a buffer parameter's strides must be constants and variables")
 
     # ----- statements -----------------------------------------------------------------------
 

@@ -438,6 +438,39 @@ def test_while_loops_binary_searches_and_nms_are_built_by_kiln_and_agree_with_tv
             np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+@T.prim_func
+def _concat_rows(a: T.handle, b: T.handle, c: T.handle):
+    n = T.int64()
+    A = T.match_buffer(a, (n, 4))
+    B = T.match_buffer(b, (3, 4))
+    C = T.match_buffer(c, (n + 3, 4))
+    for i, j in T.grid(n + 3, 4):
+        C[i, j] = T.if_then_else(i < n, A[i, j], B[i - n, j])
+
+
+def test_a_dimension_given_as_an_expression_is_read_and_checked():
+    # `concat` along a symbolic axis declares its output `(n + 3, 4)`: kiln reads the
+    # dimension from the tensor and checks it against `n + 3` on entry, as TVM's packed API.
+    f = kiln.build(_concat_rows.with_attr("global_symbol", "cat"))["cat"]
+    a = np.arange(20, dtype="float32").reshape(5, 4)
+    b = -np.arange(12, dtype="float32").reshape(3, 4)
+    c = np.zeros((8, 4), "float32")
+    f(a, b, c)
+    np.testing.assert_array_equal(c, np.concatenate([a, b]))
+    with pytest.raises(RuntimeError, match=r"C.shape\[0\]` must be `n \+ T.int64\(3\)`"):
+        f(a, b, np.zeros((7, 4), "float32"))
+    # Through Relax: a concat with a symbolic batch, against TVM's build.
+    n = tvm.tirx.Var("n", "int64")
+    mod = _relax_main({"x": ((n, 4), "float32"), "y": ((3, 4), "float32")},
+                      lambda x, y: relax.op.concat([x, y], axis=0))
+    ex = kiln.tvm.compile(mod, TARGET)
+    assert not ex.kiln_report["tvm"], ex.kiln_report
+    got, want = (relax.VirtualMachine(e, tvm.cpu())["main"](
+        tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
+        for e in (ex, tvm.compile(mod, TARGET)))
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_select_that_gathers_only_in_its_chosen_arm_is_not_an_error():
     # `nll_loss` with `ignore_index` selects `pred[n, target[n]]` only where the target is not
     # ignored; TVM's select loads it anyway (at -100, out of bounds). The bridge guards such
