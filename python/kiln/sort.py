@@ -68,20 +68,20 @@ def _seq(*stmts):
 
 
 def _for(var, extent, body, kind="serial"):
+    """`for var in [0, extent)`: `extent` an int, a symbolic axis (`_Sym`) or an int64 IR
+    expression."""
+    if isinstance(extent, _Sym):
+        extent = _cast("int64", extent.expr)
+    elif isinstance(extent, int):
+        extent = _c(extent)
     return {
         "stmt": "for",
         "var": {"name": var, "dtype": "int64"},
         "min": _c(0),
-        "extent": _cast("int64", extent.expr) if isinstance(extent, _Sym) else _c(extent),
+        "extent": extent,
         "kind": kind,
         "body": body,
     }
-
-
-def _for_expr(var, extent, body):
-    """A serial loop of `extent` iterations, an int64 expression."""
-    return {"stmt": "for", "var": {"name": var, "dtype": "int64"}, "min": _c(0),
-            "extent": extent, "kind": "serial", "body": body}
 
 
 def _if(cond, then, else_=None):
@@ -338,7 +338,7 @@ def _top_rows(fn, data, axis, ascend, k, writes):
         _if(beats(_v(x), _v(mid)), _store(st, [_c(5)], _v(mid)),
             _store(st, [_c(4)], _op("add", _v(mid), _c(1)))))))
     last = _op("min", _v(m), _c(k - 1))
-    shift = _for_expr(q, _op("sub", last, lo), _let(s_, "int64", _op("sub", last, _v(q)), _seq(
+    shift = _for(q, _op("sub", last, lo), _let(s_, "int64", _op("sub", last, _v(q)), _seq(
         _store(vals, [_v(s_)], _load(vals, _op("sub", _v(s_), _c(1)))),
         _store(pos, [_v(s_)], _load(pos, _op("sub", _v(s_), _c(1)))),
     )))
@@ -379,13 +379,13 @@ def _top_rows(fn, data, axis, ascend, k, writes):
     held = _op("eq", _load(st, _c(0)), _c(k))
     if full < blocks:
         held = _op("and", held, _op("lt", _v(b), _c(full)))
-    extent = _c(TOPK_BLOCK) if full == blocks else _op(
+    extent = TOPK_BLOCK if full == blocks else _op(
         "min", _c(TOPK_BLOCK), _op("sub", _c(n), _op("mul", _v(b), _c(TOPK_BLOCK))))
     scan = _for(b, blocks, _seq(
         _store(st, [_c(3)], _c(1)),
         _if(held, _seq(_store(st, [_c(3)], _c(0)),
                        _alloc(rf, data.dtype, TOPK_BLOCK, _seq(*tree), "local"))),
-        _if(_op("eq", _load(st, _c(3)), _c(1)), _for_expr(j, extent, _let(
+        _if(_op("eq", _load(st, _c(3)), _c(1)), _for(j, extent, _let(
             e, "int64", _op("add", _op("mul", _v(b), _c(TOPK_BLOCK)), _v(j)), step))),
     ))
     body = [_store(st, [_c(0)], _c(0)), scan]

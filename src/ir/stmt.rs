@@ -157,8 +157,8 @@ pub enum Stmt {
     },
     /// `while cond { body }`: `cond` is evaluated before every iteration, and the loop ends the
     /// first time it is false (TVM's `While`, as in its binary searches: `searchsorted`, NMS).
-    /// Always serial: no schedule primitive applies to it, and a vectorized or parallel loop
-    /// around it is run lane by lane, or task by task, with the `while` inside. `{"stmt":
+    /// Always serial: no schedule primitive applies to it, it may not sit inside a vectorized
+    /// loop (a verifier error), and a parallel loop around it runs it in each task. `{"stmt":
     /// "while", "cond": ..., "body": ...}` in JSON.
     While {
         /// A bool, over variables and buffers the body may change.

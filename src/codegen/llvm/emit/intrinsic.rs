@@ -364,11 +364,13 @@ impl Emitter<'_> {
             ty,
             format!("select {bty} {}, {ty} {}, {ty} {}", lo.v, c(clamp_lo), x1.v),
         );
-        let kbits;
-        let k = if full_range {
+        // `k`, and `kf` = k + 1.5 * 2^23, whose low mantissa bits hold `k` as an integer: `k`
+        // is taken from them below, with no float-to-int conversion (a NaN's would be poison,
+        // and would need the input kept to the end to be selected back; here a NaN `x` stays
+        // NaN in `y`, and so in the result).
+        let (k, kf) = if full_range {
             // k = round(x * log2(e)) by adding 1.5 * 2^23 (exact: one rounding of the fma
-            // puts the integer in the low mantissa bits), and k as an integer from those bits;
-            // no float-to-int conversion (whose NaN would be poison; a NaN x stays NaN in y).
+            // puts the integer in the low mantissa bits).
             let kf = self.assign(
                 ty,
                 format!(
@@ -378,12 +380,10 @@ impl Emitter<'_> {
                     c(EXP_ROUND)
                 ),
             );
-            let bits = self.assign(&ity, format!("bitcast {ty} {} to {ity}", kf.v));
-            kbits = Some(bits);
-            self.assign(ty, format!("fsub {ty} {}, {}", kf.v, c(EXP_ROUND)))
+            let k = self.assign(ty, format!("fsub {ty} {}, {}", kf.v, c(EXP_ROUND)));
+            (k, kf)
         } else {
-            kbits = None;
-            // k = floor(x * log2(e) + 0.5)
+            // k = floor(x * log2(e) + 0.5); k + 1.5 * 2^23 is exact for the clamped k.
             let fx = self.assign(
                 ty,
                 format!(
@@ -393,7 +393,9 @@ impl Emitter<'_> {
                     c(0.5)
                 ),
             );
-            self.assign(ty, format!("call {ty} @llvm.floor.{sfx}({ty} {})", fx.v))
+            let k = self.assign(ty, format!("call {ty} @llvm.floor.{sfx}({ty} {})", fx.v));
+            let kf = self.assign(ty, format!("fadd {ty} {}, {}", k.v, c(EXP_ROUND)));
+            (k, kf)
         };
         let fma = |e: &mut Self, a: &str, b: &str, cc: &str| -> Val {
             e.assign(
@@ -418,32 +420,16 @@ impl Emitter<'_> {
                 v.to_owned()
             }
         };
-        let ki = match kbits {
-            // The bits of 1.5 * 2^23 + k are those of 1.5 * 2^23 plus k.
-            Some(bits) => self.assign(
-                &ity,
-                format!(
-                    "sub {ity} {}, {}",
-                    bits.v,
-                    ic(&(EXP_ROUND as f32).to_bits().to_string())
-                ),
+        // The bits of 1.5 * 2^23 + k are those of 1.5 * 2^23 plus k.
+        let bits = self.assign(&ity, format!("bitcast {ty} {} to {ity}", kf.v));
+        let ki = self.assign(
+            &ity,
+            format!(
+                "sub {ity} {}, {}",
+                bits.v,
+                ic(&(EXP_ROUND as f32).to_bits().to_string())
             ),
-            // k as an integer from the bits of k + 1.5 * 2^23 (exact for the clamped k), with
-            // no float-to-int conversion: a NaN's conversion would be poison, and would need
-            // the input kept to the end to be selected back; here a NaN flows through `y`.
-            None => {
-                let kf = self.assign(ty, format!("fadd {ty} {}, {}", k.v, c(EXP_ROUND)));
-                let bits = self.assign(&ity, format!("bitcast {ty} {} to {ity}", kf.v));
-                self.assign(
-                    &ity,
-                    format!(
-                        "sub {ity} {}, {}",
-                        bits.v,
-                        ic(&(EXP_ROUND as f32).to_bits().to_string())
-                    ),
-                )
-            }
-        };
+        );
         let (c127, c23) = (ic("127"), ic("23"));
         let pow2 = |e: &mut Self, k: &Val| -> Val {
             let kb = e.assign(&ity, format!("add {ity} {}, {c127}", k.v));
