@@ -6,6 +6,19 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+/// `seconds` in milliseconds, with four decimals, or with four significant digits below 1 ms
+/// (at most nine decimals): a kernel of 0.11 us reads `0.0001103`, not `0.0001`, so that the
+/// times a tuner compares can be told apart.
+pub fn ms(seconds: f64) -> String {
+    let v = seconds * 1e3;
+    let decimals = if v > 0.0 && v < 1.0 && v.is_finite() {
+        (3 - v.log10().floor() as i32).clamp(4, 9) as usize
+    } else {
+        4
+    };
+    format!("{v:.decimals$}")
+}
+
 /// Edit distance between `a` and `b` in chars, counting a swap of neighbours as one edit
 /// (optimal string alignment): `edit_distance("fosat", "float") == 2`.
 pub fn edit_distance(a: &str, b: &str) -> usize {
@@ -68,6 +81,16 @@ pub fn compact_strides(shape: &[i64]) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ms_keeps_four_significant_digits_below_a_millisecond() {
+        assert_eq!(ms(1.1037e-7), "0.0001104");
+        assert_eq!(ms(2.5e-3), "2.5000");
+        assert_eq!(ms(0.25e-3), "0.2500");
+        assert_eq!(ms(0.0), "0.0000");
+        assert_eq!(ms(1e-15), "0.000000000");
+        assert_eq!(ms(f64::INFINITY), "inf");
+    }
 
     #[test]
     fn edit_distance_counts_a_swap_as_one_edit() {

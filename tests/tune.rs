@@ -2257,3 +2257,136 @@ fn duels_pick_truly_faster_schedules_under_the_machines_phases() {
     assert!(duels < plain, "{by_duel:?}");
     assert!(duels < 1.02 && duels_final < 1.02, "{by_duel:?}");
 }
+
+/// An elementwise function of two 3-D tensors `C[i, j, k] = A[i, j, k] * 2 + B[i, j, k]`, and
+/// one that adds a row `R[k]` to every row (a broadcast: not flat).
+fn elementwise(broadcast: bool) -> PrimFunc {
+    let b = if broadcast {
+        r#"{"op": "load", "buffer": "R", "indices": [{"var": "k"}]}"#
+    } else {
+        r#"{"op": "load", "buffer": "B", "indices": [{"var": "i"}, {"var": "j"}, {"var": "k"}]}"#
+    };
+    let (rb, rshape) = if broadcast {
+        ("R", r#"[{"const": 12, "dtype": "int32"}]"#)
+    } else {
+        (
+            "B",
+            r#"[{"const": 4, "dtype": "int32"}, {"const": 6, "dtype": "int32"}, {"const": 12, "dtype": "int32"}]"#,
+        )
+    };
+    let shape = r#"[{"const": 4, "dtype": "int32"}, {"const": 6, "dtype": "int32"}, {"const": 12, "dtype": "int32"}]"#;
+    let lp = |v: &str, n: i64, body: &str| {
+        format!(
+            r#"{{"stmt": "for", "var": {{"name": "{v}", "dtype": "int32"}}, "min": {{"const": 0, "dtype": "int32"}}, "extent": {{"const": {n}, "dtype": "int32"}}, "kind": "serial", "body": {body}}}"#
+        )
+    };
+    let store = format!(
+        r#"{{"stmt": "store", "buffer": "C", "indices": [{{"var": "i"}}, {{"var": "j"}}, {{"var": "k"}}], "value": {{"op": "add", "args": [{{"op": "mul", "args": [{{"op": "load", "buffer": "A", "indices": [{{"var": "i"}}, {{"var": "j"}}, {{"var": "k"}}]}}, {{"const": 2.0, "dtype": "float32"}}]}}, {b}]}}}}"#
+    );
+    let body = lp("i", 4, &lp("j", 6, &lp("k", 12, &store)));
+    let text = format!(
+        r#"{{"format": "kiln-ir/1", "functions": [{{"name": "ew", "params": [
+            {{"kind": "buffer", "name": "A", "dtype": "float32", "shape": {shape}}},
+            {{"kind": "buffer", "name": "{rb}", "dtype": "float32", "shape": {rshape}}},
+            {{"kind": "buffer", "name": "C", "dtype": "float32", "shape": {shape}}}],
+            "attrs": {{"noalias": true}}, "body": {body}}}]}}"#
+    );
+    IRModule::from_json_str(&text).unwrap().functions[0].clone()
+}
+
+/// An elementwise nest on compact tensors is flat: the `flat` knob fuses its three loops into
+/// one of 288 elements, which the vector knob splits up to 64 lanes and `parallel` splits
+/// again; the seeds hold it serial two and four vectors a step and in parallel; every choice
+/// computes what the function does; a broadcast (a row read along the innermost loop only)
+/// is not flat, and a record written before the knob reads as off.
+#[test]
+fn an_elementwise_nest_is_flat_and_its_knob_fuses_it_whole() {
+    let f = elementwise(false);
+    let (g, prefix) = space::normalize(&f);
+    assert!(prefix.is_empty(), "{prefix:?}");
+    let nests = space::nests(&g);
+    assert_eq!(nests.len(), 1);
+    assert!(nests[0].flat, "{:?}", nests[0]);
+    // The widths of the fused loop of 288, up to 64.
+    assert_eq!(space::knob_values(&nests[0]).1, vec![0, 4, 8, 16, 32, 64]);
+    let seeds = space::seeds_for_lanes(&nests, 16);
+    let flat: Vec<(i64, u8)> = seeds
+        .iter()
+        .filter(|c| c[0].flat)
+        .map(|c| (c[0].vector, c[0].parallel))
+        .collect();
+    assert_eq!(flat, [(32, 0), (64, 0), (32, 1)]);
+    let c = seeds
+        .iter()
+        .find(|c| c[0].flat && c[0].parallel == 1)
+        .unwrap();
+    let steps = space::steps_for(&g, &nests, c).unwrap();
+    assert_eq!(
+        steps,
+        [
+            Step::Fuse {
+                outer: "i".into(),
+                inner: "j".into()
+            },
+            Step::Fuse {
+                outer: "i_j".into(),
+                inner: "k".into()
+            },
+            Step::Split {
+                loop_: "i_j_k".into(),
+                factor: 32
+            },
+            Step::Kind {
+                loop_: "i_j_k_i".into(),
+                kind: "vectorized".into()
+            },
+            Step::Kind {
+                loop_: "i_j_k_o".into(),
+                kind: "parallel".into()
+            },
+        ]
+    );
+    // Every seed, random choice and mutation computes the function's results.
+    let shapes = [vec![4, 6, 12], vec![4, 6, 12], vec![4, 6, 12]];
+    let want = common::interp_last(&f, &shapes);
+    let mut rng = space::Rng::new(5);
+    let mut choices = seeds.clone();
+    choices.extend((0..24).map(|_| space::random_choice(&nests, &mut rng)));
+    let mut c = seeds[seeds.len() - 1].clone();
+    let mut toggled = [false; 2];
+    for _ in 0..60 {
+        c = space::mutate(&nests, &c, &mut rng);
+        toggled[usize::from(c[0].flat)] = true;
+        choices.push(c.clone());
+    }
+    assert_eq!(
+        toggled,
+        [true, true],
+        "the mutation turns the knob both ways"
+    );
+    let mut flat_built = 0;
+    for c in &choices {
+        let steps = space::steps_for(&g, &nests, c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+        let mut s = kiln::schedule::Schedule::new(f.clone());
+        s.apply(&steps).unwrap();
+        let h = s.finish().unwrap();
+        assert_eq!(common::interp_last(&h, &shapes), want, "{c:?}");
+        flat_built += usize::from(c[0].flat);
+    }
+    assert!(flat_built >= 10, "{flat_built}");
+    // A broadcast is not flat: fused, `R`'s index would be the fused loop modulo 12.
+    let b = elementwise(true);
+    let (bg, _) = space::normalize(&b);
+    let bn = space::nests(&bg);
+    assert!(!bn[0].flat);
+    assert!(space::seeds_for_lanes(&bn, 16).iter().all(|c| !c[0].flat));
+    let mut k = seeds[0][0];
+    k.flat = true;
+    assert!(space::steps_for(&bg, &bn, &vec![k]).is_err());
+    // Knobs written before the flat knob read as off.
+    let old: space::Knobs = serde_json::from_str(
+        r#"{"tile": [0, 0], "vector": 16, "unroll": 0, "parallel": 1, "leaves": [0, 0, 0, 0, 0, 0, 0, 0]}"#,
+    )
+    .unwrap();
+    assert!(!old.flat);
+}

@@ -179,16 +179,16 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         match tune_one(a, f, &target, &mut db, &path) {
             Ok((default, best)) => rows.push(match best {
                 Some(b) => format!(
-                    "| {} | {:.4} | {:.4} | {:.2}x |",
+                    "| {} | {} | {} | {:.2}x |",
                     f.name,
-                    default * 1e3,
-                    b * 1e3,
+                    crate::util::ms(default),
+                    crate::util::ms(b),
                     default / b.max(f64::MIN_POSITIVE)
                 ),
                 None => format!(
-                    "| {} | {:.4} | (the default) | 1.00x |",
+                    "| {} | {} | (the default) | 1.00x |",
                     f.name,
-                    default * 1e3
+                    crate::util::ms(default)
                 ),
             }),
             Err(e) => {
@@ -256,13 +256,13 @@ fn tune_one(
     let default = measurer.baseline();
     let w = tune::db::workload(f);
     eprintln!(
-        "tuning {} for {} on {}: the default build takes {:.4} ms [{:.4}, {:.4}]",
+        "tuning {} for {} on {}: the default build takes {} ms [{}, {}]",
         w.key,
         target,
         if device == "cpu" { &cpu } else { &device },
-        default.median * 1e3,
-        default.min * 1e3,
-        default.max * 1e3
+        crate::util::ms(default.median),
+        crate::util::ms(default.min),
+        crate::util::ms(default.max)
     );
     // The budget of seconds counts from here: the search, its final round and the pairing.
     let budget_from = std::time::Instant::now();
@@ -328,16 +328,16 @@ fn tune_one(
             .enumerate()
             .filter(|&(i, _)| i != fr.winner)
             .map(|(_, t)| match t {
-                Ok(t) => format!("{:.4}", t.median * 1e3),
+                Ok(t) => crate::util::ms(t.median),
                 Err(_) => "failed".to_owned(),
             })
             .collect();
         final_line = Some(format!(
-            "finals:  the fastest {} measured again in {} alternating rounds ({:.1} s): {:.4} ms against {} ms; {}",
+            "finals:  the fastest {} measured again in {} alternating rounds ({:.1} s): {} ms against {} ms; {}",
             entrants.len(),
             fr.rounds,
             took,
-            t.median * 1e3,
+            crate::util::ms(t.median),
             others.join(", "),
             if was_best {
                 "the search's best won"
@@ -376,18 +376,18 @@ fn tune_one(
         report.duels_won
     );
     println!(
-        "default: {:.4} ms [{:.4}, {:.4}]",
-        default.median * 1e3,
-        default.min * 1e3,
-        default.max * 1e3
+        "default: {} ms [{}, {}]",
+        crate::util::ms(default.median),
+        crate::util::ms(default.min),
+        crate::util::ms(default.max)
     );
     match &report.best {
         Some((steps, t)) => {
             println!(
-                "best:    {:.4} ms [{:.4}, {:.4}], {:.2}x the default",
-                t.median * 1e3,
-                t.min * 1e3,
-                t.max * 1e3,
+                "best:    {} ms [{}, {}], {:.2}x the default",
+                crate::util::ms(t.median),
+                crate::util::ms(t.min),
+                crate::util::ms(t.max),
                 default.median / t.median.max(f64::MIN_POSITIVE)
             );
             println!("steps:   {}", serde_json::to_string(steps)?);

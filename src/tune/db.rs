@@ -393,9 +393,9 @@ impl Database {
                         ),
                     };
                     notes.push(format!(
-                        "`{}`: tuning record applied ({:.4} ms, {speedup}, {} on {}{})",
+                        "`{}`: tuning record applied ({} ms, {speedup}, {} on {}{})",
                         f.name,
-                        r.time.median * 1e3,
+                        crate::util::ms(r.time.median),
                         r.kiln,
                         r.cpu,
                         if r.huge_pages {

@@ -185,6 +185,75 @@ fn host_target(target: &Target) -> Result<Target, String> {
     }
 }
 
+/// How many placements of a small kernel's arrays its timing goes through ([`Placed`]).
+pub const PLACEMENTS: usize = 4;
+
+/// The most bytes (all arrays together) that are timed at [`PLACEMENTS`] placements.
+pub const PLACED_MAX_BYTES: usize = 1 << 20;
+
+/// Copies of a small kernel's arrays at [`PLACEMENTS`] placements relative to each other: each
+/// batch of its timed calls is spread evenly over them, so that its time is their mean.
+///
+/// Where arrays of a few KiB lie relative to each other, modulo 4 KiB, moves a call's time by
+/// up to 10 % and more: a load whose address matches an earlier store's in its low 12 bits
+/// waits for it (4 KiB aliasing), and which loads meet which stores depends on the schedule.
+/// Timed at one placement, a tuner ranks candidates for that placement only, and a 12 KiB
+/// `clip` whose two-vector schedule was fastest there was 20 % slower than its default where
+/// the output lay 192-320 bytes past the input. Each placement here shifts array `a` by
+/// `64 * (a * (16 l + 5) mod 64)` bytes in placement `l`: the second array moves a quarter
+/// turn of 4 KiB against the first from one placement to the next, 64-byte aligned.
+struct Placed {
+    /// Per placement, per array: the allocation and the offset of the data in it.
+    bufs: Vec<Vec<(crate::npy::AlignedBytes, usize)>>,
+    /// Per array: its element type and shape.
+    meta: Vec<(crate::packed_func::DLDataType, Vec<i64>)>,
+}
+
+impl Placed {
+    /// The copies of `args`, or `None` when they hold more than [`PLACED_MAX_BYTES`].
+    fn new(args: &[NpyArray]) -> Result<Option<Placed>, String> {
+        let total: usize = args.iter().map(|a| a.data.as_slice().len()).sum();
+        if args.is_empty() || total > PLACED_MAX_BYTES {
+            return Ok(None);
+        }
+        let mut bufs = Vec::with_capacity(PLACEMENTS);
+        for l in 0..PLACEMENTS {
+            let mut set = Vec::with_capacity(args.len());
+            for (a, arr) in args.iter().enumerate() {
+                let off = 64 * ((a * (16 * l + 5)) % 64);
+                let src = arr.data.as_slice();
+                let mut b =
+                    crate::npy::AlignedBytes::zeroed(src.len() + off).map_err(|e| e.to_string())?;
+                b.as_mut_slice()[off..].copy_from_slice(src);
+                set.push((b, off));
+            }
+            bufs.push(set);
+        }
+        let meta = args.iter().map(|a| (a.dtype, a.shape.clone())).collect();
+        Ok(Some(Placed { bufs, meta }))
+    }
+
+    /// The tensors of placement `l` (they point into `self`, which must outlive their use).
+    fn tensors(&mut self, l: usize) -> Vec<DLTensor> {
+        self.bufs[l]
+            .iter_mut()
+            .zip(self.meta.iter_mut())
+            .map(|((b, off), (dtype, shape))| DLTensor {
+                data: b.as_mut_slice()[*off..].as_mut_ptr().cast(),
+                device: crate::packed_func::DLDevice {
+                    device_type: crate::packed_func::DLDeviceType::CPU,
+                    device_id: 0,
+                },
+                ndim: shape.len() as i32,
+                dtype: *dtype,
+                shape: shape.as_mut_ptr(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            })
+            .collect()
+    }
+}
+
 /// Device copies of host arrays, and the timing of calls on them with the device's events.
 struct OnDevice {
     api: std::sync::Arc<dyn device_api::DeviceApi>,
@@ -566,13 +635,27 @@ impl Bench {
         args: &mut [NpyArray],
         cutoff: Option<f64>,
     ) -> Result<Timing, String> {
-        let dls: Vec<DLTensor> = args.iter_mut().map(|a| a.as_dltensor()).collect();
-        let views: Vec<AnyView<'_>> = dls.iter().map(AnyView::from).collect();
+        // Small arrays are timed at several placements, one after another (see `Placed`);
+        // large ones where they are.
+        let mut placed = Placed::new(args)?;
+        let sets: Vec<Vec<DLTensor>> = match placed.as_mut() {
+            Some(p) => (0..PLACEMENTS).map(|l| p.tensors(l)).collect(),
+            None => vec![args.iter_mut().map(|a| a.as_dltensor()).collect()],
+        };
+        let views: Vec<Vec<AnyView<'_>>> = sets
+            .iter()
+            .map(|set| set.iter().map(AnyView::from).collect())
+            .collect();
+        // `n` calls, spread evenly over the placements in turn: each batch's time is their mean.
+        let places = views.len() as u64;
         time_runs(
             |n: u64| -> Result<f64, String> {
                 let t = Instant::now();
-                for _ in 0..n {
-                    func.call(&views).map_err(|e| e.to_string())?;
+                for (l, views) in views.iter().enumerate() {
+                    let calls = n / places + u64::from((l as u64) < n % places);
+                    for _ in 0..calls {
+                        func.call(views).map_err(|e| e.to_string())?;
+                    }
                 }
                 Ok(t.elapsed().as_secs_f64())
             },
@@ -603,7 +686,7 @@ impl Bench {
         // enough, cold as it is: a hopeless candidate of a large kernel (seconds a call, where
         // the best takes milliseconds) costs one call, not two.
         if let Some(c) = cutoff {
-            if check > 3.0 * c {
+            if check > 3.0 * c && check >= CUTOFF_FLOOR_S {
                 return Outcome::Ok(Timing {
                     median: check,
                     min: check,
@@ -678,8 +761,21 @@ pub const MEASURE_OVERHEAD_S: f64 = 0.01;
 /// best time so far, which the timing reads back from it (racing).
 pub const CUTOFF_TIMES_BEST: f64 = 3.0;
 
+/// The shortest single call that can be answer enough for a candidate past the cutoff. A
+/// call under a millisecond is not: the first call of a kernel of a fraction of a microsecond
+/// (an elementwise operator on 12 KiB) takes ten times its warm time (its code and the clock
+/// cold), so every candidate of such a kernel lost to its own first call and the search never
+/// timed one. Timing such a call in batches costs a few milliseconds.
+pub const CUTOFF_FLOOR_S: f64 = 1e-3;
+
+/// Whether a candidate whose first call took `first` seconds is timed by that call alone: past
+/// `cutoff`, and at least [`CUTOFF_FLOOR_S`].
+pub fn cut_off_by(first: f64, cutoff: Option<f64>) -> bool {
+    cutoff.is_some_and(|c| first > c && first >= CUTOFF_FLOOR_S)
+}
+
 /// Times calls with `run(n)` (the seconds `n` calls take): when the first call takes more than
-/// `cutoff` seconds, that call is the answer; else calls are batched until a batch lasts 2 ms
+/// `cutoff` seconds (and [`CUTOFF_FLOOR_S`]), that call is the answer; else calls are batched until a batch lasts 2 ms
 /// and the median of 7 batches (3 for calls of 50 ms or more; up to 15 while the spread is
 /// over 10 %) is taken, with the fastest and slowest batch; 3 batches when all three are 1.25
 /// times the best so far (`cutoff` / [`CUTOFF_TIMES_BEST`]) or slower.
@@ -688,7 +784,7 @@ fn time_runs(
     cutoff: Option<f64>,
 ) -> Result<Timing, String> {
     let first = run(1)?;
-    if cutoff.is_some_and(|c| first > c) {
+    if cut_off_by(first, cutoff) {
         return Ok(Timing {
             median: first,
             min: first,
@@ -765,5 +861,21 @@ mod tests {
         assert_eq!(runs, 10);
         let (t, runs) = timed(|_| 4e-3, cutoff);
         assert_eq!((runs, t.median), (1, 4e-3));
+    }
+
+    /// A sub-microsecond kernel whose first call is cold (twenty times its warm time, past the
+    /// cutoff) is timed in batches all the same: a first call under [`CUTOFF_FLOOR_S`] is never
+    /// the answer. Before, every candidate of a 0.1 us `clip` was "timed" by its cold call and
+    /// lost to the default.
+    #[test]
+    fn a_cold_first_call_under_the_floor_is_not_the_answer() {
+        let best = 1e-7;
+        let cutoff = Some(CUTOFF_TIMES_BEST * best);
+        let (t, runs) = timed(|i| if i == 0 { 2e-6 } else { 0.9e-7 }, cutoff);
+        assert!(runs > 3, "{runs}");
+        assert!((t.median - 0.9e-7).abs() < 1e-15, "{t:?}");
+        // A first call past the cutoff and past the floor is still the answer.
+        let (t, runs) = timed(|i| if i == 0 { 2e-3 } else { 0.9e-7 }, Some(1e-3));
+        assert_eq!((runs, t.median), (1, 2e-3));
     }
 }

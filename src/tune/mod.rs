@@ -462,8 +462,8 @@ pub fn tune(
                         ""
                     };
                     format!(
-                        "{:.4} ms ({:.2}x the default){what}{mark}{note}",
-                        t.median * 1e3,
+                        "{} ms ({:.2}x the default){what}{mark}{note}",
+                        crate::util::ms(t.median),
                         default.median / t.median.max(f64::MIN_POSITIVE)
                     )
                 }
@@ -486,11 +486,11 @@ pub fn tune(
             };
             if opts.progress {
                 eprintln!(
-                    "[{}/{}] {:.1} s  {line}  (best {:.4} ms)",
+                    "[{}/{}] {:.1} s  {line}  (best {} ms)",
                     report.trials,
                     opts.trials,
                     start.elapsed().as_secs_f64(),
-                    best * 1e3
+                    crate::util::ms(best)
                 );
             }
         }

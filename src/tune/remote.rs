@@ -145,7 +145,10 @@ impl Remote {
             }
             // One timed call first: a candidate far slower than the best is not timed further.
             let first = s.time(m, &g.name, self.dev, 1, 1, 0, &args)?;
-            let t = if cutoff.is_some_and(|c| first.first().is_some_and(|x| *x > c)) {
+            let t = if first
+                .first()
+                .is_some_and(|&x| super::measure::cut_off_by(x, cutoff))
+            {
                 Timing::of(first)
             } else {
                 Timing::of(s.time(m, &g.name, self.dev, 1, 7, 2, &args)?)

@@ -15,6 +15,7 @@
 //! | `parallel` | none, outermost, outer two fused | `parallel` (after `fuse`) |
 //! | `leaves` | per innermost loop below the nest's chain (softmax's four column loops inside its row loop; a reduction innermost in the chain, as rowsum's): 0 or a width dividing its extent, 8-64 | a spatial loop: split, vectorize the inner part; a reduction into one element: split, `rfactor`, vectorize the lanes |
 //! | `prefetch` | off, on; only where a vectorized spatial leaf re-reads a buffer an earlier leaf read ([`prefetch_leaf`]: softmax's `exp` loop) | [`Schedule::prefetch`] of that buffer in that leaf, for the next iteration of the chain's innermost loop |
+//! | `flat` | off, on; only in a perfect nest of two or more spatial loops that index every buffer as adjacent whole dimensions, or not at all ([`Nest::flat`]: an elementwise operator on compact tensors) | `fuse` the whole nest into one loop first, which `vector` (up to 64 lanes) and `parallel` then split: a 64 x 48 `clip` is one loop of 3072 elements, two or four vectors a step, instead of rows of 48 |
 //! | `regtile` | `[row, mr, nr, pack, fuse]` or none; only in a perfect nest of spatial loops outside reduction loops ([`regtile_values`]: a batched matmul, a convolution) | with `fuse`, first `fuse` the two innermost spatial loops ([`Nest::fusable`]: a 1 x 1 convolution's pixels); split the row loop by `mr` (where `mr` does not divide it, `partition` it at the last whole tile and give the rest a tile of its own) and the innermost spatial loop by `nr`, move the reductions inside their outer parts, `cache_write` the output inside them (an `mr x nr` tile in registers), unroll the rows, vectorize the columns; with `pack`, the column tiles outermost and the operand the columns read ([`Nest::vector_operand`]) copied per column tile into a contiguous panel (`cache_read`, transposed by [`Schedule::cache_read_transposed`] where needed). The knobs `tile`, `vector` and `leaves` are off with it |
 //!
 //! A choice becomes [`Step`]s by running the primitives on a [`Schedule`] (so the steps carry
@@ -64,6 +65,11 @@ pub struct Nest {
     /// columns). Fused, they are one loop of pixels that the caches read as one dimension, so
     /// a register tile's columns need not divide a short row ([`Knobs::regtile`]'s `fuse`).
     pub fusable: bool,
+    /// Two or more loops, all spatial, perfectly nested, with constant extents, each adjacent
+    /// pair indexing every buffer of the body as two adjacent dimensions, the inner one whole,
+    /// or not at all ([`Knobs::flat`]): the nest walks its buffers as one flat range, and
+    /// fused into one loop it can be vectorized and split without a row's remainder.
+    pub flat: bool,
 }
 
 impl Nest {
@@ -116,6 +122,10 @@ pub struct Knobs {
     /// index), which every row tile then reads: BLAS's packing of `B`.
     #[serde(default)]
     pub regtile: [i64; 5],
+    /// The whole nest fused into one loop first ([`Nest::flat`]), which the knobs `vector`
+    /// and `parallel` then split (absent in records written before it: off).
+    #[serde(default)]
+    pub flat: bool,
 }
 
 /// The knobs of every nest of a function: one candidate.
@@ -250,6 +260,15 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         && loops[spatial - 1]
             .extent
             .is_some_and(|eb| fusable_pair(cur, vars[spatial - 2], vars[spatial - 1], eb));
+    let flat = perfect
+        && loops.len() >= 2
+        && spatial == loops.len()
+        && loops.iter().all(|l| l.extent.is_some())
+        && (1..loops.len()).all(|d| {
+            loops[d]
+                .extent
+                .is_some_and(|eb| fusable_pair(cur, vars[d - 1], vars[d], eb))
+        });
     let mut leaves = Vec::new();
     if perfect {
         leaves.extend(loops.last().filter(|l| l.reduction).cloned());
@@ -264,6 +283,7 @@ pub(crate) fn nest_of(s: &Stmt) -> Option<Nest> {
         stores,
         vector_operand,
         fusable,
+        flat,
     })
 }
 
@@ -505,6 +525,14 @@ pub fn knob_values(nest: &Nest) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<u8>) {
     };
     let inner_spatial = nest.loops.last().filter(|l| !l.reduction && nest.perfect);
     let vectors = match inner_spatial {
+        // A flat nest's widths are those of its fused loop, up to 64 (four AVX-512 vectors).
+        Some(_) if nest.flat => std::iter::once(0)
+            .chain(
+                [4, 8, 16, 32, 64]
+                    .into_iter()
+                    .filter(|&v| fits(v - 1, flat_extent(nest))),
+            )
+            .collect(),
         Some(l) => std::iter::once(0)
             .chain(
                 [4, 8, 16, 32]
@@ -527,6 +555,13 @@ pub fn knob_values(nest: &Nest) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<u8>) {
         _ => vec![0],
     };
     (tiles, vectors, unrolls, parallel)
+}
+
+/// The iterations of a flat nest fused into one loop ([`Nest::flat`]).
+fn flat_extent(nest: &Nest) -> Option<i64> {
+    nest.loops
+        .iter()
+        .try_fold(1i64, |n, l| n.checked_mul(l.extent?))
 }
 
 /// The values the knob of each leaf of `nest` may take (the first is always "off"): widths
@@ -623,6 +658,7 @@ fn fused_view(nest: &Nest) -> Option<Nest> {
     Some(Nest {
         loops,
         fusable: false,
+        flat: false,
         ..nest.clone()
     })
 }
@@ -899,6 +935,23 @@ fn apply_nest(
     let mut second: Option<String> = names.get(1).cloned();
     let mut inner_spatial = spatial.last().map(|&i| names[i].clone());
     let innermost_is_spatial = !nest.loops[names.len() - 1].reduction;
+    if k.flat {
+        if !nest.flat || k.tile != [0, 0] || k.regtile[1] > 0 {
+            return Err("a flat nest goes with no tiling, in a nest that can be flat".into());
+        }
+        let mut fused = names[0].clone();
+        for n in &names[1..] {
+            let next = s.fuse(&fused, n).map_err(e)?;
+            steps.push(Step::Fuse {
+                outer: fused,
+                inner: n.clone(),
+            });
+            fused = next;
+        }
+        outer = fused.clone();
+        second = None;
+        inner_spatial = Some(fused);
+    }
     if k.regtile[1] > 0 {
         if k.tile != [0, 0] || k.vector > 0 || k.leaves.iter().any(|&w| w > 0) {
             return Err("a register tile goes with no other tiling or vector knob".into());
@@ -940,11 +993,19 @@ fn apply_nest(
         else {
             return Err("no innermost spatial loop to vectorize".into());
         };
-        let (_vo, vi) = s.split(&v, k.vector).map_err(e)?;
+        let (vo, vi) = s.split(&v, k.vector).map_err(e)?;
         steps.push(Step::Split {
             loop_: v.clone(),
             factor: k.vector,
         });
+        // The loop split may be the one `parallel` takes (a nest of one loop, a flat nest, the
+        // second of two): it now goes by its outer part's name.
+        if outer == v {
+            outer = vo.clone();
+        }
+        if second.as_ref() == Some(&v) {
+            second = Some(vo.clone());
+        }
         s.vectorize(&vi).map_err(e)?;
         steps.push(Step::Kind {
             loop_: vi,
@@ -1094,6 +1155,7 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
                 leaves,
                 prefetch: false,
                 regtile: [0; 5],
+                flat: false,
             };
             // Drawn only where the knob exists, so other functions' searches are unchanged.
             if prefetch_leaf(n).is_some() {
@@ -1101,6 +1163,9 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
             }
             if regtile_values(n).is_some() {
                 k.regtile = random_regtile(n, rng);
+            }
+            if n.flat {
+                k.flat = rng.below(2) == 0;
             }
             sanitize(n, &mut k, rng.below(2) == 0);
             k
@@ -1115,6 +1180,22 @@ pub fn random_choice(nests: &[Nest], rng: &mut Rng) -> Choice {
 fn sanitize(nest: &Nest, k: &mut Knobs, prefer_leaf: bool) {
     if !regtile_ok(nest, k.regtile) {
         k.regtile = [0; 5];
+    }
+    k.flat &= nest.flat;
+    if k.flat {
+        // The fused loop is the nest's only loop: no tiles, nothing second to fuse.
+        k.tile = [0, 0];
+        k.parallel = k.parallel.min(1);
+    } else if nest.flat && k.tile == [0, 0] {
+        // A width past the innermost loop's extent is for the fused loop only.
+        if nest
+            .loops
+            .last()
+            .and_then(|l| l.extent)
+            .is_some_and(|e| k.vector > e)
+        {
+            k.vector = 0;
+        }
     }
     if k.regtile[1] > 0 {
         // The register tile is the nest's tiling and vectorization.
@@ -1181,7 +1262,9 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
         Some(_) => 4,
         None => 0,
     };
-    let which = rng.below(first_regtile + parts);
+    // The flat knob last, where it exists.
+    let flat_knob = first_regtile + parts;
+    let which = rng.below(flat_knob + usize::from(nests[i].flat));
     // A knob the register tile replaces, changed, turns the register tile off.
     if which < 3 || (5..first_regtile).contains(&which) {
         k.regtile = [0; 5];
@@ -1192,6 +1275,7 @@ pub fn mutate(nests: &[Nest], c: &Choice, rng: &mut Rng) -> Choice {
         2 => k.vector = rng.pick(&v),
         3 => k.unroll = rng.pick(&u),
         4 => k.parallel = rng.pick(&p),
+        w if w == flat_knob => k.flat = !k.flat,
         w if w >= first_regtile => {
             if let Some(r) = &regtile {
                 k.regtile = mutate_regtile(k.regtile, r, w - first_regtile, rng);
@@ -1347,6 +1431,33 @@ pub fn seeds_for_lanes(nests: &[Nest], lanes: i64) -> Vec<Choice> {
         let c = usual_seed(nests, 16, wide, reduction);
         if !out.contains(&c) {
             out.push(c);
+        }
+    }
+    // Flat nests (an elementwise operator) fused into one loop, two and four vectors a step,
+    // serial (a small operator: a thread pool's wake-up costs more than its work) and the first
+    // in parallel.
+    if nests.iter().any(|n| n.flat) {
+        for (vectors, parallel) in [(2, 0), (4, 0), (2, 1)] {
+            let c: Choice = nests
+                .iter()
+                .map(|n| {
+                    let mut k = Knobs::default();
+                    if n.flat {
+                        let (_, v, _, _) = knob_values(n);
+                        k.flat = true;
+                        k.vector = if v.contains(&(vectors * lanes)) {
+                            vectors * lanes
+                        } else {
+                            0
+                        };
+                        k.parallel = parallel;
+                    }
+                    k
+                })
+                .collect();
+            if !out.contains(&c) {
+                out.push(c);
+            }
         }
     }
     out
