@@ -2390,3 +2390,57 @@ fn an_elementwise_nest_is_flat_and_its_knob_fuses_it_whole() {
     .unwrap();
     assert!(!old.flat);
 }
+
+/// [`Fake`] with a default of `base` seconds, candidates taking a tenth of it up to 1.1 times.
+struct Scaled {
+    base: f64,
+    calls: Vec<Vec<Step>>,
+}
+
+impl Measurer for Scaled {
+    fn baseline(&self) -> Timing {
+        flat(self.base)
+    }
+
+    fn measure(&mut self, steps: &[Step], _cutoff: Option<f64>) -> Outcome {
+        self.calls.push(steps.to_vec());
+        let h = blake3::hash(serde_json::to_string(steps).unwrap().as_bytes());
+        Outcome::Ok(flat(self.base * (0.1 + (h.as_bytes()[0] as f64) / 255.0)))
+    }
+}
+
+/// A CPU kernel whose default takes under `PARALLEL_MIN_DEFAULT_S` is searched without parallel
+/// loops (its seeds, knobs, hand schedules and kiln's auto-parallel build alike), and the
+/// report counts the candidates left out; a longer one's search has them.
+#[test]
+fn a_kernel_of_a_few_microseconds_is_searched_serial() {
+    let f = kernels::matmul_sized(64, 64, 64);
+    let parallel = |calls: &[Vec<Step>]| {
+        calls
+            .iter()
+            .filter(|s| {
+                s.iter()
+                    .any(|x| matches!(x, Step::Kind { kind, .. } if kind == "parallel"))
+            })
+            .count()
+    };
+    let opts = TuneOptions {
+        trials: 40,
+        ..TuneOptions::default()
+    };
+    let mut small = Scaled {
+        base: 0.5 * tune::PARALLEL_MIN_DEFAULT_S,
+        calls: Vec::new(),
+    };
+    let r = tune::tune(&f, &host(), &mut small, &opts, |_, _, _| {}).unwrap();
+    assert!(!small.calls.is_empty());
+    assert_eq!(parallel(&small.calls), 0);
+    assert!(r.serial_only > 0, "{}", r.serial_only);
+    let mut large = Scaled {
+        base: 2.0 * tune::PARALLEL_MIN_DEFAULT_S,
+        calls: Vec::new(),
+    };
+    let r = tune::tune(&f, &host(), &mut large, &opts, |_, _, _| {}).unwrap();
+    assert!(parallel(&large.calls) > 0);
+    assert_eq!(r.serial_only, 0);
+}

@@ -375,6 +375,13 @@ fn tune_one(
         report.duels,
         report.duels_won
     );
+    if report.serial_only > 0 {
+        println!(
+            "serial:  {} candidates with parallel loops left out: the default takes under {} ms, where waking the thread pool costs more than a second thread gains",
+            report.serial_only,
+            crate::util::ms(tune::PARALLEL_MIN_DEFAULT_S)
+        );
+    }
     println!(
         "default: {} ms [{}, {}]",
         crate::util::ms(default.median),

@@ -136,6 +136,25 @@ pub struct TuneReport {
     /// fastest): the entrants of a [`final_round`]. The `best` is the last candidate that beat
     /// the best so far (in a duel, or beyond its spread), which need not be the first of them.
     pub leaders: Vec<(Vec<Step>, Timing)>,
+    /// Candidates with parallel loops left out, the default being under
+    /// [`PARALLEL_MIN_DEFAULT_S`].
+    pub serial_only: usize,
+}
+
+/// Below this default time (seconds) a CPU search tries no candidate with a parallel loop.
+///
+/// A kernel of a few microseconds gains from a second thread only while the pool's workers are
+/// spinning, as they are in a tuner's loop of back-to-back calls: there, a 1 us batched matmul
+/// split over two threads measured 0.82 us against 0.99 serial. In a process that calls it
+/// between other work (Python, another runtime's kernels) the same build took 0.8 or 1.8 us
+/// from one run to the next, and a 3 us grouped convolution 3.5-9 us against 3.1 serial:
+/// waking a parked worker costs more than the kernel. kiln's own parallel default
+/// (`schedule::auto`) holds back below a similar size for the same reason.
+pub const PARALLEL_MIN_DEFAULT_S: f64 = 10e-6;
+
+/// Whether `s` makes a loop parallel.
+fn is_parallel(s: &Step) -> bool {
+    matches!(s, Step::Kind { kind, .. } if kind == "parallel")
 }
 
 /// How many of a search's fastest candidates a [`final_round`] measures again.
@@ -280,6 +299,16 @@ pub fn tune(
         Space::Device(Box::new(device::DeviceSpace::new(&g, limits.max_threads)))
     };
     let default = m.baseline();
+    // A CPU kernel of a few microseconds stays on the calling thread (see
+    // `PARALLEL_MIN_DEFAULT_S`).
+    let serial_only = matches!(sp, Space::Cpu(..)) && default.median < PARALLEL_MIN_DEFAULT_S;
+    if serial_only && opts.progress {
+        eprintln!(
+            "the default takes {} ms, under {} ms: candidates with parallel loops are not tried",
+            crate::util::ms(default.median),
+            crate::util::ms(PARALLEL_MIN_DEFAULT_S)
+        );
+    }
     let mut rng = space::Rng::new(opts.seed);
     let mut seen: HashSet<String> = HashSet::new();
     seen.insert("[]".into());
@@ -298,6 +327,7 @@ pub fn tune(
         duels: 0,
         duels_won: 0,
         leaders: Vec::new(),
+        serial_only: 0,
     };
     // Every candidate that measured: (time, steps), for the leaders.
     let mut measured: Vec<(Timing, Vec<Step>)> = Vec::new();
@@ -371,9 +401,14 @@ pub fn tune(
                 }
             };
             let key = serde_json::to_string(&steps).unwrap_or_default();
-            if seen.insert(key) {
-                batch.push((steps, choice));
+            if !seen.insert(key) {
+                continue;
             }
+            if serial_only && steps.iter().any(is_parallel) {
+                report.serial_only += 1;
+                continue;
+            }
+            batch.push((steps, choice));
         }
         if batch.is_empty() {
             break;
