@@ -185,7 +185,9 @@ fn host_target(target: &Target) -> Result<Target, String> {
     }
 }
 
-/// How many placements of a small kernel's arrays its timing goes through ([`Placed`]).
+/// How many placements of a small kernel's arrays its timing goes through (at most
+/// [`PLACED_MAX_BYTES`] in all; each array shifted by a multiple of 64 bytes, differently in
+/// each, so that their distances modulo 4 KiB differ: 4 KiB aliasing).
 pub const PLACEMENTS: usize = 4;
 
 /// The most bytes (all arrays together) that are timed at [`PLACEMENTS`] placements.
