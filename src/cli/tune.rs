@@ -519,5 +519,15 @@ mod tests {
         assert!(!warned(r#"{"kind": "llvm", "mcpu": "haswell"}"#));
         assert!(!warned("llvm -mattr=+avx2"));
         assert!(!warned("opencl"));
+        // What it says: the target seen, what that target compiles, and what to give instead.
+        let w = generic_cpu_warning(&Target::parse("llvm").unwrap()).unwrap();
+        for part in [
+            r#"the target {"kind":"llvm""#,
+            "names no `mcpu`",
+            "generic x86-64 (SSE2, no AVX or FMA)",
+            r#"--target '{"kind": "llvm", "mcpu": "native"}'"#,
+        ] {
+            assert!(w.contains(part), "{part:?} not in {w:?}");
+        }
     }
 }
