@@ -2444,3 +2444,53 @@ fn a_kernel_of_a_few_microseconds_is_searched_serial() {
     assert!(parallel(&large.calls) > 0);
     assert_eq!(r.serial_only, 0);
 }
+
+/// A matmul of many rows is seeded, right after the target's block, with one pass over blocks of
+/// two and four times its rows and of about 512 rows (a multiple of the tile height), `A` and
+/// `B` packed up front; each computes the product.
+#[test]
+fn many_rows_are_seeded_with_blocks_of_about_512_rows() {
+    use kiln::schedule::kernels::{PackA, PackB};
+    use kiln::tune::templates::TemplateSpace;
+    let target = Target::parse(r#"{"kind": "llvm", "mcpu": "haswell", "num-cores": 2}"#).unwrap();
+    let f = kernels::matmul_sized(2048, 2048, 2048);
+    let ts = TemplateSpace::new(&f, &target).unwrap();
+    let seeds = ts.seeds();
+    let base = seeds[0].tiles;
+    let big: Vec<i64> = seeds[1..]
+        .iter()
+        .take_while(|t| t.pack == PackB::Whole && t.pack_a == PackA::Whole && t.tiles.kc == 0)
+        .map(|t| t.tiles.mb)
+        .collect();
+    let near_512 = (512 + base.mr / 2) / base.mr * base.mr;
+    assert!(
+        big.contains(&near_512),
+        "{near_512} not in {big:?} (base {base:?})"
+    );
+    assert!(big.contains(&(base.mb * 2)), "{big:?}");
+    assert!(big
+        .iter()
+        .all(|&mb| mb % base.mr == 0 && mb > base.mb && mb < 2048));
+    let mut sorted = big.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), big.len(), "no block twice: {big:?}");
+    // The product, on a matmul small enough for the interpreter, with such a block.
+    let g = kernels::matmul_sized(600, 32, 16);
+    let ts = TemplateSpace::new(&g, &target).unwrap();
+    let t = ts
+        .seeds()
+        .into_iter()
+        .find(|t| t.tiles.mb == (512 + t.tiles.mr / 2) / t.tiles.mr * t.tiles.mr)
+        .expect("a seed of about 512 rows for 600 rows");
+    let steps = ts.steps(&t).unwrap();
+    let mut s = kiln::schedule::Schedule::new(g.clone());
+    s.apply(&steps).unwrap();
+    let h = s.finish().unwrap();
+    let shapes = [vec![600, 16], vec![16, 32], vec![600, 32]];
+    let want = common::interp_last(&g, &shapes);
+    let got = common::interp_last(&h, &shapes);
+    assert_eq!(got.len(), want.len());
+    for (x, y) in got.iter().zip(&want) {
+        assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{x} vs {y}");
+    }
+}
