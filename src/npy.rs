@@ -67,6 +67,23 @@ fn err<T>(msg: impl Into<String>) -> Result<T, NpyError> {
     Err(NpyError(msg.into()))
 }
 
+/// A compact CPU `DLTensor` of `dtype` and `shape` at `data`; valid while `data` and `shape`
+/// are neither moved nor freed.
+pub fn cpu_dltensor(data: *mut u8, dtype: DLDataType, shape: &mut [i64]) -> DLTensor {
+    DLTensor {
+        data: data.cast::<c_void>(),
+        device: DLDevice {
+            device_type: DLDeviceType::CPU,
+            device_id: 0,
+        },
+        ndim: shape.len() as i32,
+        dtype,
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    }
+}
+
 /// Bytes aligned to 64 (to 2 MiB when in huge pages: [`set_huge_pages`]).
 pub struct AlignedBytes {
     ptr: *mut u8,
@@ -215,18 +232,7 @@ impl NpyArray {
     /// A `DLTensor` view (CPU, compact) of this array; valid while `self` is neither moved out
     /// of nor dropped.
     pub fn as_dltensor(&mut self) -> DLTensor {
-        DLTensor {
-            data: self.data.ptr.cast::<c_void>(),
-            device: DLDevice {
-                device_type: DLDeviceType::CPU,
-                device_id: 0,
-            },
-            ndim: self.shape.len() as i32,
-            dtype: self.dtype,
-            shape: self.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        }
+        cpu_dltensor(self.data.ptr, self.dtype, &mut self.shape)
     }
 
     /// Reads `.npy` bytes.

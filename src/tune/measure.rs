@@ -240,17 +240,8 @@ impl Placed {
         self.bufs[l]
             .iter_mut()
             .zip(self.meta.iter_mut())
-            .map(|((b, off), (dtype, shape))| DLTensor {
-                data: b.as_mut_slice()[*off..].as_mut_ptr().cast(),
-                device: crate::packed_func::DLDevice {
-                    device_type: crate::packed_func::DLDeviceType::CPU,
-                    device_id: 0,
-                },
-                ndim: shape.len() as i32,
-                dtype: *dtype,
-                shape: shape.as_mut_ptr(),
-                strides: std::ptr::null_mut(),
-                byte_offset: 0,
+            .map(|((b, off), (dtype, shape))| {
+                crate::npy::cpu_dltensor(b.as_mut_slice()[*off..].as_mut_ptr(), *dtype, shape)
             })
             .collect()
     }
@@ -687,14 +678,12 @@ impl Bench {
         // A checking call three times past the cutoff (nine times the best so far) is answer
         // enough, cold as it is: a hopeless candidate of a large kernel (seconds a call, where
         // the best takes milliseconds) costs one call, not two.
-        if let Some(c) = cutoff {
-            if check > 3.0 * c && check >= CUTOFF_FLOOR_S {
-                return Outcome::Ok(Timing {
-                    median: check,
-                    min: check,
-                    max: check,
-                });
-            }
+        if cut_off_by(check, cutoff.map(|c| 3.0 * c)) {
+            return Outcome::Ok(Timing {
+                median: check,
+                min: check,
+                max: check,
+            });
         }
         self.tell(Phase::Timing);
         match self.time_within(func, &mut out, cutoff) {
