@@ -1070,6 +1070,76 @@ fn cache_read_stages_the_region_a_loop_iteration_reads() {
     );
 }
 
+/// `cache_read_panels_of`: `A[i, k]` cut into row panels `[rows / w, k, w]` by the loop of a
+/// block of rows, each register tile of `w` rows reading its panel with the rows side by side;
+/// a block past the buffer's end is guarded; a width that does not divide the block, or a
+/// tile that straddles panels, is refused; the step replays from JSON.
+#[test]
+fn cache_read_panels_of_packs_row_panels_of_a_region() {
+    let (m, n, k) = (16, 8, 12);
+    let shapes = [vec![m, k], vec![k, n], vec![m, n]];
+    let f = kernels::matmul_sized(m, n, k);
+    let blocked = |f: &PrimFunc| {
+        let mut s = Schedule::new(f.clone());
+        let (io, ii) = s.split("i", 8).unwrap();
+        s.split(&ii, 4).unwrap();
+        (s, io)
+    };
+    let (mut s, io) = blocked(&f);
+    let cache = s.cache_read_panels_of("A", &io, 4, 0).unwrap();
+    let g = s.finish().unwrap();
+    let text = g.to_string();
+    assert!(
+        text.contains(&format!("allocate {cache}: float32[2, 12, 4] local")),
+        "{g}"
+    );
+    assert!(text.contains(&format!("{cache}[i_i_o, k0, i_i_i]")), "{g}");
+    assert!(!text.contains("if "), "{g}");
+    same_results(&f, &g, &shapes);
+    // 20 rows in blocks of 8: the last block's copy would pass the end of A; guarded.
+    let f20 = kernels::matmul_sized(20, n, k);
+    let (mut s, io) = blocked(&f20);
+    s.cache_read_panels_of("A", &io, 4, 0).unwrap();
+    let g = s.finish().unwrap();
+    same_results(&f20, &g, &[vec![20, k], vec![k, n], vec![20, n]]);
+    // Refused, leaving the function as it was: a width that does not divide the block's 8
+    // rows, a tile of 4 rows in panels of 2, a dimension `A` does not have.
+    let (mut s, io) = blocked(&f);
+    let before = s.func().to_string();
+    let err = s.cache_read_panels_of("A", &io, 3, 0).unwrap_err().to_string();
+    assert!(
+        err.contains("divides") && err.contains("(8)") && err.contains("found 3"),
+        "{err}"
+    );
+    let err = s.cache_read_panels_of("A", &io, 2, 0).unwrap_err().to_string();
+    assert!(
+        err.contains("cannot cut") && err.contains("panels of 2"),
+        "{err}"
+    );
+    let err = s.cache_read_panels_of("A", &io, 4, 7).unwrap_err().to_string();
+    assert!(
+        err.contains("needs a dimension of `A` to cut into panels, found 7 (it has 2)"),
+        "{err}"
+    );
+    assert_eq!(s.func().to_string(), before);
+    assert_eq!(s.trace().len(), 2);
+    // The step's JSON form: a panel width and the dimension cut; replayed, the same function.
+    let steps: Vec<Step> = serde_json::from_str(
+        r#"[{"split": {"loop": "i", "factor": 8}}, {"split": {"loop": "i_i", "factor": 4}},
+            {"cache_read": {"buffer": "A", "at": "i_o", "panel": 4, "innermost": 0}}]"#,
+    )
+    .unwrap();
+    let mut r = Schedule::new(f.clone());
+    r.apply(&steps).unwrap();
+    let (mut s, io) = blocked(&f);
+    s.cache_read_panels_of("A", &io, 4, 0).unwrap();
+    assert_eq!(s.trace(), r.trace());
+    assert_eq!(
+        r.finish().unwrap().to_string(),
+        s.finish().unwrap().to_string()
+    );
+}
+
 /// `cache_read_panels`: the region's last dimension cut into contiguous panels, `[E / w, ..,
 /// w]`, each register tile reading one; a width that does not divide the region, or an access
 /// that straddles panels, is refused.
@@ -1152,8 +1222,7 @@ fn cache_read_refuses_written_buffers_and_missing_accesses() {
     );
     let err = s.cache_read("B", "nope").unwrap_err().to_string();
     assert!(err.contains("nope"), "{err}");
-    // A transposed copy needs one of the buffer's dimensions, and a step gives a panel width
-    // or a transposed dimension, not both.
+    // A transposed copy, and panels of a dimension, need one of the buffer's dimensions.
     let err = s
         .cache_read_transposed("B", "i", 5)
         .unwrap_err()
@@ -1162,15 +1231,15 @@ fn cache_read_refuses_written_buffers_and_missing_accesses() {
         err.contains("needs a dimension of `B` to make innermost, found 5 (it has 2)"),
         "{err}"
     );
-    let both = Step::CacheRead {
+    let panels = Step::CacheRead {
         buffer: "B".into(),
         at: "i".into(),
         panel: Some(4),
-        innermost: Some(0),
+        innermost: Some(2),
     };
-    let err = s.apply(&[both]).unwrap_err().to_string();
+    let err = s.apply(&[panels]).unwrap_err().to_string();
     assert!(
-        err.contains("takes a panel width or a dimension made innermost, found both"),
+        err.contains("needs a dimension of `B` to cut into panels, found 2 (it has 2)"),
         "{err}"
     );
     assert_eq!(s.func().to_string(), before);

@@ -16,10 +16,11 @@ use crate::ir::{BinOp, Buffer, DataType, Expr, ForKind, Stmt, StorageScope, Var}
 enum Cache {
     /// Loaded (unless the body overwrites it first), used, written back.
     Write,
-    /// Loaded, read only; with a panel width `w`, the region's last dimension is cut into
-    /// panels of `w`, each contiguous (`[E / w, ..., w]`); with a dimension `d`, that dimension
-    /// of the region is the cache's last (a transposed copy: `B[j, k]` read along `j` becomes
-    /// `[k, j]`).
+    /// Loaded, read only; with a panel width `w`, the region's last dimension (or the
+    /// dimension `d` given with it) is cut into panels of `w`, each contiguous (`[E / w, ...,
+    /// w]`: `B[k, j]` in column panels `[n / w, k, w]`, `A[i, k]` in row panels `[m / w, k,
+    /// w]`); with a dimension `d` alone, that dimension of the region is the cache's last (a
+    /// transposed copy: `B[j, k]` read along `j` becomes `[k, j]`).
     Read(Option<i64>, Option<usize>),
 }
 
@@ -49,6 +50,17 @@ impl Schedule {
         panel: Option<i64>,
     ) -> ScheduleResult<String> {
         self.cache_untraced(buffer, at, Cache::Read(panel, None))
+    }
+
+    /// The body of [`Schedule::cache_read_panels_of`].
+    pub(super) fn cache_read_panels_of_untraced(
+        &mut self,
+        buffer: &str,
+        at: &str,
+        width: i64,
+        dim: usize,
+    ) -> ScheduleResult<String> {
+        self.cache_untraced(buffer, at, Cache::Read(Some(width), Some(dim)))
     }
 
     /// The body of [`Schedule::cache_read_transposed`].
@@ -150,8 +162,9 @@ impl Schedule {
             };
             if let Some(d) = innermost {
                 if d >= target.ndim() {
+                    let what = if panel.is_some() { "cut into panels" } else { "make innermost" };
                     problem = Some(format!(
-                        "needs a dimension of `{buffer}` to make innermost, found {d} (it has {})",
+                        "needs a dimension of `{buffer}` to {what}, found {d} (it has {})",
                         target.ndim()
                     ));
                     return Ok(s.clone());
@@ -159,27 +172,33 @@ impl Schedule {
             }
             // The region's dimension holding it.
             let innermost = innermost.and_then(|d| dims.iter().position(|x| x.holds(d)));
+            // With panels: the region's dimension cut into them (the one given, else the last),
+            // and no transposed copy.
+            let (pd, innermost) = match panel {
+                Some(_) => (innermost.unwrap_or(nd.saturating_sub(1)), None),
+                None => (nd.saturating_sub(1), innermost),
+            };
             if let Some(w) = panel {
-                // Every access's last index must be the region's start plus `p * w + q` with
-                // `q` in [0, w): then panel `p`, column `q`.
+                // Every access's index in that dimension must be the region's start plus
+                // `p * w + q` with `q` in [0, w): then panel `p`, column `q`.
                 if nd == 0 {
                     problem = Some(format!("needs a buffer with dimensions to cut into panels, found `{buffer}` with none"));
                     return Ok(s.clone());
                 }
-                let e = ext[nd - 1];
+                let e = ext[pd];
                 if w < 1 || e % w != 0 {
                     problem = Some(format!(
-                        "needs a panel width that divides the last extent of the region of `{buffer}` ({e}), found {w}"
+                        "needs a panel width that divides the extent of the region of `{buffer}` in the dimension cut into panels ({e}), found {w}"
                     ));
                     return Ok(s.clone());
                 }
                 for acc in &vall {
-                    let rel = linear(&acc[nd - 1]).expect("checked affine").minus(&base[nd - 1]);
+                    let rel = linear(&acc[pd]).expect("checked affine").minus(&base[pd]);
                     let (_, q) = rel.div_mod(w);
                     if !q.range(&inner).is_some_and(|(lo, hi)| lo >= 0 && hi < w) {
                         problem = Some(format!(
                             "cannot cut the index `{}` of `{buffer}` into panels of {w}: its part within a panel is not in [0, {w})",
-                            acc[nd - 1]
+                            acc[pd]
                         ));
                         return Ok(s.clone());
                     }
@@ -187,7 +206,7 @@ impl Schedule {
             }
             let t = DataType::i64();
             let cache_shape: Vec<i64> = match panel {
-                Some(w) => panel_order(ext[nd - 1] / w, &ext[..nd - 1], w),
+                Some(w) => panel_order(ext[pd] / w, &without(&ext, pd), w),
                 None => last_order(&ext, innermost),
             };
             let cache = Buffer::new(&cname, target.dtype, cache_shape.iter().map(|&e| imm(t, e)).collect())
@@ -214,18 +233,25 @@ impl Schedule {
             let guarded: Vec<bool> = (0..nd).map(|d| !in_bounds(d)).collect();
             let base_e: Vec<Expr> = base.iter().map(|l| l.to_expr(t)).collect();
             let copy = |to_cache: bool, tag: &str| -> Stmt {
-                // The copy's loops: one per dimension of the region (with panels: the last
-                // dimension as a panel loop and a column loop, inside the others, so that each
-                // row of the region is read in one sweep).
+                // The copy's loops: one per dimension of the region (with panels: the dimension
+                // cut into them as a panel loop in its place and a column loop innermost. Panels
+                // of the last dimension are then filled one row of the region at a time, each
+                // row read in one sweep; panels of another, one panel at a time, its `w` rows
+                // read side by side along the region's rows and interleaved into it).
                 let nv = if panel.is_some() { nd + 1 } else { nd };
                 let vars: Vec<Var> = (0..nv).map(|d| Var::new(&format!("{prefix}{tag}{d}"), t)).collect();
                 let r: Vec<Expr> = vars.iter().map(|v| Expr::Var(v.clone())).collect();
                 let extents: Vec<i64> = match panel {
-                    Some(w) => ext[..nd - 1].iter().copied().chain([ext[nd - 1] / w, w]).collect(),
+                    Some(w) => {
+                        let mut e = ext.clone();
+                        e[pd] /= w;
+                        e.push(w);
+                        e
+                    }
                     None => ext.clone(),
                 };
                 let offset = |d: usize| match panel {
-                    Some(w) if d + 1 == nd => r[nd - 1].clone() * imm(t, w) + r[nd].clone(),
+                    Some(w) if d == pd => r[pd].clone() * imm(t, w) + r[nd].clone(),
                     _ => r[d].clone(),
                 };
                 let gi: Vec<Expr> = (0..nd)
@@ -235,7 +261,7 @@ impl Schedule {
                     })
                     .collect();
                 let ci: Vec<Expr> = match panel {
-                    Some(_) => panel_order(r[nd - 1].clone(), &r[..nd - 1], r[nd].clone()),
+                    Some(_) => panel_order(r[pd].clone(), &without(&r[..nd], pd), r[nd].clone()),
                     None => last_order(&r, innermost),
                 };
                 let real = real_ix(&gi, &dims);
@@ -265,6 +291,10 @@ impl Schedule {
                         // A transposed copy reads along the buffer and writes across the
                         // cache: left to LLVM.
                         Cache::Read(_, Some(_)) => ForKind::Serial,
+                        // The columns of panels across the region's rows read `w` rows: unrolled.
+                        Cache::Read(..) if last && pd + 1 < nd => {
+                            if extents[d] <= UNROLL_COPY_MAX { ForKind::Unrolled } else { ForKind::Serial }
+                        }
                         Cache::Read(..) if last && extents[d] <= VECTOR_COPY_MAX => ForKind::Vectorized,
                         Cache::Read(..) if !last && extents[d] <= UNROLL_COPY_MAX => ForKind::Unrolled,
                         Cache::Read(..) => ForKind::Serial,
@@ -279,6 +309,7 @@ impl Schedule {
                 cache: &'a Buffer,
                 base: &'a [Lin],
                 panel: Option<i64>,
+                pd: usize,
                 innermost: Option<usize>,
             }
             impl Redirect<'_> {
@@ -289,10 +320,10 @@ impl Schedule {
                         .zip(self.base)
                         .map(|(i, b)| linear(i).expect("checked affine").minus(b))
                         .collect();
-                    // Panels were checked to have a last dimension.
+                    // Panels were checked to have the dimension cut into them.
                     let last = match self.panel {
-                        Some(w) => rel.pop().map(|l| (w, l)),
-                        None => None,
+                        Some(w) if self.pd < rel.len() => Some((w, rel.remove(self.pd))),
+                        _ => None,
                     };
                     let rest: Vec<Expr> = rel.iter().map(|l| l.to_expr(t)).collect();
                     match last {
@@ -322,7 +353,7 @@ impl Schedule {
                 }
             }
             let nbody = rw_stmt(
-                &mut Redirect { name: buffer, dims: &dims, cache: &cache, base: &base, panel, innermost },
+                &mut Redirect { name: buffer, dims: &dims, cache: &cache, base: &base, panel, pd, innermost },
                 body,
             );
             // The read-in is dead when the body's first statement overwrites the whole cache
@@ -472,6 +503,15 @@ fn last_order<T: Clone>(v: &[T], d: Option<usize>) -> Vec<T> {
             .collect(),
         _ => v.to_vec(),
     }
+}
+
+/// `v` without its element `d`.
+fn without<T: Clone>(v: &[T], d: usize) -> Vec<T> {
+    v.iter()
+        .enumerate()
+        .filter(|&(i, _)| i != d)
+        .map(|(_, x)| x.clone())
+        .collect()
 }
 
 /// The order of a panelled cache's dimensions: the panel, the region's other dimensions, the

@@ -74,7 +74,9 @@ pub enum Step {
         /// The loop whose body the cache covers.
         at: String,
     },
-    /// [`Schedule::cache_read`] (no `panel`) or [`Schedule::cache_read_panels`].
+    /// [`Schedule::cache_read`] (no `panel`), [`Schedule::cache_read_panels`] (a `panel`
+    /// alone), [`Schedule::cache_read_panels_of`] (a `panel` and the dimension cut into them,
+    /// as `innermost`) or [`Schedule::cache_read_transposed`] (`innermost` alone).
     CacheRead {
         /// The buffer staged.
         buffer: String,
@@ -83,7 +85,9 @@ pub enum Step {
         /// The panel width of [`Schedule::cache_read_panels`].
         #[serde(default, skip_serializing_if = "Option::is_none")]
         panel: Option<i64>,
-        /// The dimension [`Schedule::cache_read_transposed`] makes the copy's innermost.
+        /// The dimension [`Schedule::cache_read_transposed`] makes the copy's innermost; with a
+        /// `panel`, the dimension [`Schedule::cache_read_panels_of`] cuts into panels (the
+        /// position within a panel is then the copy's innermost).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         innermost: Option<usize>,
     },
@@ -195,12 +199,8 @@ impl Schedule {
                     panel,
                     innermost,
                 } => match (panel, innermost) {
-                    (Some(_), Some(_)) => {
-                        return Err(self.form(
-                            "cache_read",
-                            "takes a panel width or a dimension made innermost, found both"
-                                .to_string(),
-                        ))
+                    (Some(w), Some(d)) => {
+                        self.cache_read_panels_of(buffer, at, *w, *d)?;
                     }
                     (Some(w), None) => {
                         self.cache_read_panels(buffer, at, *w)?;
@@ -552,6 +552,35 @@ impl Schedule {
                 innermost: None,
             },
             |s| s.cache_read_untraced(buffer, at, Some(width)),
+        )
+    }
+
+    /// [`Schedule::cache_read_panels`] with the panels cut along the buffer's dimension `dim`
+    /// instead of its last: the region `[E_0, .., E_dim, .., E_last]` is cached as `[E_dim /
+    /// width, E_0, .., E_last, width]`, each panel contiguous with the position within it
+    /// innermost. `A[i, k]` read by a matmul's register tiles of `width` rows becomes row
+    /// panels `[rows / width, k, width]` (as BLAS packs `A`): each step of `k` then reads the
+    /// tile's `width` values of `A` side by side, not `width` rows apart. The copy fills one
+    /// panel at a time, reading its rows side by side along the region and interleaving them.
+    ///
+    /// # Errors
+    /// As [`Schedule::cache_read_panels`], for the dimension `dim`; `dim` not a dimension of
+    /// `buffer`.
+    pub fn cache_read_panels_of(
+        &mut self,
+        buffer: &str,
+        at: &str,
+        width: i64,
+        dim: usize,
+    ) -> ScheduleResult<String> {
+        self.traced(
+            || Step::CacheRead {
+                buffer: buffer.into(),
+                at: at.into(),
+                panel: Some(width),
+                innermost: Some(dim),
+            },
+            |s| s.cache_read_panels_of_untraced(buffer, at, width, dim),
         )
     }
 
