@@ -4,7 +4,7 @@
 //!
 //! Each configuration `mr,nr,mb,kc[,pack[,a]]` is `kiln::schedule::kernels::matmul_tiled_packing`
 //! with those tiles (`kc` 0: the whole `k` loop in one pass) and `B` packed up front (`pack`
-//! `whole`, the default), by each task (`task`, or `taskG` for `G` column panels per task, `taskGp` with the next pass's slice prefetched) or not at all (`none`), and `A` packed up front too when `a` follows, JIT-compiled for the target (`KILN_BENCH_MCPU`,
+//! `whole`, the default), by each task (`task`, or `taskG` for `G` column panels per task, `taskGp` with the next pass's slice prefetched) or not at all (`none`), and `A` packed up front too when `a` follows (by each task, a pass at a time, when `at` does), JIT-compiled for the target (`KILN_BENCH_MCPU`,
 //! default `native`; `num-cores` = the logical CPUs), and called on the same 1024^3 inputs. The
 //! configurations run in interleaved rounds (every configuration once per round, a few calls
 //! each), so that the machine's load hits them alike; the table gives each one's median GFLOP/s
@@ -33,8 +33,9 @@ fn parse_config(s: &str) -> (MatmulTiles, PackB, PackA) {
     let pack_a = match fields.get(5) {
         None => PackA::InPlace,
         Some(&"a") => PackA::Whole,
+        Some(&"at") => PackA::InTask,
         Some(other) => {
-            panic!("expected `a` (A packed) after the pack mode, got {other:?} in {s:?}")
+            panic!("expected `a` (A packed up front) or `at` (A packed by each task) after the pack mode, got {other:?} in {s:?}")
         }
     };
     let pack = match fields.get(4) {
@@ -164,6 +165,7 @@ fn main() {
         let pack = match pack_a {
             PackA::InPlace => format!("{pack:?}"),
             PackA::Whole => format!("{pack:?}+A"),
+            PackA::InTask => format!("{pack:?}+A in task"),
         };
         let st = Stats::of(t);
         let (md, lo, hi) = (st.median, st.min, st.max);

@@ -896,7 +896,9 @@ fn a_split_factor_beyond_an_int32_loop_is_refused() {
 }
 
 /// Columns not a multiple of the register tile: the last `n % nr` columns are a narrower tile
-/// of their own, reading the partly filled last panel; no bounds guard in the `k` loop.
+/// of their own, reading the partly filled last panel; no bounds guard anywhere: not in the
+/// `k` loop, and not in the packing of `B`, whose whole panels are filled by a vector loop and
+/// the last panel's few columns by a loop of their own.
 #[test]
 fn matmul_columns_not_a_multiple_of_the_tile_get_a_narrower_tile() {
     let tiles = sk::MatmulTiles {
@@ -908,12 +910,15 @@ fn matmul_columns_not_a_multiple_of_the_tile_get_a_narrower_tile() {
     for (m, n, k) in [(13, 40, 5), (7, 8, 3), (12, 17, 4), (6, 1, 2)] {
         let f = kernels::matmul_sized(m, n, k);
         let g = sk::matmul_tiled(m, n, k, tiles).unwrap();
-        // The packing of the partial panel is guarded, nothing else.
         let text = g.to_string();
-        let guards = text
-            .lines()
-            .filter(|l| l.contains("if ") && !l.contains("Bp_l"));
+        let guards = text.lines().filter(|l| l.contains("if "));
         assert_eq!(guards.count(), 0, "{m}x{n}x{k}: a guard\n{g}");
+        if n >= 16 {
+            assert!(
+                text.contains("for Bp_l1_i: int64 in vectorized(0i64, 16i64)"),
+                "{m}x{n}x{k}: the whole panels' fill is not a vector loop\n{g}"
+            );
+        }
         same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
     }
     let kc = sk::MatmulTiles { kc: 2, ..tiles };
@@ -1095,6 +1100,11 @@ fn cache_read_panels_of_packs_row_panels_of_a_region() {
     );
     assert!(text.contains(&format!("{cache}[i_i_o, k0, i_i_i]")), "{g}");
     assert!(!text.contains("if "), "{g}");
+    // Filled a panel at a time, its four rows side by side (unrolled) along `k`.
+    assert!(
+        text.contains("for A_cr2: int64 in unrolled(0i64, 4i64)"),
+        "{g}"
+    );
     same_results(&f, &g, &shapes);
     // 20 rows in blocks of 8: the last block's copy would pass the end of A; guarded.
     let f20 = kernels::matmul_sized(20, n, k);
@@ -1106,17 +1116,26 @@ fn cache_read_panels_of_packs_row_panels_of_a_region() {
     // rows, a tile of 4 rows in panels of 2, a dimension `A` does not have.
     let (mut s, io) = blocked(&f);
     let before = s.func().to_string();
-    let err = s.cache_read_panels_of("A", &io, 3, 0).unwrap_err().to_string();
+    let err = s
+        .cache_read_panels_of("A", &io, 3, 0)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("divides") && err.contains("(8)") && err.contains("found 3"),
         "{err}"
     );
-    let err = s.cache_read_panels_of("A", &io, 2, 0).unwrap_err().to_string();
+    let err = s
+        .cache_read_panels_of("A", &io, 2, 0)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("cannot cut") && err.contains("panels of 2"),
         "{err}"
     );
-    let err = s.cache_read_panels_of("A", &io, 4, 7).unwrap_err().to_string();
+    let err = s
+        .cache_read_panels_of("A", &io, 4, 7)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("needs a dimension of `A` to cut into panels, found 7 (it has 2)"),
         "{err}"
@@ -1367,6 +1386,49 @@ fn matmul_with_a_packed_computes_the_matmul() {
                     .unwrap_or(fill.len());
                 assert!(!fill[..end].contains("if "), "{m}x{n}x{k}\n{g}");
             }
+            same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+        }
+    }
+}
+
+/// `A` packed by each task, a pass of `k` at a time, into row panels (`PackA::InTask`), with
+/// every packing of `B`: the same results as the plain matmul, with rows that leave a last
+/// tile of their own, with `k` in one pass and in passes, and with fewer rows than a tile.
+/// Where `B` is not packed by the tasks, a task is a whole block of rows: the parallel loop is
+/// the row blocks', not fused with the column panels.
+#[test]
+fn matmul_with_a_packed_in_the_task_computes_the_matmul() {
+    for (m, n, k, kc) in [
+        (13, 40, 6, 2),
+        (72, 64, 9, 0),
+        (5, 17, 4, 0),
+        (50, 96, 32, 8),
+    ] {
+        for pack in [
+            sk::PackB::Whole,
+            sk::PackB::InTask {
+                panels: 2,
+                ahead: false,
+            },
+            sk::PackB::InTask {
+                panels: 2,
+                ahead: true,
+            },
+            sk::PackB::InPlace,
+        ] {
+            let f = kernels::matmul_sized(m, n, k);
+            let g = common::packed_matmul([m, n, k], [6, 16, 12, kc], pack, sk::PackA::InTask)
+                .finish()
+                .unwrap();
+            let text = g.to_string();
+            let at = |s: &str| format!("{m}x{n}x{k} kc {kc} {pack:?}: {s}\n{g}");
+            assert!(text.contains("allocate A_local"), "{}", at("no packed A"));
+            assert!(!text.contains("allocate Ap"), "{}", at("A packed up front"));
+            let fused = text
+                .lines()
+                .any(|l| l.contains("_o_j") && l.contains("parallel"));
+            let by_task = matches!(pack, sk::PackB::InTask { .. });
+            assert_eq!(fused, by_task, "{}", at("tasks of the wrong shape"));
             same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
         }
     }

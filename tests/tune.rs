@@ -503,8 +503,8 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
         nb.iter().any(|t| matches!(t.pack, PackB::InTask { .. }))
             || matches!(t0.pack, PackB::InTask { .. })
     );
-    // `A` packed is a seed (the first two, again) and a neighbour of the first; packed, it
-    // still computes the product, with a last tile of fewer rows (m % mr != 0).
+    // `A` packed up front is a seed (the first two, again) and a neighbour of the first;
+    // packed, it still computes the product, with a last tile of fewer rows (m % mr != 0).
     assert_eq!(seeds[2].pack_a, PackA::Whole, "{seeds:?}");
     assert_eq!(
         MatmulTemplate {
@@ -517,6 +517,12 @@ fn template_neighbours_change_one_parameter_and_compute_the_product() {
         && t.tiles == t0.tiles
         && t.pack == t0.pack
         && ts.steps(t).is_ok()));
+    // So is `A` packed by each task (a neighbour only: no seed).
+    assert!(nb.iter().any(|t| t.pack_a == PackA::InTask
+        && t.tiles == t0.tiles
+        && t.pack == t0.pack
+        && ts.steps(t).is_ok()));
+    assert!(seeds.iter().all(|t| t.pack_a != PackA::InTask));
 }
 
 /// A matmul of few rows starts with a few panels per task in passes, the next pass's slice of

@@ -290,7 +290,7 @@ impl Schedule {
                         Cache::Write => ForKind::Unrolled,
                         // A transposed copy reads along the buffer and writes across the
                         // cache: left to LLVM.
-                        Cache::Read(_, Some(_)) => ForKind::Serial,
+                        Cache::Read(None, Some(_)) => ForKind::Serial,
                         // The columns of panels across the region's rows read `w` rows: unrolled.
                         Cache::Read(..) if last && pd + 1 < nd => {
                             if extents[d] <= UNROLL_COPY_MAX { ForKind::Unrolled } else { ForKind::Serial }

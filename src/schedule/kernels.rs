@@ -273,6 +273,14 @@ pub enum PackA {
     /// panel. Measured on a Zen 4 built for `haswell`: 2048^3 +8 %, 1024^3 -2 % (the copy of
     /// all of `A` on every call); which one wins is the tuner's to find.
     Whole,
+    /// The task's block of rows, by the task, a pass of `k` at a time (all of `k` in one
+    /// pass), into row panels `[mb / mr, kc, mr]` (`cache_read_panels_of`), as GotoBLAS packs
+    /// `A`: the block is copied where it is used, into a buffer that stays in the L2 while the
+    /// task's column panels of `B` pass through the L1 against it. With `B` packed up front or
+    /// read in place, a task is a whole block of rows (all its columns), so that each block
+    /// is packed once a pass; with `B` packed in the task, a task is a block of rows and a
+    /// group of column panels, and each task packs its block's rows again.
+    InTask,
 }
 
 /// Where a matmul's `B` is packed into contiguous panels ([`matmul_tiled_packing`]).
@@ -325,6 +333,7 @@ pub fn matmul_tiled_packing(
     if pack_a == PackA::Whole && m >= 1 && k >= 1 {
         pack_rows(&mut s, &parts.a, m, tiles.mr.clamp(1, m))?;
     }
+    let a_in_task = (pack_a == PackA::InTask && k >= 1).then_some(parts.a.as_str());
     if m < 1 || n < 1 {
         // No rows or columns: nothing to tile.
         return Ok(s);
@@ -333,7 +342,7 @@ pub fn matmul_tiled_packing(
         PackB::InTask { panels, ahead } => Some((panels.max(1), ahead)),
         _ => None,
     };
-    matmul_columns(s, parts, [m, n, k], tiles, in_task)
+    matmul_columns(s, parts, [m, n, k], tiles, in_task, a_in_task)
 }
 
 /// Packs `b` (`[k, n]`) into column panels `Bp[n / nr, k, n % nr]`, each register block then
@@ -345,14 +354,34 @@ fn pack_panels(s: &mut Schedule, b: &str, n: i64, nr: i64) -> ScheduleResult<()>
         &packed,
         &[AxisMap::outer(1, nr), AxisMap::id(0), AxisMap::inner(1, nr)],
     )?;
+    // The whole panels apart from the last, partly filled one (its columns past `n` are
+    // never read): split with no bounds guard, their fill is vector loads and stores. With a
+    // guard in it (2048 columns in panels of 24), LLVM fills element by element, a compare
+    // and branch each: 3.6 ms of a 2048^3 matmul's 80 on a Zen 4, against 0.9 ms.
+    let whole = n / nr * nr;
+    if whole == 0 {
+        return Ok(());
+    }
+    let mut rows = fill[0].clone();
+    if whole < n {
+        // The columns' loop in two parts, then the rows' loop around each (the last panel's
+        // few columns: a short loop of its own, left serial).
+        s.partition(&fill[1], whole)?;
+        rows = s.fission(&rows)?[0].clone();
+    }
     // Fill one panel row (nr contiguous floats of B into nr contiguous floats of Bp) at a time,
-    // eight panels per row of B: eight write streams (of 32 if a whole row of B went at once,
-    // all mapping to the same cache sets, the panels being 128 KiB apart), and each thread
-    // fills whole panels.
+    // up to eight panels per row of B (a number that divides the panels): up to eight write
+    // streams (32 if a whole row of B went at once, all mapping to the same cache sets, the
+    // panels being 128 KiB apart), and each thread fills whole panels.
+    let panels = whole / nr;
+    let group = (1..=8.min(panels))
+        .rev()
+        .find(|g| panels % g == 0)
+        .unwrap_or(1);
     let (fill_o, fill_j) = s.split(&fill[1], nr)?;
     s.vectorize(&fill_j)?;
-    let (fill_oo, fill_oi) = s.split(&fill_o, 8.min(n / nr).max(1))?;
-    s.reorder(&[&fill_oo, &fill[0], &fill_oi, &fill_j])?;
+    let (fill_oo, fill_oi) = s.split(&fill_o, group)?;
+    s.reorder(&[&fill_oo, &rows, &fill_oi, &fill_j])?;
     s.parallel(&fill_oo)?;
     Ok(())
 }
@@ -391,6 +420,7 @@ fn matmul_columns(
     [m, n, k]: [i64; 3],
     tiles: MatmulTiles,
     pack_in_task: Option<(i64, bool)>,
+    a_in_task: Option<&str>,
 ) -> ScheduleResult<Schedule> {
     let nr = tiles.nr.max(1);
     let (i, j, k0) = (parts.i.clone(), parts.j.clone(), parts.k.clone());
@@ -413,17 +443,29 @@ fn matmul_columns(
                 .unwrap_or(1);
             (parts.b.as_str(), g, ahead)
         });
-        matmul_rows(&mut s, (&parts.c, b), (i, j, k0), [m, k], tiles, width)?;
+        matmul_rows(
+            &mut s,
+            (&parts.c, b, a_in_task),
+            (i, j, k0),
+            [m, k],
+            tiles,
+            width,
+        )?;
     }
     Ok(s)
 }
 
+/// `B` packed in each task ([`PackB::InTask`]): the operand, the panels per task and whether
+/// the next pass's slice is prefetched.
+type BInTask<'a> = Option<(&'a str, i64, bool)>;
+
 /// The row parts, register tiles and parallel tasks of one column part of [`matmul_tiled_on`];
 /// `b`: the operand to pack in each task, the panels per task and whether the next pass's
-/// slice is prefetched ([`PackB::InTask`]).
+/// slice is prefetched ([`PackB::InTask`]); `a`: the operand whose block of rows each task
+/// packs ([`PackA::InTask`]).
 fn matmul_rows(
     s: &mut Schedule,
-    (c, b): (&str, Option<(&str, i64, bool)>),
+    (c, b, a): (&str, BInTask, Option<&str>),
     (i, j, k0): (String, String, String),
     [m, k]: [i64; 2],
     tiles: MatmulTiles,
@@ -440,6 +482,9 @@ fn matmul_rows(
         names.push((map[&i].clone(), map[&j].clone(), map[&k0].clone()));
     }
     let passes = tiles.kc > 0 && tiles.kc < k && k % tiles.kc == 0;
+    // A task is a whole block of rows where it packs its rows of `A` and `B` is not packed by
+    // tasks: its block is then packed once a pass, not once for every column panel.
+    let rows_only = a.is_some() && b.is_none();
     for ((i, j, k0), &(_, mr, mb)) in names.iter().zip(&parts) {
         let (mut i, mut j) = (i.clone(), j.clone());
         if passes {
@@ -477,6 +522,7 @@ fn matmul_rows(
             let (ko, ki) = s.split(k0, tiles.kc)?;
             match &jg {
                 Some(jg) => s.reorder(&[&io, &jt, &ko, jg, &it, &ir, &ji, &ki])?,
+                None if rows_only => s.reorder(&[&io, &ko, &jo, &it, &ir, &ji, &ki])?,
                 None => s.reorder(&[&io, &jo, &ko, &it, &ir, &ji, &ki])?,
             }
             s.cache_write(c, &it)?;
@@ -485,6 +531,10 @@ fn matmul_rows(
             s.vectorize(&ji)?;
             if let (Some(cache), Some((_, _, true))) = (pack_at(s, &ko)?, b) {
                 s.prefetch_next(&cache, &ko, &ki)?;
+            }
+            if let Some(a) = a {
+                // The block's `mb x kc` slice of `A` in row panels, a pass at a time.
+                s.cache_read_panels_of(a, &ko, mr, 0)?;
             }
         } else {
             match &jg {
@@ -504,6 +554,14 @@ fn matmul_rows(
                 s.vectorize(l)?;
             }
             pack_at(s, &jt)?;
+            if let Some(a) = a {
+                // The block's rows of `A` in row panels, all of `k`, once per task.
+                s.cache_read_panels_of(a, if rows_only { &io } else { &jt }, mr, 0)?;
+            }
+        }
+        if rows_only {
+            s.parallel(&io)?;
+            continue;
         }
         // The (row block, column panel) pairs as one parallel loop: as many tasks as pairs,
         // so the threads share the work evenly whatever the number of row blocks (5 blocks of

@@ -643,11 +643,9 @@ impl TemplateSpace {
         for pack in packs {
             add(tl, pack, t.pack_a);
         }
-        let other_a = match t.pack_a {
-            PackA::InPlace => PackA::Whole,
-            PackA::Whole => PackA::InPlace,
-        };
-        add(tl, t.pack, other_a);
+        for other_a in [PackA::InPlace, PackA::Whole, PackA::InTask] {
+            add(tl, t.pack, other_a);
+        }
         if tl.nr == self.wide.0 {
             add(reshaped(tl, self.base.mr, self.base.nr), t.pack, t.pack_a);
         } else {
