@@ -33,6 +33,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
+# Both sides on every core: TVM's pool (which kiln's builds also run on once TVM's runtime is in
+# the process) defaults to fewer threads than cores on some VMs.
+for _var in ("KILN_NUM_THREADS", "TVM_NUM_THREADS"):
+    os.environ.setdefault(_var, str(len(os.sched_getaffinity(0))))
+
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 from tvm import te  # noqa: E402
