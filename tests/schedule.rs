@@ -1342,12 +1342,10 @@ fn matmul_with_b_packed_in_each_task_computes_the_matmul() {
     }
 }
 
-/// `A` packed into row panels up front, with every packing of `B`: the same results as the
-/// plain matmul where the rows leave a last, partly filled panel (its fill a part of its own),
-/// where they fill whole panels only, and with fewer rows than one panel; the whole panels'
-/// fill has no bounds guard.
-#[test]
-fn matmul_with_a_packed_computes_the_matmul() {
+/// The shapes `[m, n, k]` and pass depths the matmuls with `A` packed are checked at (rows that
+/// leave a last, partly filled panel, rows that fill whole panels, fewer rows than a panel;
+/// `k` in passes and in one), each with every packing of `B`: `check(shape, kc, pack)`.
+fn for_each_packing_of_b(mut check: impl FnMut([i64; 3], i64, sk::PackB)) {
     for (m, n, k, kc) in [
         (13, 40, 6, 2),
         (72, 64, 9, 0),
@@ -1366,29 +1364,40 @@ fn matmul_with_a_packed_computes_the_matmul() {
             },
             sk::PackB::InPlace,
         ] {
-            let f = kernels::matmul_sized(m, n, k);
-            let g = common::packed_matmul([m, n, k], [6, 16, 12, kc], pack, sk::PackA::Whole)
-                .finish()
-                .unwrap();
-            let text = g.to_string();
-            assert!(text.contains("allocate Ap"), "{m}x{n}x{k} {pack:?}\n{g}");
-            if m >= 6 {
-                // The whole panels' fill: a parallel loop over panels, no `if` before the
-                // copy.
-                let at = text
-                    .find("for Ap_l0_o: int64 in parallel")
-                    .unwrap_or_else(|| panic!("{m}x{n}x{k}\n{g}"));
-                let fill = &text[at..];
-                let end = ["for Ap_l0_p", "allocate"]
-                    .iter()
-                    .filter_map(|x| fill.find(x))
-                    .min()
-                    .unwrap_or(fill.len());
-                assert!(!fill[..end].contains("if "), "{m}x{n}x{k}\n{g}");
-            }
-            same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+            check([m, n, k], kc, pack);
         }
     }
+}
+
+/// `A` packed into row panels up front, with every packing of `B`: the same results as the
+/// plain matmul where the rows leave a last, partly filled panel (its fill a part of its own),
+/// where they fill whole panels only, and with fewer rows than one panel; the whole panels'
+/// fill has no bounds guard.
+#[test]
+fn matmul_with_a_packed_computes_the_matmul() {
+    for_each_packing_of_b(|[m, n, k], kc, pack| {
+        let f = kernels::matmul_sized(m, n, k);
+        let g = common::packed_matmul([m, n, k], [6, 16, 12, kc], pack, sk::PackA::Whole)
+            .finish()
+            .unwrap();
+        let text = g.to_string();
+        assert!(text.contains("allocate Ap"), "{m}x{n}x{k} {pack:?}\n{g}");
+        if m >= 6 {
+            // The whole panels' fill: a parallel loop over panels, no `if` before the
+            // copy.
+            let at = text
+                .find("for Ap_l0_o: int64 in parallel")
+                .unwrap_or_else(|| panic!("{m}x{n}x{k}\n{g}"));
+            let fill = &text[at..];
+            let end = ["for Ap_l0_p", "allocate"]
+                .iter()
+                .filter_map(|x| fill.find(x))
+                .min()
+                .unwrap_or(fill.len());
+            assert!(!fill[..end].contains("if "), "{m}x{n}x{k}\n{g}");
+        }
+        same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+    });
 }
 
 /// `A` packed by each task, a pass of `k` at a time, into row panels (`PackA::InTask`), with
@@ -1398,40 +1407,22 @@ fn matmul_with_a_packed_computes_the_matmul() {
 /// the row blocks', not fused with the column panels.
 #[test]
 fn matmul_with_a_packed_in_the_task_computes_the_matmul() {
-    for (m, n, k, kc) in [
-        (13, 40, 6, 2),
-        (72, 64, 9, 0),
-        (5, 17, 4, 0),
-        (50, 96, 32, 8),
-    ] {
-        for pack in [
-            sk::PackB::Whole,
-            sk::PackB::InTask {
-                panels: 2,
-                ahead: false,
-            },
-            sk::PackB::InTask {
-                panels: 2,
-                ahead: true,
-            },
-            sk::PackB::InPlace,
-        ] {
-            let f = kernels::matmul_sized(m, n, k);
-            let g = common::packed_matmul([m, n, k], [6, 16, 12, kc], pack, sk::PackA::InTask)
-                .finish()
-                .unwrap();
-            let text = g.to_string();
-            let at = |s: &str| format!("{m}x{n}x{k} kc {kc} {pack:?}: {s}\n{g}");
-            assert!(text.contains("allocate A_local"), "{}", at("no packed A"));
-            assert!(!text.contains("allocate Ap"), "{}", at("A packed up front"));
-            let fused = text
-                .lines()
-                .any(|l| l.contains("_o_j") && l.contains("parallel"));
-            let by_task = matches!(pack, sk::PackB::InTask { .. });
-            assert_eq!(fused, by_task, "{}", at("tasks of the wrong shape"));
-            same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
-        }
-    }
+    for_each_packing_of_b(|[m, n, k], kc, pack| {
+        let f = kernels::matmul_sized(m, n, k);
+        let g = common::packed_matmul([m, n, k], [6, 16, 12, kc], pack, sk::PackA::InTask)
+            .finish()
+            .unwrap();
+        let text = g.to_string();
+        let at = |s: &str| format!("{m}x{n}x{k} kc {kc} {pack:?}: {s}\n{g}");
+        assert!(text.contains("allocate A_local"), "{}", at("no packed A"));
+        assert!(!text.contains("allocate Ap"), "{}", at("A packed up front"));
+        let fused = text
+            .lines()
+            .any(|l| l.contains("_o_j") && l.contains("parallel"));
+        let by_task = matches!(pack, sk::PackB::InTask { .. });
+        assert_eq!(fused, by_task, "{}", at("tasks of the wrong shape"));
+        same_results(&f, &g, &[vec![m, k], vec![k, n], vec![m, n]]);
+    });
 }
 
 /// `f(A[6, 8], B[6, 8])`: a workspace `T` computed by the nest `fill` (over `i`, `j`), then
