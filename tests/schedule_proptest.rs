@@ -1,6 +1,6 @@
 //! Random schedules: sequences of primitives with random loops and factors (splits that do or
 //! do not divide, range partitions, reorders, fissions, fuses, loop kinds, `cache_write`,
-//! `cache_read`)
+//! `cache_read`, its panels along either dimension, transposed)
 //! applied to small matmuls, a row sum and a softmax. Each step either applies or fails with a
 //! `ScheduleError` (never a panic), and a failed step leaves the schedule as it was: whatever
 //! applied, the finished function verifies and computes what the plain function computes, in
@@ -39,6 +39,9 @@ enum Pick {
     CacheRead(usize, i64),
     /// A transposed `cache_read`: the dimension made innermost (3: none of the buffer's two).
     CacheReadTransposed(usize, usize),
+    /// `cache_read_panels_of`: panels of a width (0 or less: refused) along a dimension (2:
+    /// none of the buffer's two).
+    CacheReadPanelsOf(usize, i64, usize),
 }
 
 fn pick() -> impl Strategy<Value = Pick> {
@@ -52,6 +55,7 @@ fn pick() -> impl Strategy<Value = Pick> {
         (0..16usize).prop_map(Pick::CacheWrite),
         (0..16usize, -1..5i64).prop_map(|(l, w)| Pick::CacheRead(l, w)),
         (0..16usize, 0..3usize).prop_map(|(l, d)| Pick::CacheReadTransposed(l, d)),
+        (0..16usize, -1..5i64, 0..3usize).prop_map(|(l, w, d)| Pick::CacheReadPanelsOf(l, w, d)),
     ]
 }
 
@@ -92,6 +96,12 @@ fn step(p: &Pick, loops: &[String], (input, output): (&str, &str)) -> Option<Ste
             buffer: input.to_owned(),
             at: at(l)?,
             panel: None,
+            innermost: Some(d),
+        },
+        Pick::CacheReadPanelsOf(l, w, d) => Step::CacheRead {
+            buffer: input.to_owned(),
+            at: at(l)?,
+            panel: Some(w),
             innermost: Some(d),
         },
     })
@@ -255,6 +265,9 @@ fn any_step_json() -> impl Strategy<Value = serde_json::Value> {
         (any_name(), any_name())
             .prop_map(|(b, at)| json!({"cache_write": {"buffer": b, "at": at}})),
         (any_name(), any_name()).prop_map(|(b, at)| json!({"cache_read": {"buffer": b, "at": at}})),
+        (any_name(), any_name(), any_int(), any_int()).prop_map(|(b, at, w, d)| {
+            json!({"cache_read": {"buffer": b, "at": at, "panel": w, "innermost": d}})
+        }),
         (any_name(), any_name()).prop_map(|(o, i)| json!({"rfactor": {"outer": o, "inner": i}})),
         any_name().prop_map(|b| json!({"compute_inline": {"buffer": b}})),
         (
