@@ -152,13 +152,9 @@ impl Schedule {
                 base.push(o);
                 ext.push(hi - lo + 1);
             }
-            let panel = match mode {
-                Cache::Read(p, _) => p,
-                Cache::Write => None,
-            };
-            let innermost = match mode {
-                Cache::Read(_, d) => d,
-                Cache::Write => None,
+            let (panel, innermost) = match mode {
+                Cache::Read(p, d) => (p, d),
+                Cache::Write => (None, None),
             };
             if let Some(d) = innermost {
                 if d >= target.ndim() {
@@ -172,13 +168,13 @@ impl Schedule {
             }
             // The region's dimension holding it.
             let innermost = innermost.and_then(|d| dims.iter().position(|x| x.holds(d)));
-            // With panels: the region's dimension cut into them (the one given, else the last),
-            // and no transposed copy.
-            let (pd, innermost) = match panel {
-                Some(_) => (innermost.unwrap_or(nd.saturating_sub(1)), None),
-                None => (nd.saturating_sub(1), innermost),
+            // With panels: their width and the region's dimension cut into them (the one given,
+            // else the last), and no transposed copy.
+            let (panel, innermost) = match panel {
+                Some(w) => (Some((w, innermost.unwrap_or(nd.saturating_sub(1)))), None),
+                None => (None, innermost),
             };
-            if let Some(w) = panel {
+            if let Some((w, pd)) = panel {
                 // Every access's index in that dimension must be the region's start plus
                 // `p * w + q` with `q` in [0, w): then panel `p`, column `q`.
                 if nd == 0 {
@@ -206,7 +202,7 @@ impl Schedule {
             }
             let t = DataType::i64();
             let cache_shape: Vec<i64> = match panel {
-                Some(w) => panel_order(ext[pd] / w, &without(&ext, pd), w),
+                Some((w, pd)) => panel_order(ext[pd] / w, &without(&ext, pd), w),
                 None => last_order(&ext, innermost),
             };
             let cache = Buffer::new(&cname, target.dtype, cache_shape.iter().map(|&e| imm(t, e)).collect())
@@ -242,7 +238,7 @@ impl Schedule {
                 let vars: Vec<Var> = (0..nv).map(|d| Var::new(&format!("{prefix}{tag}{d}"), t)).collect();
                 let r: Vec<Expr> = vars.iter().map(|v| Expr::Var(v.clone())).collect();
                 let extents: Vec<i64> = match panel {
-                    Some(w) => {
+                    Some((w, pd)) => {
                         let mut e = ext.clone();
                         e[pd] /= w;
                         e.push(w);
@@ -251,7 +247,7 @@ impl Schedule {
                     None => ext.clone(),
                 };
                 let offset = |d: usize| match panel {
-                    Some(w) if d == pd => r[pd].clone() * imm(t, w) + r[nd].clone(),
+                    Some((w, pd)) if d == pd => r[pd].clone() * imm(t, w) + r[nd].clone(),
                     _ => r[d].clone(),
                 };
                 let gi: Vec<Expr> = (0..nd)
@@ -261,7 +257,7 @@ impl Schedule {
                     })
                     .collect();
                 let ci: Vec<Expr> = match panel {
-                    Some(_) => panel_order(r[pd].clone(), &without(&r[..nd], pd), r[nd].clone()),
+                    Some((_, pd)) => panel_order(r[pd].clone(), &without(&r[..nd], pd), r[nd].clone()),
                     None => last_order(&r, innermost),
                 };
                 let real = real_ix(&gi, &dims);
@@ -292,7 +288,7 @@ impl Schedule {
                         // cache: left to LLVM.
                         Cache::Read(None, Some(_)) => ForKind::Serial,
                         // The columns of panels across the region's rows read `w` rows: unrolled.
-                        Cache::Read(..) if last && pd + 1 < nd => {
+                        Cache::Read(..) if last && panel.is_some_and(|(_, pd)| pd + 1 < nd) => {
                             if extents[d] <= UNROLL_COPY_MAX { ForKind::Unrolled } else { ForKind::Serial }
                         }
                         Cache::Read(..) if last && extents[d] <= VECTOR_COPY_MAX => ForKind::Vectorized,
@@ -308,8 +304,7 @@ impl Schedule {
                 dims: &'a [Dim],
                 cache: &'a Buffer,
                 base: &'a [Lin],
-                panel: Option<i64>,
-                pd: usize,
+                panel: Option<(i64, usize)>,
                 innermost: Option<usize>,
             }
             impl Redirect<'_> {
@@ -322,7 +317,7 @@ impl Schedule {
                         .collect();
                     // Panels were checked to have the dimension cut into them.
                     let last = match self.panel {
-                        Some(w) if self.pd < rel.len() => Some((w, rel.remove(self.pd))),
+                        Some((w, pd)) if pd < rel.len() => Some((w, rel.remove(pd))),
                         _ => None,
                     };
                     let rest: Vec<Expr> = rel.iter().map(|l| l.to_expr(t)).collect();
@@ -353,7 +348,7 @@ impl Schedule {
                 }
             }
             let nbody = rw_stmt(
-                &mut Redirect { name: buffer, dims: &dims, cache: &cache, base: &base, panel, pd, innermost },
+                &mut Redirect { name: buffer, dims: &dims, cache: &cache, base: &base, panel, innermost },
                 body,
             );
             // The read-in is dead when the body's first statement overwrites the whole cache
