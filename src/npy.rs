@@ -240,6 +240,38 @@ impl NpyArray {
     /// # Errors
     /// A message naming what is wrong: magic, version, header, dtype, order, shape or size.
     pub fn from_bytes(b: &[u8]) -> Result<Self, NpyError> {
+        let h = Header::parse(b)?;
+        let body = &b[h.end..];
+        if body.len() != h.want {
+            return err(format!(
+                "expected {} bytes of data for shape {:?} {}, found {}",
+                h.want,
+                h.shape,
+                h.descr,
+                body.len()
+            ));
+        }
+        let mut a = NpyArray::zeros(h.dtype, &h.shape)?;
+        a.data.as_mut_slice().copy_from_slice(body);
+        Ok(a)
+    }
+}
+
+/// A `.npy` header: where the data starts, and what it holds.
+struct Header {
+    /// The offset of the data.
+    end: usize,
+    dtype: DLDataType,
+    shape: Vec<i64>,
+    /// The data's length in bytes.
+    want: usize,
+    /// The dtype as the table writes it (for messages).
+    descr: &'static str,
+}
+
+impl Header {
+    /// The header at the start of `b` (which may hold only the header, or more).
+    fn parse(b: &[u8]) -> Result<Header, NpyError> {
         if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
             return err("not a .npy file (missing the \\x93NUMPY magic)");
         }
@@ -294,30 +326,51 @@ impl NpyArray {
         };
         // The size the header claims is checked against the file before anything is allocated:
         // a header may claim terabytes.
-        let body = &b[end..];
         let want = numel(&shape)?
             .checked_mul(usize::from(dtype.bits).div_ceil(8))
             .ok_or_else(|| NpyError(format!("shape {shape:?} is too large")))?;
-        if body.len() != want {
-            return err(format!(
-                "expected {want} bytes of data for shape {shape:?} {}, found {}",
-                t.3,
-                body.len()
-            ));
-        }
-        let mut a = NpyArray::zeros(dtype, &shape)?;
-        a.data.as_mut_slice().copy_from_slice(body);
-        Ok(a)
+        Ok(Header {
+            end,
+            dtype,
+            shape,
+            want,
+            descr: t.3,
+        })
     }
+}
 
+impl NpyArray {
     /// Reads a `.npy` file.
     ///
     /// # Errors
     /// I/O errors and format errors, with the path.
     pub fn read(path: &std::path::Path) -> Result<Self, NpyError> {
-        let b = std::fs::read(path)
-            .map_err(|e| NpyError(format!("reading `{}`: {e}", path.display())))?;
-        Self::from_bytes(&b).map_err(|e| NpyError(format!("`{}`: {}", path.display(), e.0)))
+        use std::io::Read;
+        let io = |e: std::io::Error| NpyError(format!("reading `{}`: {e}", path.display()));
+        let at = |e: NpyError| NpyError(format!("`{}`: {}", path.display(), e.0));
+        // The header first, then as many bytes as it says the data holds and one more (to see
+        // a file that is longer): a path that never ends (`/dev/zero`, a pipe that keeps
+        // writing) is read no further than a file of the right length would be.
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut b = Vec::new();
+        (&mut f).take(12).read_to_end(&mut b).map_err(io)?;
+        let hlen = match b.get(6) {
+            Some(1) if b.len() >= 10 => {
+                u64::from(u16::from_le_bytes([b[8], b[9]])).saturating_sub(2)
+            }
+            Some(2 | 3) if b.len() >= 12 => {
+                u64::from(u32::from_le_bytes([b[8], b[9], b[10], b[11]]))
+            }
+            _ => 0,
+        };
+        (&mut f).take(hlen).read_to_end(&mut b).map_err(io)?;
+        let h = Header::parse(&b).map_err(at)?;
+        let have = b.len() - h.end.min(b.len());
+        let more = (h.want as u64)
+            .saturating_sub(have as u64)
+            .saturating_add(1);
+        f.take(more).read_to_end(&mut b).map_err(io)?;
+        Self::from_bytes(&b).map_err(at)
     }
 
     /// The `.npy` (version 1.0) bytes of this array.

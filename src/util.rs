@@ -1,5 +1,5 @@
-//! Small helpers every layer uses: name suggestions, panic payloads, poison-tolerant locks and
-//! compact strides.
+//! Small helpers every layer uses: name suggestions, panic payloads, poison-tolerant locks,
+//! compact strides and bounded file reads.
 //!
 //! This module is the bottom of the layering (`docs/architecture.md`): it imports nothing of
 //! kiln, so any module may use it.
@@ -78,6 +78,62 @@ pub fn compact_strides(shape: &[i64]) -> Vec<i64> {
     s
 }
 
+/// The most bytes kiln reads from a text file a user names (an IR module, a tuning database):
+/// far more than any it writes, and a bound for a path that never ends (`/dev/zero`, a pipe
+/// that keeps writing), which would otherwise take memory until the process is killed.
+pub const MAX_TEXT_FILE_BYTES: u64 = 1 << 30;
+
+/// The bytes of the file at `path`, at most `limit` of them.
+///
+/// # Errors
+/// The file's own I/O errors, and [`std::io::ErrorKind::InvalidData`] where it holds more than
+/// `limit` bytes (saying so).
+pub fn read_bounded(path: &std::path::Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    read_bounded_from(std::fs::File::open(path)?, limit)
+}
+
+/// What `r` yields to its end, at most `limit` bytes of it (standard input, a file).
+///
+/// # Errors
+/// As [`read_bounded`].
+pub fn read_bounded_from(r: impl std::io::Read, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    r.take(limit.saturating_add(1)).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("longer than {limit} bytes, the most kiln reads from such a file"),
+        ));
+    }
+    Ok(out)
+}
+
+/// [`read_bounded`] as text: UTF-8, or [`std::io::ErrorKind::InvalidData`].
+///
+/// # Errors
+/// As [`read_bounded`], and bytes that are not UTF-8.
+pub fn read_text_bounded(path: &std::path::Path, limit: u64) -> std::io::Result<String> {
+    utf8(read_bounded(path, limit)?)
+}
+
+/// [`read_bounded_from`] as text.
+///
+/// # Errors
+/// As [`read_text_bounded`].
+pub fn read_text_bounded_from(r: impl std::io::Read, limit: u64) -> std::io::Result<String> {
+    utf8(read_bounded_from(r, limit)?)
+}
+
+fn utf8(bytes: Vec<u8>) -> std::io::Result<String> {
+    String::from_utf8(bytes).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not UTF-8 text: {e}"),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +176,29 @@ mod tests {
         assert!(m.is_poisoned());
         *lock(&m) += 1;
         assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn bounded_reads_stop_at_the_limit_and_say_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"0123456789").unwrap();
+        assert_eq!(read_bounded(&p, 10).unwrap(), b"0123456789");
+        assert_eq!(read_text_bounded(&p, 64).unwrap(), "0123456789");
+        let e = read_bounded(&p, 9).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("longer than 9 bytes"), "{e}");
+        // A source that never ends stops at the limit, not at the end of memory.
+        let e = read_bounded_from(std::io::repeat(0), 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("longer than 1048576 bytes"), "{e}");
+        std::fs::write(&p, [0xff, 0xfe]).unwrap();
+        let e = read_text_bounded(&p, 64).unwrap_err();
+        assert!(e.to_string().contains("not UTF-8"), "{e}");
+        assert_eq!(
+            read_bounded(&dir.path().join("missing"), 64)
+                .unwrap_err()
+                .kind(),
+            std::io::ErrorKind::NotFound
+        );
     }
 }

@@ -244,3 +244,89 @@ fn huge_pages_align_large_arrays_and_keep_them_zeroed() {
     set_huge_pages(before);
     assert_eq!(huge_pages(), before);
 }
+
+/// `NpyArray::read(path)` of the bytes `b` written to a file, under `catch_unwind`.
+fn read_file(b: &[u8]) -> Result<Result<NpyArray, String>, TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.npy");
+    std::fs::write(&p, b).unwrap();
+    catch_unwind(AssertUnwindSafe(|| NpyArray::read(&p)))
+        .map(|r| r.map_err(|e| e.to_string()))
+        .map_err(|_| TestCaseError::fail("NpyArray::read panicked"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Reading a file (its header first, then as many bytes as the header says and one more)
+    /// accepts exactly the files `from_bytes` accepts, with the same array: valid files cut
+    /// short, lengthened, and mutated anywhere, in every version.
+    #[test]
+    fn reading_a_file_agrees_with_reading_its_bytes(
+        version in 1u8..=3,
+        cut in 0usize..120,
+        extra in proptest::collection::vec(any::<u8>(), 0..4),
+        flips in proptest::collection::vec((0usize..200, any::<u8>()), 0..3),
+    ) {
+        let v = valid();
+        let header = String::from_utf8_lossy(&v[10..v.len() - 60]).into_owned();
+        let mut b = file(version, &header, &v[v.len() - 60..]);
+        for (at, x) in flips {
+            if let Some(byte) = b.get_mut(at) {
+                *byte ^= x;
+            }
+        }
+        let b: Vec<u8> = if cut % 3 == 0 {
+            b[..b.len().saturating_sub(cut)].to_vec()
+        } else {
+            b.into_iter().chain(extra).collect()
+        };
+        let from_bytes = NpyArray::from_bytes(&b).map_err(|e| e.to_string());
+        let from_file = read_file(&b)?;
+        match (&from_bytes, &from_file) {
+            (Ok(x), Ok(y)) => {
+                prop_assert_eq!(&x.shape, &y.shape);
+                prop_assert_eq!(x.data.as_slice(), y.data.as_slice());
+            }
+            (Err(_), Err(e)) => prop_assert!(e.contains("a.npy"), "{}", e),
+            _ => prop_assert!(false, "bytes {:?}, file {:?}", from_bytes.is_ok(), from_file.is_ok()),
+        }
+    }
+}
+
+/// A path that never ends is read only as far as a file of the right length would be: its
+/// header, first (`/dev/zero` has no magic), then the data the header claims and a byte more.
+#[test]
+fn a_path_that_never_ends_is_not_read_to_its_end() {
+    if std::path::Path::new("/dev/zero").exists() {
+        let e = NpyArray::read(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("not a .npy file"), "{e}");
+    }
+    // A valid header followed by an endless stream: a FIFO fed more than the data.
+    #[cfg(unix)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pipe.npy");
+        let ok = std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            let v = valid();
+            let writer = {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    use std::io::Write;
+                    let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+                    let _ = f.write_all(&v);
+                    // Then zeros until the reader is gone (a broken pipe ends it).
+                    let zeros = vec![0u8; 1 << 16];
+                    while f.write_all(&zeros).is_ok() {}
+                })
+            };
+            let e = NpyArray::read(&p).unwrap_err();
+            assert!(e.to_string().contains("expected 60 bytes of data"), "{e}");
+            writer.join().unwrap();
+        }
+    }
+}

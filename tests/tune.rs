@@ -120,6 +120,56 @@ fn the_same_seed_gives_the_same_search() {
 }
 
 #[test]
+fn a_budget_of_seconds_must_be_a_positive_number() {
+    let f = kernels::matmul_sized(64, 64, 64);
+    for bad in [f64::NAN, 0.0, -1.0, f64::INFINITY] {
+        let mut m = Fake { calls: Vec::new() };
+        let opts = TuneOptions {
+            seconds: Some(bad),
+            ..TuneOptions::default()
+        };
+        let e = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {}).unwrap_err();
+        assert!(
+            e.contains("expected a budget of seconds above 0") && e.contains(&bad.to_string()),
+            "{e}"
+        );
+        assert!(
+            m.calls.is_empty(),
+            "nothing measured with a budget of {bad}"
+        );
+    }
+}
+
+#[test]
+fn a_raised_stop_ends_the_search_after_the_candidate() {
+    // What `kiln tune` does when a record cannot be written: it raises the stop in the
+    // callback that saves the new best, and the search measures nothing after that candidate.
+    let f = kernels::matmul_sized(64, 64, 64);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut m = Fake { calls: Vec::new() };
+    let opts = TuneOptions {
+        trials: 40,
+        stop: Some(stop.clone()),
+        ..TuneOptions::default()
+    };
+    let mut saved = 0;
+    let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {
+        saved += 1;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    })
+    .unwrap();
+    assert_eq!(saved, 1);
+    assert!(r.best.is_some());
+    assert!(m.calls.len() < 40, "{} candidates measured", m.calls.len());
+    let first_best = r.trials;
+    assert_eq!(
+        m.calls.len(),
+        first_best,
+        "the search went on past the stop"
+    );
+}
+
+#[test]
 fn a_schedule_that_computes_something_else_never_wins() {
     let f = common::chained(256);
     let mut m = tune::InProcess::new(&f, &host(), 3).unwrap();
@@ -232,6 +282,52 @@ fn kiln(args: &[&str], dir: &Path) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
     )
+}
+
+#[test]
+fn kiln_tune_refuses_a_bad_budget_and_an_unwritable_database_before_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = IRModule::from_functions(vec![kernels::matmul_sized(64, 64, 64)]);
+    std::fs::write(dir.path().join("mm.json"), m.to_json_string()).unwrap();
+    for bad in ["nan", "0", "-1", "inf"] {
+        let flag = format!("--seconds={bad}");
+        let (ok, text) = kiln(&["tune", "mm.json", "matmul", &flag], dir.path());
+        assert!(!ok, "{text}");
+        assert!(
+            text.contains("--seconds: expected a budget of seconds above 0"),
+            "{bad}: {text}"
+        );
+        assert!(!text.contains("the default build takes"), "{text}");
+    }
+    // A database in a directory that does not exist: said before the default is measured,
+    // not after the search has spent its budget.
+    let (ok, text) = kiln(
+        &[
+            "tune",
+            "mm.json",
+            "matmul",
+            "--trials",
+            "2",
+            "--db",
+            "no/such/dir/db.jsonl",
+        ],
+        dir.path(),
+    );
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("cannot write the tuning database `no/such/dir/db.jsonl`")
+            && text.contains("checked before the search"),
+        "{text}"
+    );
+    assert!(!text.contains("the default build takes"), "{text}");
+    // A database that is a directory: the same.
+    std::fs::create_dir(dir.path().join("adir")).unwrap();
+    let (ok, text) = kiln(
+        &["tune", "mm.json", "matmul", "--trials", "2", "--db", "adir"],
+        dir.path(),
+    );
+    assert!(!ok && text.contains("tuning database `adir`"), "{text}");
+    assert!(!text.contains("the default build takes"), "{text}");
 }
 
 #[test]

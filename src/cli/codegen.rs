@@ -84,8 +84,8 @@ pub struct RunArgs {
 }
 
 pub(crate) fn read_module(path: &Path) -> Result<IRModule, Box<dyn std::error::Error>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("reading `{}`: {e}", path.display()))?;
+    let text = crate::util::read_text_bounded(path, crate::util::MAX_TEXT_FILE_BYTES)
+        .map_err(|e| format!("reading `{}`: {e}", path.display()))?;
     Ok(IRModule::from_json_str(&text).map_err(|e| format!("`{}`: {e}", path.display()))?)
 }
 

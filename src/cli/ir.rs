@@ -17,9 +17,10 @@ pub struct IrArgs {
 /// Reads, verifies (reporting every error) and prints the module.
 pub fn run(args: IrArgs) -> Result<(), Box<dyn std::error::Error>> {
     let text = if args.module.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())?
+        crate::util::read_text_bounded_from(std::io::stdin(), crate::util::MAX_TEXT_FILE_BYTES)
+            .map_err(|e| format!("cannot read standard input: {e}"))?
     } else {
-        std::fs::read_to_string(&args.module)
+        crate::util::read_text_bounded(&args.module, crate::util::MAX_TEXT_FILE_BYTES)
             .map_err(|e| format!("cannot read {}: {e}", args.module.display()))?
     };
     let module = IRModule::from_json_str(&text)?;

@@ -136,6 +136,7 @@ pub fn run(a: &TuneArgs) -> CmdResult {
     tune::PairPlan::new(a.pair, a.pair_se)
         .check()
         .map_err(|e| format!("--pair-se: {e}"))?;
+    tune::check_seconds(a.seconds).map_err(|e| format!("--seconds: {e}"))?;
     let module = read_module(&a.module)?;
     module
         .verify()
@@ -165,6 +166,9 @@ pub fn run(a: &TuneArgs) -> CmdResult {
     for w in &db.warnings {
         eprintln!("warning: {w}");
     }
+    // Before anything is measured: a database that cannot be written would lose every record
+    // of the search (they are written as they are found).
+    db.check_writable()?;
     if !a.model {
         return tune_one(a, &funcs[0], &target, &mut db, &path).map(drop);
     }
@@ -266,6 +270,9 @@ fn tune_one(
     );
     // The budget of seconds counts from here: the search, its final round and the pairing.
     let budget_from = std::time::Instant::now();
+    // Raised when a record cannot be written: the search stops after that candidate instead of
+    // measuring on for records it cannot keep (a disk that filled up mid-search).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let opts = TuneOptions {
         trials: a.trials,
         seconds: a.seconds,
@@ -273,7 +280,7 @@ fn tune_one(
         pair: a.pair,
         seed: a.seed,
         progress: !a.quiet,
-        stop: None,
+        stop: Some(stop.clone()),
         duel: a.duel,
     };
     // A record of this search: `steps` timed at `time` after `trials` candidates.
@@ -299,11 +306,12 @@ fn tune_one(
         let r = record(steps.to_vec(), t, trials);
         if let Err(e) = db.append(r.clone()) {
             save_err.get_or_insert(e);
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         last = Some(r);
     })?;
     if let Some(e) = save_err {
-        return Err(e.into());
+        return Err(format!("{e}; the search stopped there").into());
     }
     // The fastest few measured again side by side: the winner's record, with its time from
     // the final round, outranks the records written on the way.

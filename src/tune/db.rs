@@ -228,7 +228,7 @@ impl Database {
             path: Some(path.to_path_buf()),
             ..Database::default()
         };
-        let bytes = match std::fs::read(path) {
+        let bytes = match crate::util::read_bounded(path, crate::util::MAX_TEXT_FILE_BYTES) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(db),
             Err(e) => {
@@ -268,6 +268,31 @@ impl Database {
             }
         }
         Ok(db)
+    }
+
+    /// `Ok` where records can be appended to the database's file, which is opened for
+    /// appending (and created, empty, where it is missing). A search calls it before it
+    /// measures anything: its records are written as they are found, and a file that cannot
+    /// be written would lose them all.
+    ///
+    /// # Errors
+    /// The file, and why it cannot be opened for writing.
+    pub fn check_writable(&self) -> Result<(), String> {
+        let Some(p) = &self.path else {
+            return Ok(());
+        };
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map(drop)
+            .map_err(|e| {
+                format!(
+                    "cannot write the tuning database `{}`: {e} (checked before the search, so \
+                     that no measurement is lost)",
+                    p.display()
+                )
+            })
     }
 
     /// Appends `r` to the file (and to the records).

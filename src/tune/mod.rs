@@ -105,6 +105,21 @@ impl Default for TuneOptions {
     }
 }
 
+/// `Ok` where a budget of seconds is one: none, or a finite number above 0. A NaN budget would
+/// never run out (every comparison with it is false) and one of 0 or less would end the
+/// search before its first candidate: both are mistakes, said so before anything is measured.
+///
+/// # Errors
+/// What was expected and the budget seen.
+pub fn check_seconds(seconds: Option<f64>) -> Result<(), String> {
+    match seconds {
+        Some(s) if !(s.is_finite() && s > 0.0) => Err(format!(
+            "expected a budget of seconds above 0 (a finite number), got {s}"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// What a search found.
 #[derive(Clone, Debug)]
 pub struct TuneReport {
@@ -260,7 +275,8 @@ pub fn final_round(
 /// the place to save a record, so that an interrupted search keeps what it found.
 ///
 /// # Errors
-/// A function with no loop nest.
+/// A budget of seconds that is not a positive number ([`check_seconds`]); a function with no
+/// loop nest.
 pub fn tune(
     f: &PrimFunc,
     target: &crate::target::Target,
@@ -268,6 +284,7 @@ pub fn tune(
     opts: &TuneOptions,
     mut on_better: impl FnMut(&[Step], Timing, usize),
 ) -> Result<TuneReport, String> {
+    check_seconds(opts.seconds)?;
     let start = Instant::now();
     let (g, prefix) = space::normalize(f);
     let nests = space::nests(&g);
