@@ -109,6 +109,35 @@ pub fn read_bounded_from(r: impl std::io::Read, limit: u64) -> std::io::Result<V
     Ok(out)
 }
 
+/// The bytes of the regular file at `path` (a shared library that kiln also `dlopen`s): a
+/// device or a pipe is refused before anything is read, so that `/dev/zero` named as a library
+/// is an error, not a read that never ends.
+///
+/// # Errors
+/// The file's own I/O errors, and [`std::io::ErrorKind::InvalidInput`] for a path that is not
+/// a regular file.
+pub fn read_regular_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "not a regular file (a {})",
+                if meta.is_dir() {
+                    "directory"
+                } else {
+                    "device, pipe or socket"
+                }
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
 /// [`read_bounded`] as text: UTF-8, or [`std::io::ErrorKind::InvalidData`].
 ///
 /// # Errors
@@ -200,5 +229,23 @@ mod tests {
                 .kind(),
             std::io::ErrorKind::NotFound
         );
+    }
+
+    #[test]
+    fn only_regular_files_are_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(read_regular_file(&p).unwrap(), b"abc");
+        let e = read_regular_file(dir.path()).unwrap_err();
+        assert!(
+            e.to_string().contains("not a regular file (a directory)"),
+            "{e}"
+        );
+        if std::path::Path::new("/dev/zero").exists() {
+            let e = read_regular_file(std::path::Path::new("/dev/zero")).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains("device, pipe or socket"), "{e}");
+        }
     }
 }

@@ -342,6 +342,18 @@ fn loading_a_file_that_is_not_a_shared_library_is_an_error() {
     // SAFETY: a missing file is rejected before dlopen.
     let e = unsafe { LibraryModule::load(dir.path().join("missing.so")) }.unwrap_err();
     assert!(e.to_string().contains("No such file"), "{e}");
+    // A device (or a pipe) is refused before it is read: `/dev/zero` never ends.
+    if std::path::Path::new("/dev/zero").exists() {
+        // SAFETY: the path is rejected before dlopen.
+        let e = unsafe { LibraryModule::load("/dev/zero") }.unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+    // SAFETY: a directory is rejected before dlopen.
+    let e = unsafe { LibraryModule::load(dir.path()) }.unwrap_err();
+    assert!(
+        e.to_string().contains("not a regular file (a directory)"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -43,6 +43,15 @@ fn a_file_that_is_not_a_shared_library_is_refused_without_opening_it() {
         matches!(missing, PluginError::NotALibrary { .. }),
         "{missing}"
     );
+    // A device is refused before it is read (`/dev/zero` never ends).
+    if std::path::Path::new("/dev/zero").exists() {
+        let e = plugin::load_plugin("/dev/zero").unwrap_err();
+        assert!(
+            matches!(e, PluginError::NotALibrary { .. })
+                && e.to_string().contains("not a regular file"),
+            "{e}"
+        );
+    }
     kiln_keeps_working();
 }
 

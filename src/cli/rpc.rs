@@ -101,8 +101,8 @@ pub fn run_remote(a: &RunArgs) -> CmdResult {
         write_library(&module, &target, &out)?;
         (out, module.get(&a.function).cloned())
     };
-    let bytes =
-        std::fs::read(&lib_path).map_err(|e| format!("reading `{}`: {e}", lib_path.display()))?;
+    let bytes = crate::util::read_regular_file(&lib_path)
+        .map_err(|e| format!("reading `{}`: {e}", lib_path.display()))?;
     let mut args = run_args(a, pf.as_ref())?;
     let interp_inputs = match (&pf, a.check) {
         (Some(p), true) => Some(super::codegen::to_interp(&args, p)?),

@@ -104,7 +104,7 @@ impl LibraryModule {
         // dlopen searches the system library path for a name without a `/` (`vadd.so` would
         // not mean the file in the current directory): always open an absolute path.
         let open_path = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-        let data = std::fs::read(&path).map_err(|e| LibraryError::Read {
+        let data = crate::util::read_regular_file(&path).map_err(|e| LibraryError::Read {
             path: path.clone(),
             reason: e.to_string(),
         })?;

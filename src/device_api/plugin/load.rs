@@ -174,7 +174,7 @@ pub fn load_plugin(path: impl AsRef<Path>) -> Result<Arc<PluginDeviceApi>, Plugi
 
 fn open_plugin(path: &Path) -> Result<PluginDeviceApi, PluginError> {
     let p = path.to_path_buf();
-    let data = std::fs::read(path).map_err(|e| PluginError::NotALibrary {
+    let data = crate::util::read_regular_file(path).map_err(|e| PluginError::NotALibrary {
         path: p.clone(),
         reason: e.to_string(),
     })?;
