@@ -118,10 +118,9 @@ pub fn read_bounded_from(r: impl std::io::Read, limit: u64) -> std::io::Result<V
 /// a regular file.
 pub fn read_regular_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::new(
+    // Looked at before it is opened: opening a pipe for reading waits for a writer.
+    let not_regular = |meta: &std::fs::Metadata| {
+        std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!(
                 "not a regular file (a {})",
@@ -131,9 +130,21 @@ pub fn read_regular_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
                     "device, pipe or socket"
                 }
             ),
-        ));
+        )
+    };
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(not_regular(&meta));
     }
-    let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    let mut f = std::fs::File::open(path)?;
+    // And again on what was opened (the path may have been replaced in between).
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(not_regular(&meta));
+    }
+    // `read_to_end` reserves with `try_reserve`: a size it cannot have is an error, not an
+    // abort.
+    let mut out = Vec::new();
     f.read_to_end(&mut out)?;
     Ok(out)
 }
@@ -245,6 +256,16 @@ mod tests {
         if std::path::Path::new("/dev/zero").exists() {
             let e = read_regular_file(std::path::Path::new("/dev/zero")).unwrap_err();
             assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains("device, pipe or socket"), "{e}");
+        }
+        // A pipe is refused without waiting for a writer.
+        let fifo = dir.path().join("fifo");
+        if std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let e = read_regular_file(&fifo).unwrap_err();
             assert!(e.to_string().contains("device, pipe or socket"), "{e}");
         }
     }
