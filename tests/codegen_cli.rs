@@ -393,3 +393,28 @@ fn built_libraries_run_in_python_tvm_ffi_on_numpy_arrays() {
     );
     assert!(text.contains("4 passed, 0 failed"), "{text}");
 }
+
+#[test]
+fn run_bounds_the_count_of_timed_calls() {
+    // Each timed call's time is kept for the median: a count of 10^12 was an allocation of
+    // 8 TB that aborted the process. Now it is refused before anything is compiled.
+    let dir = tempfile::tempdir().unwrap();
+    for n in ["1000000000000", "10000001"] {
+        let out = kiln()
+            .args(["run", VADD, "vadd", "--repeat", n])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("invalid value '{n}' for '--repeat <REPEAT>'"))
+                && err.contains("at most 10000000 calls are timed"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("memory allocation"),
+            "{err}"
+        );
+    }
+}

@@ -141,6 +141,24 @@ fn a_budget_of_seconds_must_be_a_positive_number() {
 }
 
 #[test]
+fn a_count_of_trials_near_the_largest_does_not_overflow() {
+    // The bound on proposals (50 a trial) overflowed for `--trials 18446744073709551615`.
+    let f = kernels::matmul_sized(64, 64, 64);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut m = Fake { calls: Vec::new() };
+    let opts = TuneOptions {
+        trials: usize::MAX,
+        stop: Some(stop.clone()),
+        ..TuneOptions::default()
+    };
+    let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    })
+    .unwrap();
+    assert!(r.best.is_some() && r.trials >= 1);
+}
+
+#[test]
 fn a_raised_stop_ends_the_search_after_the_candidate() {
     // What `kiln tune` does when a record cannot be written: it raises the stop in the
     // callback that saves the new best, and the search measures nothing after that candidate.
@@ -299,6 +317,14 @@ fn kiln_tune_refuses_a_bad_budget_and_an_unwritable_database_before_measuring() 
         );
         assert!(!text.contains("the default build takes"), "{text}");
     }
+    // A timeout of 0 stopped every candidate at once ("crashed: the candidate ran past 0ns").
+    let (ok, text) = kiln(&["tune", "mm.json", "matmul", "--timeout", "0"], dir.path());
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("invalid value '0' for '--timeout <TIMEOUT>'") && text.contains("1.."),
+        "{text}"
+    );
+    assert!(!text.contains("the default build takes"), "{text}");
     // A database in a directory that does not exist: said before the default is measured,
     // not after the search has spent its budget.
     let (ok, text) = kiln(

@@ -53,8 +53,9 @@ pub struct RunArgs {
     /// events.
     #[arg(long, short, default_value = DEFAULT_TARGET)]
     pub(crate) target: String,
-    /// Call the function this many times and print the median, min and max time.
-    #[arg(long, default_value_t = 0)]
+    /// Call the function this many times (at most 10 000 000) and print the median, min and
+    /// max time.
+    #[arg(long, default_value_t = 0, value_parser = parse_repeat)]
     pub(crate) repeat: usize,
     /// Where to write every tensor argument after the call, as `<name>.npy`.
     #[arg(long, default_value = "kiln-out")]
@@ -81,6 +82,20 @@ pub struct RunArgs {
     /// ordinal).
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     pub(crate) device: String,
+}
+
+/// The most calls `--repeat` times: each call's time is kept for the median, so the bound
+/// keeps that list to 80 MB (a count of 10^12 was an allocation that aborted the process).
+pub(crate) const MAX_REPEAT: usize = 10_000_000;
+
+fn parse_repeat(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if n > MAX_REPEAT {
+        return Err(format!(
+            "at most {MAX_REPEAT} calls are timed (each call's time is kept for the median)"
+        ));
+    }
+    Ok(n)
 }
 
 pub(crate) fn read_module(path: &Path) -> Result<IRModule, Box<dyn std::error::Error>> {

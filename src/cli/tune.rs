@@ -44,8 +44,9 @@ pub struct TuneArgs {
     /// The seed of the search and of the inputs: the same seed proposes the same candidates.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Seconds a candidate may take before its worker is restarted.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds a candidate may take before its worker is restarted (1 or more: with 0, every
+    /// candidate would be stopped at once and the search would measure nothing).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
     /// Rounds in which the winner is timed against the default build, alternating, after the
     /// search (0: none); a winner that is not faster in the median round is not applied. Only

@@ -385,7 +385,9 @@ pub fn tune(
     let deadline = opts
         .seconds
         .and_then(|s| start.checked_add(std::time::Duration::try_from_secs_f64(s).ok()?));
-    while report.trials < opts.trials && attempts < opts.trials * 50 + 100 {
+    // Proposals at most (most are measured; a few repeat one or are refused).
+    let max_attempts = opts.trials.saturating_mul(50).saturating_add(100);
+    while report.trials < opts.trials && attempts < max_attempts {
         if out_of_time(&start, &measured)
             || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst))
         {
@@ -396,7 +398,7 @@ pub fn tune(
         let mut batch: Vec<(Vec<Step>, Option<Choice>)> = Vec::new();
         while batch.len() < width
             && report.trials + batch.len() < opts.trials
-            && attempts < opts.trials * 50 + 100
+            && attempts < max_attempts
         {
             attempts += 1;
             let (steps, choice) = if let Some(h) = hand.pop_front() {
@@ -708,9 +710,11 @@ pub fn pair_steps(
         other => Err(format!("pairing: {who} did not measure: {other:?}")),
     };
     let most = plan.max_rounds.max(plan.rounds);
-    let mut ratios = Vec::with_capacity(plan.rounds);
-    let mut times = Vec::with_capacity(plan.rounds);
-    let mut refs = Vec::with_capacity(plan.rounds);
+    // Grown round by round, not reserved for `plan.rounds`: a count of rounds far past what a
+    // deadline lets run must not be an allocation up front.
+    let mut ratios = Vec::new();
+    let mut times = Vec::new();
+    let mut refs = Vec::new();
     for r in 0..most {
         if r >= plan.rounds {
             let p = Paired::of(&ratios).expect("rounds were measured");
