@@ -140,33 +140,15 @@ fn a_budget_of_seconds_must_be_a_positive_number() {
     }
 }
 
-#[test]
-fn a_count_of_trials_near_the_largest_does_not_overflow() {
-    // The bound on proposals (50 a trial) overflowed for `--trials 18446744073709551615`.
+/// A search of at most `trials` candidates with made-up times whose stop is raised by the
+/// callback that saves the first new best, as `kiln tune` raises it when a record cannot be
+/// written: the callbacks made, the report, and the candidates measured.
+fn stopped_at_the_first_best(trials: usize) -> (usize, tune::TuneReport, usize) {
     let f = kernels::matmul_sized(64, 64, 64);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut m = Fake { calls: Vec::new() };
     let opts = TuneOptions {
-        trials: usize::MAX,
-        stop: Some(stop.clone()),
-        ..TuneOptions::default()
-    };
-    let r = tune::tune(&f, &host(), &mut m, &opts, |_, _, _| {
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    })
-    .unwrap();
-    assert!(r.best.is_some() && r.trials >= 1);
-}
-
-#[test]
-fn a_raised_stop_ends_the_search_after_the_candidate() {
-    // What `kiln tune` does when a record cannot be written: it raises the stop in the
-    // callback that saves the new best, and the search measures nothing after that candidate.
-    let f = kernels::matmul_sized(64, 64, 64);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut m = Fake { calls: Vec::new() };
-    let opts = TuneOptions {
-        trials: 40,
+        trials,
         stop: Some(stop.clone()),
         ..TuneOptions::default()
     };
@@ -176,15 +158,21 @@ fn a_raised_stop_ends_the_search_after_the_candidate() {
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
     })
     .unwrap();
+    (saved, r, m.calls.len())
+}
+
+#[test]
+fn a_raised_stop_ends_the_search_after_the_candidate() {
+    let (saved, r, measured) = stopped_at_the_first_best(40);
     assert_eq!(saved, 1);
     assert!(r.best.is_some());
-    assert!(m.calls.len() < 40, "{} candidates measured", m.calls.len());
-    let first_best = r.trials;
-    assert_eq!(
-        m.calls.len(),
-        first_best,
-        "the search went on past the stop"
-    );
+    assert!(measured < 40, "{measured} candidates measured");
+    assert_eq!(measured, r.trials, "the search went on past the stop");
+    // A count of trials near the largest: the bound on proposals (50 a trial) overflowed for
+    // `--trials 18446744073709551615`.
+    let (saved, r, measured) = stopped_at_the_first_best(usize::MAX);
+    assert_eq!(saved, 1);
+    assert_eq!(measured, r.trials);
 }
 
 #[test]
