@@ -257,6 +257,20 @@ impl NpyArray {
     }
 }
 
+/// Where a `.npy` header's text starts and its length, from the bytes before it (version 1.0:
+/// a 2-byte length, the text from byte 10; 2.0 and 3.0: a 4-byte length, from byte 12), or
+/// `None` for another version or too few bytes.
+fn header_span(b: &[u8]) -> Option<(usize, usize)> {
+    match *b.get(6)? {
+        1 if b.len() >= 10 => Some((10, usize::from(u16::from_le_bytes([b[8], b[9]])))),
+        2 | 3 if b.len() >= 12 => {
+            let n = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+            Some((12, usize::try_from(n).unwrap_or(usize::MAX)))
+        }
+        _ => None,
+    }
+}
+
 /// A `.npy` header: where the data starts, and what it holds.
 struct Header {
     /// The offset of the data.
@@ -275,15 +289,11 @@ impl Header {
         if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
             return err("not a .npy file (missing the \\x93NUMPY magic)");
         }
-        let (hlen, start) = match b[6] {
-            1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
-            2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
-            v => {
-                return err(format!(
-                    "unsupported .npy version {v}.{} (expected 1.0, 2.0 or 3.0)",
-                    b[7]
-                ))
-            }
+        let Some((start, hlen)) = header_span(b) else {
+            return err(format!(
+                "unsupported .npy version {}.{} (expected 1.0, 2.0 or 3.0)",
+                b[6], b[7]
+            ));
         };
         let end = start
             .checked_add(hlen)
@@ -354,16 +364,9 @@ impl NpyArray {
         let mut f = std::fs::File::open(path).map_err(io)?;
         let mut b = Vec::new();
         (&mut f).take(12).read_to_end(&mut b).map_err(io)?;
-        let hlen = match b.get(6) {
-            Some(1) if b.len() >= 10 => {
-                u64::from(u16::from_le_bytes([b[8], b[9]])).saturating_sub(2)
-            }
-            Some(2 | 3) if b.len() >= 12 => {
-                u64::from(u32::from_le_bytes([b[8], b[9], b[10], b[11]]))
-            }
-            _ => 0,
-        };
-        (&mut f).take(hlen).read_to_end(&mut b).map_err(io)?;
+        let end = header_span(&b).map_or(0, |(start, hlen)| start.saturating_add(hlen));
+        let rest = (end as u64).saturating_sub(b.len() as u64);
+        (&mut f).take(rest).read_to_end(&mut b).map_err(io)?;
         let h = Header::parse(&b).map_err(at)?;
         let have = b.len() - h.end.min(b.len());
         let more = (h.want as u64)
