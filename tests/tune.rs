@@ -1437,6 +1437,66 @@ fn paired_records_outrank_the_others_and_a_lost_pairing_keeps_the_default() {
     assert_eq!(db.best(&f, &target, false).unwrap().steps, par("i"));
 }
 
+/// A pairing replaces the default build only when its speedup is above 1 by more than its
+/// standard error: a 1.01x known to 3 % keeps the default, and `apply` says why.
+#[test]
+fn a_pairing_within_its_noise_keeps_the_default() {
+    // The rule, on per-round ratios: a median of 1.01 over ratios from 0.9 to 1.15 (an error of
+    // 7 %) is noise, the same median over 1.00-1.02 (an error of 0.6 %) is not.
+    let p = tune::Paired::of(&[0.9, 1.01, 1.15]).unwrap();
+    assert!(p.speedup > 1.0 && !p.beats_default(), "{p:?}");
+    let p = tune::Paired::of(&[1.0, 1.01, 1.02]).unwrap();
+    assert!(p.beats_default(), "{p:?}");
+    let p = tune::Paired::of(&[1.20, 1.21, 1.22]).unwrap();
+    assert!(p.beats_default(), "{p:?}");
+    let p = tune::Paired::of(&[0.9, 0.95, 0.99]).unwrap();
+    assert!(!p.beats_default(), "{p:?}");
+    // One round (no error) counts by its speedup alone.
+    assert!(tune::Paired::of(&[1.01]).unwrap().beats_default());
+    let with = |speedup: f64, se: Option<f64>| tune::Paired {
+        rounds: 20,
+        speedup,
+        low: 0.99,
+        high: 1.86,
+        se,
+    };
+    assert!(!with(1.01, Some(0.031)).beats_default());
+    assert!(with(1.05, Some(0.031)).beats_default());
+    assert!(with(1.01, None).beats_default());
+    assert!(!with(f64::NAN, Some(0.01)).beats_default());
+    assert!(!with(1.5, Some(f64::NAN)).beats_default());
+    // In a database: the record paired at 1.01x with a standard error of 3.1 % keeps the
+    // default build, and the note gives the error.
+    let dir = tempfile::tempdir().unwrap();
+    let f = kernels::matmul_sized(32, 32, 32);
+    let target = host();
+    let cpu = tune::db::host_cpu();
+    let m = IRModule::from_functions(vec![f.clone()]);
+    let mut db = Database::open(&dir.path().join("db.jsonl")).unwrap();
+    let r = Record {
+        paired: Some(with(1.01, Some(0.031))),
+        ..record(&f, &target, par("i"), 1.0, &cpu)
+    };
+    db.append(r.clone()).unwrap();
+    assert!(matches!(
+        db.lookup(&f, &target, false),
+        tune::Lookup::KeepDefault(..)
+    ));
+    let (g, notes) = db.apply(&m, &target, false);
+    assert_eq!(g.to_json_string(), m.to_json_string());
+    assert!(
+        notes[0].contains("1.01x") && notes[0].contains("within its standard error of 3.1 %"),
+        "{notes:?}"
+    );
+    // The same schedule paired at 1.05x with that error is applied.
+    db.append(Record {
+        paired: Some(with(1.05, Some(0.031))),
+        ..r
+    })
+    .unwrap();
+    assert_eq!(db.best(&f, &target, false).unwrap().steps, par("i"));
+}
+
 /// Asserts that the choice `c` of the space `(g, prefix, nests)` of `f` (`space::normalize`,
 /// `space::nests`), applied to `f` and compiled with `opts`, computes `want` on the inputs of
 /// `shapes`.

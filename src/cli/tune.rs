@@ -49,8 +49,9 @@ pub struct TuneArgs {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
     /// Rounds in which the winner is timed against the default build, alternating, after the
-    /// search (0: none); a winner that is not faster in the median round is not applied. Only
-    /// where a call of the default takes 0.25 s or less.
+    /// search (0: none); a winner that is not faster in the median round, by more than the
+    /// pairing's standard error, is not applied. Only where a call of the default takes 0.25 s
+    /// or less.
     #[arg(long, value_name = "ROUNDS", default_value_t = 5)]
     pair: usize,
     /// Rounds of the final round after the search (0: none): the fastest candidates (at most
@@ -431,7 +432,7 @@ fn tune_one(
                 None => String::new(),
             };
             match confirmed {
-                Some(p) if p.speedup > 1.0 => println!(
+                Some(p) if p.beats_default() => println!(
                     "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds{}",
                     p.speedup,
                     p.low,
@@ -440,12 +441,17 @@ fn tune_one(
                     noise(&p)
                 ),
                 Some(p) => println!(
-                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds{}: not faster, so the record keeps the default build",
+                    "paired:  {:.2}x the default [{:.2}, {:.2}] over {} alternating rounds{}: {}, so the record keeps the default build",
                     p.speedup,
                     p.low,
                     p.high,
                     p.rounds,
-                    noise(&p)
+                    noise(&p),
+                    if p.speedup > 1.0 {
+                        "not faster beyond the noise (the speedup is within its standard error of 1)"
+                    } else {
+                        "not faster"
+                    }
                 ),
                 None if a.pair > 0 => println!(
                     "paired:  not done (a call of the default takes more than {} s)",
@@ -467,7 +473,7 @@ fn tune_one(
         }
     }
     let best = match (confirmed, &report.best) {
-        (Some(p), Some(_)) if p.speedup <= 1.0 => None,
+        (Some(p), Some(_)) if !p.beats_default() => None,
         (_, b) => b.as_ref().map(|(_, t)| t.median),
     };
     Ok((default.median, best))

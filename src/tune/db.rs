@@ -335,7 +335,8 @@ impl Database {
     /// What the records say for `f` on `target` (and this CPU and device, unless `any_cpu`).
     /// Records paired against the default (`kiln tune`'s last step) outrank the others (what
     /// a search writes as it goes, or an older kiln wrote): among them, the fastest whose
-    /// paired speedup is above 1, and none when no paired record beat the default. Without
+    /// pairing beat the default beyond its noise ([`Paired::beats_default`]), and none when
+    /// no paired record did. Without
     /// paired records, the fastest winner of a final round ([`Record::finals`]: its time was
     /// measured beside its rivals', not in one lucky batch); without those, the fastest record.
     pub fn lookup(&self, f: &PrimFunc, target: &Target, any_cpu: bool) -> Lookup<'_> {
@@ -357,7 +358,7 @@ impl Database {
             let winners = matching
                 .iter()
                 .copied()
-                .filter(|r| r.paired.is_some_and(|p| p.speedup > 1.0));
+                .filter(|r| r.paired.is_some_and(|p| p.beats_default()));
             if let Some(r) = fastest(winners) {
                 return Lookup::Apply(r);
             }
@@ -388,8 +389,19 @@ impl Database {
                 Lookup::Apply(r) => r,
                 Lookup::KeepDefault(_, p) => {
                     notes.push(format!(
-                        "`{}`: no tuned schedule beat the default build when paired with it ({:.2}x [{:.2}, {:.2}] over {} rounds): the default build is kept",
-                        f.name, p.speedup, p.low, p.high, p.rounds
+                        "`{}`: no tuned schedule beat the default build when paired with it ({:.2}x [{:.2}, {:.2}] over {} rounds{}): the default build is kept",
+                        f.name,
+                        p.speedup,
+                        p.low,
+                        p.high,
+                        p.rounds,
+                        match p.se {
+                            Some(se) if p.speedup > 1.0 => format!(
+                                ", within its standard error of {:.1} %",
+                                se * 100.0
+                            ),
+                            _ => String::new(),
+                        }
                     ));
                     out.push(f.clone());
                     continue;

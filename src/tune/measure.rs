@@ -113,6 +113,16 @@ impl Paired {
             se,
         })
     }
+
+    /// Whether the pairing shows the candidate faster than the default beyond the noise: its
+    /// speedup above 1 by more than its standard error (`ln(speedup) > se`, the error being
+    /// relative). A pairing without an error (one round, or an older kiln's record) counts
+    /// when its speedup is above 1. The rule by which a tuned schedule replaces the default
+    /// build: a speedup of 1.01x known only to 3 % is the default's time as far as the
+    /// measurement can tell, and the default is the build that was not searched for.
+    pub fn beats_default(&self) -> bool {
+        self.speedup > 1.0 && self.se.is_none_or(|se| self.speedup.ln() > se)
+    }
 }
 
 /// What measuring a candidate gave.
