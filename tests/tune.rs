@@ -290,6 +290,96 @@ fn kiln(args: &[&str], dir: &Path) -> (bool, String) {
     )
 }
 
+/// Ctrl-C in the middle of a search (SIGINT to the process group of `kiln tune` and its
+/// worker, as a terminal sends it) keeps the records found so far: the database reads without
+/// a warning, `kiln build --db` applies its best record, and no process of the search is left.
+#[test]
+fn ctrl_c_mid_search_keeps_the_records_found_so_far() {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let m = IRModule::from_functions(vec![kernels::matmul_sized(64, 64, 64)]);
+    std::fs::write(dir.path().join("mm.json"), m.to_json_string()).unwrap();
+    let db_path = dir.path().join("db.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "tune", "mm.json", "matmul", "--trials", "100000", "--db", "db.jsonl",
+        ])
+        .current_dir(dir.path())
+        .env_remove("KILN_TUNING_DB")
+        .env("KILN_NUM_THREADS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = format!("-{}", child.id());
+    let signal = |sig: &str| {
+        Command::new("kill")
+            .args([sig, "--", &group])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    // Wait for the search to have written a record (a whole line), then interrupt it.
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&db_path).unwrap_or_default();
+        if text.contains('\n') {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) || child.try_wait().unwrap().is_some() {
+            signal("-KILL");
+            panic!("no record written, or the search ended early: {text:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(signal("-INT"));
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > Duration::from_secs(360) {
+            signal("-KILL");
+            panic!("kiln tune did not stop on SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "{status:?}");
+    // Nothing of the search is left running: its worker went with it (a zombie waiting for
+    // whoever adopted it to reap it does not run).
+    let pgid = child.id().to_string();
+    let running = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .filter(|stat| {
+                let after = stat.rsplit_once(") ").map_or("", |(_, a)| a);
+                let f: Vec<&str> = after.split(' ').collect();
+                f.len() > 2 && f[2] == pgid && f[0] != "Z" && f[0] != "X"
+            })
+            .count()
+    };
+    let gone = Instant::now();
+    while running() > 0 {
+        assert!(
+            gone.elapsed() < Duration::from_secs(10),
+            "a process of the search outlived the interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let db = Database::open(&db_path).unwrap();
+    assert!(db.warnings.is_empty(), "{:?}", db.warnings);
+    assert!(!db.records.is_empty());
+    let (ok, text) = kiln(
+        &["build", "mm.json", "-o", "mm.so", "--db", "db.jsonl"],
+        dir.path(),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("tuning record applied"), "{text}");
+}
+
 #[test]
 fn kiln_tune_refuses_a_bad_budget_and_an_unwritable_database_before_measuring() {
     let dir = tempfile::tempdir().unwrap();
