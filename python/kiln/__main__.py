@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 from . import _native
 
@@ -21,7 +22,18 @@ def main(argv=None) -> int:
     os.environ.setdefault("KILN_TUNE_WORKER", json.dumps([sys.executable, "-m", "kiln"]))
     sys.stdout.flush()
     sys.stderr.flush()
-    return int(_native.lib().cli(json.dumps(args)))
+    # Ctrl-C as in the `kiln` binary: the default action (the process ends), except where a
+    # command handles it (`kiln tune` stops its search after the candidate being measured and
+    # keeps what it found; a second Ctrl-C ends it). Python's own handler would only raise
+    # KeyboardInterrupt once the command has returned.
+    restore = None
+    if threading.current_thread() is threading.main_thread():
+        restore = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        return int(_native.lib().cli(json.dumps(args)))
+    finally:
+        if restore is not None:
+            signal.signal(signal.SIGINT, restore)
 
 
 def console() -> None:

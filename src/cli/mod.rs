@@ -48,6 +48,10 @@ enum Command {
     RpcServer(rpc::RpcServerArgs),
     /// Search for the fastest schedule of a function on this machine; record it in a tuning
     /// database that `kiln build --db` applies.
+    ///
+    /// Ctrl-C stops the search after the candidate being measured: its best is measured again,
+    /// paired with the default and recorded, and the exit status is 130. A second Ctrl-C ends
+    /// it at once, keeping the records written so far.
     Tune(tune::TuneArgs),
     /// The process `kiln tune` measures candidates in (JSON lines on stdin and stdout).
     #[command(hide = true)]
@@ -103,6 +107,12 @@ where
     };
     match result {
         Ok(()) => 0,
+        // Ctrl-C during `kiln tune`, after what the search found was written: the status a
+        // shell gives an interrupted command.
+        Err(e) if e.is::<tune::Interrupted>() => {
+            eprintln!("{e}");
+            130
+        }
         Err(e) => {
             eprintln!("error: {e}");
             1

@@ -1,6 +1,8 @@
 //! `kiln tune` (and the worker it measures in, `kiln tune-worker`).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ir::{IRModule, PrimFunc};
@@ -171,18 +173,32 @@ pub fn run(a: &TuneArgs) -> CmdResult {
     // Before anything is measured: a database that cannot be written would lose every record
     // of the search (they are written as they are found).
     db.check_writable()?;
+    // Raised by Ctrl-C (the search stops after the candidate being measured, and its best is
+    // measured again and paired as usual; a second Ctrl-C ends the process at once) and by a
+    // record that cannot be written.
+    let stop = Arc::new(AtomicBool::new(false));
+    let _interrupt = Interrupt::stop_on_ctrl_c(&stop)?;
     if !a.model {
-        return tune_one(a, &funcs[0], &target, &mut db, &path).map(drop);
+        tune_one(a, &funcs[0], &target, &mut db, &path, &stop)?;
+        return interrupted(&stop, "");
     }
     // The whole model: one function after another, and a table at the end.
     let mut rows = Vec::new();
-    for f in &funcs {
+    for (n, f) in funcs.iter().enumerate() {
+        if stop.load(Ordering::SeqCst) {
+            let left: Vec<String> = funcs[n..].iter().map(|f| format!("`{}`", f.name)).collect();
+            eprintln!("not tuned, after the interrupt: {}", left.join(", "));
+            for f in &funcs[n..] {
+                rows.push(format!("| {} | not tuned: interrupted | | |", f.name));
+            }
+            break;
+        }
         if let Err(why) = tune::measure::benchable(f) {
             eprintln!("skipping `{}`: {why}", f.name);
             rows.push(format!("| {} | skipped: {why} | | |", f.name));
             continue;
         }
-        match tune_one(a, f, &target, &mut db, &path) {
+        match tune_one(a, f, &target, &mut db, &path, &stop) {
             Ok((default, best)) => rows.push(match best {
                 Some(b) => format!(
                     "| {} | {} | {} | {:.2}x |",
@@ -208,6 +224,57 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         println!("{r}");
     }
     println!("records written to {}", path.display());
+    interrupted(&stop, " of the model")
+}
+
+/// Ctrl-C (SIGINT) for the length of a search: the first raises `stop`, so the search ends
+/// after the candidate being measured and the rounds after it run (the best measured again,
+/// paired with the default, its record written: what an interrupted search found is applied
+/// as a finished one's is); a second, with `stop` already raised, ends the process at once
+/// with the status 130 a shell gives an interrupted command (the records written so far are
+/// kept: each is appended whole as it is found). The handlers go when this is dropped.
+struct Interrupt(Vec<signal_hook::SigId>);
+
+impl Interrupt {
+    fn stop_on_ctrl_c(stop: &Arc<AtomicBool>) -> std::io::Result<Interrupt> {
+        use signal_hook::consts::SIGINT;
+        // The order matters: the exit checks the flag before the second action raises it.
+        Ok(Interrupt(vec![
+            signal_hook::flag::register_conditional_shutdown(SIGINT, 130, Arc::clone(stop))?,
+            signal_hook::flag::register(SIGINT, Arc::clone(stop))?,
+        ]))
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        for id in self.0.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// A search ended by Ctrl-C: an error whose status is 130 ([`super::run`]), after the rounds
+/// and the records of what was found.
+#[derive(Debug)]
+pub struct Interrupted(String);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// `Err(Interrupted)` when `stop` was raised (by Ctrl-C: a record that cannot be written
+/// ends the search with its own error first).
+fn interrupted(stop: &AtomicBool, what: &str) -> CmdResult {
+    if stop.load(Ordering::SeqCst) {
+        return Err(Box::new(Interrupted(format!(
+            "interrupted (Ctrl-C): the search{what} stopped early; what it found is in the database"
+        ))));
+    }
     Ok(())
 }
 
@@ -218,6 +285,7 @@ fn tune_one(
     target: &Target,
     db: &mut Database,
     path: &Path,
+    stop: &Arc<AtomicBool>,
 ) -> Result<(f64, Option<f64>), Box<dyn std::error::Error>> {
     let init = WorkerInit {
         module: IRModule::from_functions(vec![f.clone()]).to_json(),
@@ -272,9 +340,9 @@ fn tune_one(
     );
     // The budget of seconds counts from here: the search, its final round and the pairing.
     let budget_from = std::time::Instant::now();
-    // Raised when a record cannot be written: the search stops after that candidate instead of
-    // measuring on for records it cannot keep (a disk that filled up mid-search).
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Raised by Ctrl-C, and here when a record cannot be written: the search stops after that
+    // candidate instead of measuring on for records it cannot keep (a disk that filled up
+    // mid-search).
     let opts = TuneOptions {
         trials: a.trials,
         seconds: a.seconds,
@@ -308,12 +376,18 @@ fn tune_one(
         let r = record(steps.to_vec(), t, trials);
         if let Err(e) = db.append(r.clone()) {
             save_err.get_or_insert(e);
-            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            stop.store(true, Ordering::SeqCst);
         }
         last = Some(r);
     })?;
     if let Some(e) = save_err {
         return Err(format!("{e}; the search stopped there").into());
+    }
+    if stop.load(Ordering::SeqCst) {
+        eprintln!(
+            "interrupted: the search stopped after {} candidates; its best is measured again and paired with the default (Ctrl-C again to quit at once, keeping the records written so far)",
+            report.trials
+        );
     }
     // The fastest few measured again side by side: the winner's record, with its time from
     // the final round, outranks the records written on the way.
@@ -499,6 +573,11 @@ fn worker_command() -> Result<Vec<std::ffi::OsString>, Box<dyn std::error::Error
 
 /// `kiln tune-worker`: the process `kiln tune` measures candidates in.
 pub fn run_worker() -> CmdResult {
+    // Ctrl-C in a terminal reaches the whole process group. The worker leaves the first to
+    // `kiln tune`, which stops after the candidate being measured and then measures its best
+    // again here, and ends with the second, as `kiln tune` does.
+    let seen = Arc::new(AtomicBool::new(false));
+    let _interrupt = Interrupt::stop_on_ctrl_c(&seen)?;
     tune::worker::worker_main().map_err(|e| e.into())
 }
 
