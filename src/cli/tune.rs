@@ -173,23 +173,31 @@ pub fn run(a: &TuneArgs) -> CmdResult {
     // Before anything is measured: a database that cannot be written would lose every record
     // of the search (they are written as they are found).
     db.check_writable()?;
-    // Raised by Ctrl-C (the search stops after the candidate being measured, and its best is
-    // measured again and paired as usual; a second Ctrl-C ends the process at once) and by a
-    // record that cannot be written.
-    let stop = Arc::new(AtomicBool::new(false));
-    let _interrupt = Interrupt::stop_on_ctrl_c(&stop)?;
+    // `stop` is raised by Ctrl-C (the search stops after the candidate being measured, and its
+    // best is measured again and paired as usual; a second Ctrl-C ends the process at once)
+    // and by a record that cannot be written; `ctrl_c` by Ctrl-C alone.
+    let (stop, ctrl_c) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let _interrupt = Interrupt::on_ctrl_c(&[&ctrl_c, &stop])?;
     if !a.model {
         tune_one(a, &funcs[0], &target, &mut db, &path, &stop)?;
-        return interrupted(&stop, "");
+        return interrupted(&ctrl_c, "");
     }
     // The whole model: one function after another, and a table at the end.
     let mut rows = Vec::new();
     for (n, f) in funcs.iter().enumerate() {
         if stop.load(Ordering::SeqCst) {
+            let why = if ctrl_c.load(Ordering::SeqCst) {
+                "interrupted"
+            } else {
+                "a record could not be written"
+            };
             let left: Vec<String> = funcs[n..].iter().map(|f| format!("`{}`", f.name)).collect();
-            eprintln!("not tuned, after the interrupt: {}", left.join(", "));
+            eprintln!("not tuned ({why}): {}", left.join(", "));
             for f in &funcs[n..] {
-                rows.push(format!("| {} | not tuned: interrupted | | |", f.name));
+                rows.push(format!("| {} | not tuned: {why} | | |", f.name));
             }
             break;
         }
@@ -224,25 +232,34 @@ pub fn run(a: &TuneArgs) -> CmdResult {
         println!("{r}");
     }
     println!("records written to {}", path.display());
-    interrupted(&stop, " of the model")
+    interrupted(&ctrl_c, " of the model")
 }
 
-/// Ctrl-C (SIGINT) for the length of a search: the first raises `stop`, so the search ends
-/// after the candidate being measured and the rounds after it run (the best measured again,
-/// paired with the default, its record written: what an interrupted search found is applied
-/// as a finished one's is); a second, with `stop` already raised, ends the process at once
-/// with the status 130 a shell gives an interrupted command (the records written so far are
-/// kept: each is appended whole as it is found). The handlers go when this is dropped.
+/// Ctrl-C (SIGINT) for the length of a search: the first raises the flags, the first of
+/// which is the search's `stop`, so the search ends after the candidate being measured and
+/// the rounds after it run (the best measured again, paired with the default, its record
+/// written: what an interrupted search found is applied as a finished one's is); a second,
+/// with the first flag already raised, ends the process at once with the status 130 a shell
+/// gives an interrupted command (the records written so far are kept: each is appended whole
+/// as it is found). The handlers go when this is dropped.
 struct Interrupt(Vec<signal_hook::SigId>);
 
 impl Interrupt {
-    fn stop_on_ctrl_c(stop: &Arc<AtomicBool>) -> std::io::Result<Interrupt> {
+    fn on_ctrl_c(flags: &[&Arc<AtomicBool>]) -> std::io::Result<Interrupt> {
         use signal_hook::consts::SIGINT;
-        // The order matters: the exit checks the flag before the second action raises it.
-        Ok(Interrupt(vec![
-            signal_hook::flag::register_conditional_shutdown(SIGINT, 130, Arc::clone(stop))?,
-            signal_hook::flag::register(SIGINT, Arc::clone(stop))?,
-        ]))
+        let mut ids = Vec::new();
+        if let Some(first) = flags.first() {
+            // The order matters: the exit checks the flag before the actions after it raise it.
+            ids.push(signal_hook::flag::register_conditional_shutdown(
+                SIGINT,
+                130,
+                Arc::clone(first),
+            )?);
+        }
+        for flag in flags {
+            ids.push(signal_hook::flag::register(SIGINT, Arc::clone(flag))?);
+        }
+        Ok(Interrupt(ids))
     }
 }
 
@@ -267,12 +284,11 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-/// `Err(Interrupted)` when `stop` was raised (by Ctrl-C: a record that cannot be written
-/// ends the search with its own error first).
-fn interrupted(stop: &AtomicBool, what: &str) -> CmdResult {
-    if stop.load(Ordering::SeqCst) {
+/// `Err(Interrupted)` when `ctrl_c` was raised.
+fn interrupted(ctrl_c: &AtomicBool, what: &str) -> CmdResult {
+    if ctrl_c.load(Ordering::SeqCst) {
         return Err(Box::new(Interrupted(format!(
-            "interrupted (Ctrl-C): the search{what} stopped early; what it found is in the database"
+            "interrupted (Ctrl-C): what the search{what} found is in the database"
         ))));
     }
     Ok(())
@@ -577,7 +593,7 @@ pub fn run_worker() -> CmdResult {
     // `kiln tune`, which stops after the candidate being measured and then measures its best
     // again here, and ends with the second, as `kiln tune` does.
     let seen = Arc::new(AtomicBool::new(false));
-    let _interrupt = Interrupt::stop_on_ctrl_c(&seen)?;
+    let _interrupt = Interrupt::on_ctrl_c(&[&seen])?;
     tune::worker::worker_main().map_err(|e| e.into())
 }
 
