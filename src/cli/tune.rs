@@ -399,11 +399,13 @@ fn tune_one(
     if let Some(e) = save_err {
         return Err(format!("{e}; the search stopped there").into());
     }
-    if stop.load(Ordering::SeqCst) {
+    if stop.load(Ordering::SeqCst) && report.trials > 0 {
         eprintln!(
             "interrupted: the search stopped after {} candidates; its best is measured again and paired with the default (Ctrl-C again to quit at once, keeping the records written so far)",
             report.trials
         );
+    } else if stop.load(Ordering::SeqCst) {
+        eprintln!("interrupted before the first candidate was measured");
     }
     // The fastest few measured again side by side: the winner's record, with its time from
     // the final round, outranks the records written on the way.
@@ -550,6 +552,10 @@ fn tune_one(
                 None => {}
             }
             println!("record written to {}", path.display());
+        }
+        // Interrupted before a candidate was measured: the search has no answer to record.
+        None if report.trials == 0 && stop.load(Ordering::SeqCst) => {
+            println!("no candidate measured before the interrupt: no record written");
         }
         None => {
             // The search's answer is still an answer: a record of the default build (no
