@@ -399,12 +399,14 @@ fn tune_one(
     if let Some(e) = save_err {
         return Err(format!("{e}; the search stopped there").into());
     }
-    if stop.load(Ordering::SeqCst) && report.trials > 0 {
+    // Past a failed write, only Ctrl-C raises `stop`: the search was interrupted.
+    let interrupted = stop.load(Ordering::SeqCst);
+    if interrupted && report.trials > 0 {
         eprintln!(
             "interrupted: the search stopped after {} candidates; its best is measured again and paired with the default (Ctrl-C again to quit at once, keeping the records written so far)",
             report.trials
         );
-    } else if stop.load(Ordering::SeqCst) {
+    } else if interrupted {
         eprintln!("interrupted before the first candidate was measured");
     }
     // The fastest few measured again side by side: the winner's record, with its time from
@@ -554,7 +556,7 @@ fn tune_one(
             println!("record written to {}", path.display());
         }
         // Interrupted before a candidate was measured: the search has no answer to record.
-        None if report.trials == 0 && stop.load(Ordering::SeqCst) => {
+        None if report.trials == 0 && interrupted => {
             println!("no candidate measured before the interrupt: no record written");
         }
         None => {
